@@ -1,0 +1,72 @@
+# Two commands on a fresh machine with Python 3.10+, pip and a Rust toolchain:
+#   make demo   set up everything, then run the main job
+#   make test   set up everything, then run every check CI runs
+# Each set-up step leaves a stamp in .make/ and reruns only when its inputs change.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PY     := $(BIN)/python
+UV     := $(BIN)/uv
+STAMP  := .make
+NUMEL  ?= 100000000
+
+PKG_DIRS     := $(sort $(wildcard packages/*))
+MANIFESTS    := pyproject.toml native/pyproject.toml $(addsuffix /pyproject.toml,$(PKG_DIRS))
+NATIVE_SRC   := $(shell find native/Cargo.toml native/Cargo.lock native/pyproject.toml native/crates native/python -type f -not -path '*/__pycache__/*' 2>/dev/null)
+
+.PHONY: all setup demo test test-rust test-python lint stubtest bench clean
+
+all: setup
+
+setup: $(STAMP)/native $(STAMP)/packages
+
+$(STAMP)/venv:
+	@mkdir -p $(STAMP)
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip uv
+	@touch $@
+
+# Third-party requirements of all packages, from the registry (torch brings its NVRTC wheel).
+$(STAMP)/deps: $(STAMP)/venv $(MANIFESTS) tools/workspace_deps.py
+	$(UV) pip install --python $(PY) $$($(PY) tools/workspace_deps.py)
+	@touch $@
+
+# The native core as a release wheel (runtime SIMD dispatch, no -march=native), installed like a user's.
+$(STAMP)/native: $(STAMP)/deps $(NATIVE_SRC)
+	rm -rf dist/znative
+	cd native && ../$(BIN)/maturin build --release --quiet -i ../$(PY) -o ../dist/znative
+	$(UV) pip install --python $(PY) --no-deps --reinstall dist/znative/znative-*.whl
+	@touch $@
+
+# Our pure-Python packages, editable, never resolved from the index (zcore/zcomm are other projects there).
+$(STAMP)/packages: $(STAMP)/deps $(MANIFESTS)
+	$(UV) pip install --python $(PY) --no-deps --no-build-isolation -e . $(addprefix -e ,$(PKG_DIRS))
+	@touch $@
+
+demo: setup
+	$(BIN)/z doctor
+	$(BIN)/z bench adam --numel $(NUMEL)
+
+test: setup test-rust lint stubtest test-python
+
+test-rust:
+	cd native && cargo fmt --all --check
+	cd native && cargo clippy --workspace --all-targets --release -- -D warnings
+	cd native && cargo test --workspace --exclude znative-py --release
+
+lint: $(STAMP)/deps
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+stubtest: $(STAMP)/native
+	$(PY) -m mypy.stubtest znative._native
+
+test-python: setup
+	$(PY) -m pytest -m "not slow"
+
+bench: setup
+	$(BIN)/z bench adam --numel $(NUMEL) --json
+
+clean:
+	rm -rf $(VENV) $(STAMP) dist native/target

@@ -1,0 +1,197 @@
+//! Borrowing numpy arrays as Rust slices without copying.
+//!
+//! Every argument is checked (is an ndarray, dtype, C-contiguous, writeable,
+//! not aliased) before any kernel runs, so a bad call changes nothing. bf16
+//! buffers arrive as 16-bit integer views (`tensor.view(torch.int16).numpy()`);
+//! `uint16` and `int16` are both taken as raw bfloat16 bits.
+
+use numpy::{
+    Element, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn,
+    PyReadwriteArrayDyn, PyUntypedArray, PyUntypedArrayMethods,
+};
+use pyo3::prelude::*;
+
+use crate::errors::{DTypeError, LayoutError};
+
+/// A read-only f32 or bf16 buffer.
+pub enum RoBuf<'py> {
+    F32(PyReadonlyArrayDyn<'py, f32>),
+    Bf16(PyReadonlyArrayDyn<'py, u16>),
+    Bf16Signed(PyReadonlyArrayDyn<'py, i16>),
+}
+
+/// A writeable f32 or bf16 buffer.
+pub enum RwBuf<'py> {
+    F32(PyReadwriteArrayDyn<'py, f32>),
+    Bf16(PyReadwriteArrayDyn<'py, u16>),
+    Bf16Signed(PyReadwriteArrayDyn<'py, i16>),
+}
+
+/// A slice view of a buffer, `u16` holding bf16 bits.
+pub enum Slice<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [u16]),
+}
+
+pub enum SliceMut<'a> {
+    F32(&'a mut [f32]),
+    Bf16(&'a mut [u16]),
+}
+
+fn untyped<'a, 'py>(
+    name: &str,
+    obj: &'a Bound<'py, PyAny>,
+) -> PyResult<&'a Bound<'py, PyUntypedArray>> {
+    obj.cast::<PyUntypedArray>().map_err(|_| {
+        DTypeError::new_err(format!(
+            "{name}: expected a numpy array (a CPU tensor's `.numpy()` view), got {}",
+            obj.get_type()
+                .name()
+                .map_or_else(|_| "?".to_string(), |n| n.to_string())
+        ))
+    })
+}
+
+fn is<T: Element>(a: &Bound<'_, PyUntypedArray>) -> bool {
+    a.dtype().is_equiv_to(&numpy::dtype::<T>(a.py()))
+}
+
+fn dtype_name(a: &Bound<'_, PyUntypedArray>) -> String {
+    a.dtype()
+        .str()
+        .map_or_else(|_| "?".to_string(), |s| s.to_string())
+}
+
+fn check_contiguous(name: &str, a: &Bound<'_, PyUntypedArray>) -> PyResult<()> {
+    if a.is_c_contiguous() {
+        Ok(())
+    } else {
+        Err(LayoutError::new_err(format!(
+            "{name}: buffer is not C-contiguous; the kernel updates memory in place, so pass a contiguous tensor (`.contiguous()` before creating the optimizer)"
+        )))
+    }
+}
+
+fn borrow_err(name: &str, e: impl std::fmt::Display) -> PyErr {
+    LayoutError::new_err(format!(
+        "{name}: cannot borrow the buffer ({e}); it must be writeable and must not alias another argument"
+    ))
+}
+
+/// Borrows a read-only buffer; `allow_bf16` admits 16-bit integer (bf16) arrays.
+pub fn ro<'py>(name: &str, obj: &Bound<'py, PyAny>, allow_bf16: bool) -> PyResult<RoBuf<'py>> {
+    let a = untyped(name, obj)?;
+    check_contiguous(name, a)?;
+    let b = if is::<f32>(a) {
+        RoBuf::F32(
+            obj.cast::<PyArrayDyn<f32>>()?
+                .try_readonly()
+                .map_err(|e| borrow_err(name, e))?,
+        )
+    } else if allow_bf16 && is::<u16>(a) {
+        RoBuf::Bf16(
+            obj.cast::<PyArrayDyn<u16>>()?
+                .try_readonly()
+                .map_err(|e| borrow_err(name, e))?,
+        )
+    } else if allow_bf16 && is::<i16>(a) {
+        RoBuf::Bf16Signed(
+            obj.cast::<PyArrayDyn<i16>>()?
+                .try_readonly()
+                .map_err(|e| borrow_err(name, e))?,
+        )
+    } else {
+        return Err(dtype_err(name, a, allow_bf16));
+    };
+    Ok(b)
+}
+
+/// Borrows a writeable buffer; `allow_bf16` admits 16-bit integer (bf16) arrays.
+pub fn rw<'py>(name: &str, obj: &Bound<'py, PyAny>, allow_bf16: bool) -> PyResult<RwBuf<'py>> {
+    let a = untyped(name, obj)?;
+    check_contiguous(name, a)?;
+    let b = if is::<f32>(a) {
+        RwBuf::F32(
+            obj.cast::<PyArrayDyn<f32>>()?
+                .try_readwrite()
+                .map_err(|e| borrow_err(name, e))?,
+        )
+    } else if allow_bf16 && is::<u16>(a) {
+        RwBuf::Bf16(
+            obj.cast::<PyArrayDyn<u16>>()?
+                .try_readwrite()
+                .map_err(|e| borrow_err(name, e))?,
+        )
+    } else if allow_bf16 && is::<i16>(a) {
+        RwBuf::Bf16Signed(
+            obj.cast::<PyArrayDyn<i16>>()?
+                .try_readwrite()
+                .map_err(|e| borrow_err(name, e))?,
+        )
+    } else {
+        return Err(dtype_err(name, a, allow_bf16));
+    };
+    Ok(b)
+}
+
+fn dtype_err(name: &str, a: &Bound<'_, PyUntypedArray>, allow_bf16: bool) -> PyErr {
+    let want = if allow_bf16 {
+        "float32, or bfloat16 viewed as int16/uint16"
+    } else {
+        "float32"
+    };
+    DTypeError::new_err(format!(
+        "{name}: expected {want}, got dtype {}",
+        dtype_name(a)
+    ))
+}
+
+impl RoBuf<'_> {
+    pub fn slice(&self) -> Slice<'_> {
+        match self {
+            RoBuf::F32(a) => Slice::F32(a.as_slice().unwrap_or_default()),
+            RoBuf::Bf16(a) => Slice::Bf16(a.as_slice().unwrap_or_default()),
+            RoBuf::Bf16Signed(a) => {
+                let s = a.as_slice().unwrap_or_default();
+                // SAFETY: i16 and u16 have the same size and alignment; bits are reinterpreted.
+                Slice::Bf16(unsafe {
+                    std::slice::from_raw_parts(s.as_ptr().cast::<u16>(), s.len())
+                })
+            }
+        }
+    }
+}
+
+impl RwBuf<'_> {
+    pub fn slice_mut(&mut self) -> SliceMut<'_> {
+        match self {
+            RwBuf::F32(a) => SliceMut::F32(a.as_slice_mut().unwrap_or_default()),
+            RwBuf::Bf16(a) => SliceMut::Bf16(a.as_slice_mut().unwrap_or_default()),
+            RwBuf::Bf16Signed(a) => {
+                let s = a.as_slice_mut().unwrap_or_default();
+                // SAFETY: i16 and u16 have the same size and alignment; bits are reinterpreted.
+                SliceMut::Bf16(unsafe {
+                    std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<u16>(), s.len())
+                })
+            }
+        }
+    }
+
+    /// The f32 slice of a buffer borrowed with `allow_bf16 = false`.
+    pub fn f32_mut(&mut self) -> &mut [f32] {
+        match self {
+            RwBuf::F32(a) => a.as_slice_mut().unwrap_or_default(),
+            // `rw(.., false)` never yields these.
+            RwBuf::Bf16(_) | RwBuf::Bf16Signed(_) => &mut [],
+        }
+    }
+}
+
+impl RoBuf<'_> {
+    pub fn f32(&self) -> &[f32] {
+        match self {
+            RoBuf::F32(a) => a.as_slice().unwrap_or_default(),
+            RoBuf::Bf16(_) | RoBuf::Bf16Signed(_) => &[],
+        }
+    }
+}

@@ -1,0 +1,53 @@
+//! `znative._native`: the pyo3 binding over `zkernels`. No kernel logic here;
+//! only argument checking, GIL release and error conversion.
+
+mod arrays;
+mod errors;
+mod optim;
+
+use pyo3::prelude::*;
+use zkernels::{par, simd};
+
+/// The SIMD level kernels run at now (`avx512`, `avx2` or `scalar`).
+#[pyfunction]
+fn simd_level() -> &'static str {
+    simd::active().name()
+}
+
+/// The best SIMD level this CPU supports.
+#[pyfunction]
+fn detected_simd_level() -> &'static str {
+    simd::detected().name()
+}
+
+/// Forces kernels to a SIMD level no higher than detected; `None` restores detection.
+#[pyfunction]
+#[pyo3(signature = (level=None))]
+fn set_simd_level(level: Option<&str>) -> PyResult<()> {
+    let parsed = level
+        .map(str::parse::<simd::SimdLevel>)
+        .transpose()
+        .map_err(errors::to_py)?;
+    simd::set_override(parsed).map_err(errors::to_py)
+}
+
+/// Threads in the kernels' pool (`ZNATIVE_NUM_THREADS`, else the usable cores).
+#[pyfunction]
+fn num_threads() -> usize {
+    par::num_threads()
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    errors::register(m)?;
+    m.add_function(wrap_pyfunction!(simd_level, m)?)?;
+    m.add_function(wrap_pyfunction!(detected_simd_level, m)?)?;
+    m.add_function(wrap_pyfunction!(set_simd_level, m)?)?;
+    m.add_function(wrap_pyfunction!(num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(optim::adam_step, m)?)?;
+    m.add_function(wrap_pyfunction!(optim::adagrad_step, m)?)?;
+    m.add_function(wrap_pyfunction!(optim::lion_step, m)?)?;
+    m.add_function(wrap_pyfunction!(optim::stream_4r3w, m)?)?;
+    Ok(())
+}

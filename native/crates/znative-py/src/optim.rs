@@ -1,0 +1,160 @@
+//! Optimizer and bandwidth-probe kernels exposed to Python. Each function
+//! borrows and checks every buffer first, then runs the kernel with the GIL
+//! released.
+
+use pyo3::prelude::*;
+use zkernels::optim::{self, AdagradConfig, AdamConfig, LionConfig};
+
+use crate::arrays::{ro, rw, Slice, SliceMut};
+use crate::errors::{to_py, DTypeError};
+
+fn same_state_dtype(a: &SliceMut<'_>, b: &SliceMut<'_>) -> PyResult<()> {
+    match (a, b) {
+        (SliceMut::F32(_), SliceMut::F32(_)) | (SliceMut::Bf16(_), SliceMut::Bf16(_)) => Ok(()),
+        _ => Err(DTypeError::new_err(
+            "exp_avg and exp_avg_sq must share one dtype (both float32 or both bfloat16)",
+        )),
+    }
+}
+
+/// One Adam / AdamW step in place. See `znative._native.adam_step` in the stub.
+#[pyfunction]
+#[pyo3(signature = (params, grads, exp_avg, exp_avg_sq, *, lr, beta1, beta2, eps, weight_decay, step, adamw=false, bias_correction=true, maximize=false))]
+#[allow(clippy::too_many_arguments)]
+pub fn adam_step(
+    py: Python<'_>,
+    params: &Bound<'_, PyAny>,
+    grads: &Bound<'_, PyAny>,
+    exp_avg: &Bound<'_, PyAny>,
+    exp_avg_sq: &Bound<'_, PyAny>,
+    lr: f64,
+    beta1: f64,
+    beta2: f64,
+    eps: f64,
+    weight_decay: f64,
+    step: u64,
+    adamw: bool,
+    bias_correction: bool,
+    maximize: bool,
+) -> PyResult<()> {
+    let mut p = rw("params", params, false)?;
+    let g = ro("grads", grads, true)?;
+    let mut m = rw("exp_avg", exp_avg, true)?;
+    let mut v = rw("exp_avg_sq", exp_avg_sq, true)?;
+    let cfg = AdamConfig {
+        lr,
+        beta1,
+        beta2,
+        eps,
+        weight_decay,
+        decoupled_weight_decay: adamw,
+        bias_correction,
+        maximize,
+        step,
+    };
+    let (p, g, m, v) = (p.f32_mut(), g.slice(), m.slice_mut(), v.slice_mut());
+    same_state_dtype(&m, &v)?;
+    py.detach(|| match (g, m, v) {
+        (Slice::F32(g), SliceMut::F32(m), SliceMut::F32(v)) => optim::adam_step(p, g, m, v, &cfg),
+        (Slice::Bf16(g), SliceMut::F32(m), SliceMut::F32(v)) => optim::adam_step(p, g, m, v, &cfg),
+        (Slice::F32(g), SliceMut::Bf16(m), SliceMut::Bf16(v)) => optim::adam_step(p, g, m, v, &cfg),
+        (Slice::Bf16(g), SliceMut::Bf16(m), SliceMut::Bf16(v)) => {
+            optim::adam_step(p, g, m, v, &cfg)
+        }
+        // Excluded by `same_state_dtype` above.
+        _ => Ok(()),
+    })
+    .map_err(to_py)
+}
+
+/// One Adagrad step in place.
+#[pyfunction]
+#[pyo3(signature = (params, grads, state_sum, *, lr, lr_decay, eps, weight_decay, step, maximize=false))]
+#[allow(clippy::too_many_arguments)]
+pub fn adagrad_step(
+    py: Python<'_>,
+    params: &Bound<'_, PyAny>,
+    grads: &Bound<'_, PyAny>,
+    state_sum: &Bound<'_, PyAny>,
+    lr: f64,
+    lr_decay: f64,
+    eps: f64,
+    weight_decay: f64,
+    step: u64,
+    maximize: bool,
+) -> PyResult<()> {
+    let mut p = rw("params", params, false)?;
+    let g = ro("grads", grads, true)?;
+    let mut s = rw("state_sum", state_sum, true)?;
+    let cfg = AdagradConfig {
+        lr,
+        lr_decay,
+        eps,
+        weight_decay,
+        maximize,
+        step,
+    };
+    let (p, g, s) = (p.f32_mut(), g.slice(), s.slice_mut());
+    py.detach(|| match (g, s) {
+        (Slice::F32(g), SliceMut::F32(s)) => optim::adagrad_step(p, g, s, &cfg),
+        (Slice::Bf16(g), SliceMut::F32(s)) => optim::adagrad_step(p, g, s, &cfg),
+        (Slice::F32(g), SliceMut::Bf16(s)) => optim::adagrad_step(p, g, s, &cfg),
+        (Slice::Bf16(g), SliceMut::Bf16(s)) => optim::adagrad_step(p, g, s, &cfg),
+    })
+    .map_err(to_py)
+}
+
+/// One Lion step in place.
+#[pyfunction]
+#[pyo3(signature = (params, grads, exp_avg, *, lr, beta1, beta2, weight_decay, step, maximize=false))]
+#[allow(clippy::too_many_arguments)]
+pub fn lion_step(
+    py: Python<'_>,
+    params: &Bound<'_, PyAny>,
+    grads: &Bound<'_, PyAny>,
+    exp_avg: &Bound<'_, PyAny>,
+    lr: f64,
+    beta1: f64,
+    beta2: f64,
+    weight_decay: f64,
+    step: u64,
+    maximize: bool,
+) -> PyResult<()> {
+    let mut p = rw("params", params, false)?;
+    let g = ro("grads", grads, true)?;
+    let mut m = rw("exp_avg", exp_avg, true)?;
+    let cfg = LionConfig {
+        lr,
+        beta1,
+        beta2,
+        weight_decay,
+        maximize,
+        step,
+    };
+    let (p, g, m) = (p.f32_mut(), g.slice(), m.slice_mut());
+    py.detach(|| match (g, m) {
+        (Slice::F32(g), SliceMut::F32(m)) => optim::lion_step(p, g, m, &cfg),
+        (Slice::Bf16(g), SliceMut::F32(m)) => optim::lion_step(p, g, m, &cfg),
+        (Slice::F32(g), SliceMut::Bf16(m)) => optim::lion_step(p, g, m, &cfg),
+        (Slice::Bf16(g), SliceMut::Bf16(m)) => optim::lion_step(p, g, m, &cfg),
+    })
+    .map_err(to_py)
+}
+
+/// One pass of the 4-read/3-write bandwidth probe (28 bytes per element).
+#[pyfunction]
+pub fn stream_4r3w(
+    py: Python<'_>,
+    a: &Bound<'_, PyAny>,
+    b: &Bound<'_, PyAny>,
+    c: &Bound<'_, PyAny>,
+    d: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    let mut a = rw("a", a, false)?;
+    let b = ro("b", b, false)?;
+    let mut c = rw("c", c, false)?;
+    let mut d = rw("d", d, false)?;
+    let (a, b, c, d) = (a.f32_mut(), b.f32(), c.f32_mut(), d.f32_mut());
+    py.detach(|| zkernels::stream::stream_4r3w(a, b, c, d))
+        .map_err(to_py)
+}

@@ -1,0 +1,47 @@
+"""`z bench NAME`: load `benchmarks/NAME.py` and print what its `run()` returns.
+
+Benchmarks live in the repository's `benchmarks/` folder (shipped inside the
+zstack wheel as `zstack/_benchmarks`). Each defines `run(**options) -> dict`
+and `report(result) -> str`; the JSON object is always the last thing printed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+
+def benchmarks_dir() -> Path:
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "_benchmarks", here.parent.parent / "benchmarks"):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(
+        f"no benchmarks folder next to {here}; reinstall zstack (`make setup` in a checkout)"
+    )
+
+
+def load(name: str) -> ModuleType:
+    path = benchmarks_dir() / f"{name}.py"
+    if not path.is_file():
+        known = sorted(p.stem for p in benchmarks_dir().glob("*.py") if not p.stem.startswith("_"))
+        raise FileNotFoundError(f"no benchmark `{name}` in {path.parent}; known: {', '.join(known)}")
+    spec = importlib.util.spec_from_file_location(f"zstack_benchmarks.{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_benchmark(name: str, json_only: bool, **options: Any) -> int:
+    module = load(name)
+    result = module.run(**options)
+    if not json_only and hasattr(module, "report"):
+        print(module.report(result))
+    print(json.dumps(result))
+    return 0

@@ -1,0 +1,80 @@
+"""The `z` command line (Typer). Each command lives in its own module and is
+imported when run, so `z --help` stays fast and one broken optional
+dependency cannot break every command."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="z",
+    help="zstack: train and serve giant models on limited hardware.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+bench_app = typer.Typer(help="Run a benchmark from `benchmarks/`; prints one JSON object last.")
+app.add_typer(bench_app, name="bench")
+
+
+@app.command()
+def doctor(
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of a report."),
+) -> None:
+    """Report versions, CPU/GPU capabilities and what is missing, with the fix for each."""
+    from zstack.doctor import main
+
+    raise typer.Exit(main(json_out=json_out))
+
+
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+def launch(
+    ctx: typer.Context,
+    script: str = typer.Argument(..., help="Training script to run on every rank."),
+    nproc: int = typer.Option(1, "--nproc", "--nproc-per-node", min=1, help="Ranks on this node."),
+    nnodes: str = typer.Option("1", "--nnodes", help="Nodes, or MIN:MAX for elastic runs."),
+    node_rank: int = typer.Option(0, "--node-rank", min=0),
+    master_addr: str = typer.Option("127.0.0.1", "--master-addr"),
+    master_port: int = typer.Option(29500, "--master-port", min=0, max=65535),
+    rdzv_endpoint: str = typer.Option("", "--rdzv-endpoint", help="host:port for multi-node c10d rendezvous."),
+) -> None:
+    """Start SCRIPT on NPROC ranks through torchrun (`torch.distributed.run`); extra arguments go to the script."""
+    from zstack.launch import main
+
+    raise typer.Exit(
+        main(
+            script=script,
+            script_args=list(ctx.args),
+            nproc=nproc,
+            nnodes=nnodes,
+            node_rank=node_rank,
+            master_addr=master_addr,
+            master_port=master_port,
+            rdzv_endpoint=rdzv_endpoint,
+        )
+    )
+
+
+@bench_app.command("adam")
+def bench_adam(
+    numel: int = typer.Option(100_000_000, "--numel", min=1, help="Parameters in the tensor stepped."),
+    dtype: str = typer.Option("fp32", "--dtype", help="`fp32` (fp32 states) or `bf16-states`."),
+    steps: int = typer.Option(10, "--steps", min=1, help="Timed steps per optimizer (median reported)."),
+    warmup: int = typer.Option(2, "--warmup", min=0),
+    json_out: bool = typer.Option(False, "--json", help="Print only the JSON object."),
+) -> None:
+    """Time CPUAdam against torch's fused/foreach Adam (and DeepSpeedCPUAdam if importable)."""
+    from zstack.bench import run_benchmark
+
+    raise typer.Exit(
+        run_benchmark("adam", json_out, numel=numel, dtype=dtype, steps=steps, warmup=warmup)
+    )
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()
