@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import re
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def manifests() -> list[Path]:
-    return [ROOT / "pyproject.toml", ROOT / "native" / "pyproject.toml", *sorted(ROOT.glob("packages/*/pyproject.toml"))]
+    return [
+        ROOT / "pyproject.toml",
+        ROOT / "native" / "pyproject.toml",
+        *sorted(ROOT.glob("packages/*/pyproject.toml")),
+    ]
 
 
 def main() -> int:

@@ -29,7 +29,9 @@ def load(name: str) -> ModuleType:
     path = benchmarks_dir() / f"{name}.py"
     if not path.is_file():
         known = sorted(p.stem for p in benchmarks_dir().glob("*.py") if not p.stem.startswith("_"))
-        raise FileNotFoundError(f"no benchmark `{name}` in {path.parent}; known: {', '.join(known)}")
+        raise FileNotFoundError(
+            f"no benchmark `{name}` in {path.parent}; known: {', '.join(known)}"
+        )
     spec = importlib.util.spec_from_file_location(f"zstack_benchmarks.{name}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

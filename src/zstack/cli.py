@@ -18,7 +18,9 @@ app.add_typer(bench_app, name="bench")
 
 @app.command()
 def doctor(
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of a report."),
+    json_out: bool = typer.Option(
+        False, "--json", help="Print one JSON object instead of a report."
+    ),
 ) -> None:
     """Report versions, CPU/GPU capabilities and what is missing, with the fix for each."""
     from zstack.doctor import main
@@ -37,7 +39,9 @@ def launch(
     node_rank: int = typer.Option(0, "--node-rank", min=0),
     master_addr: str = typer.Option("127.0.0.1", "--master-addr"),
     master_port: int = typer.Option(29500, "--master-port", min=0, max=65535),
-    rdzv_endpoint: str = typer.Option("", "--rdzv-endpoint", help="host:port for multi-node c10d rendezvous."),
+    rdzv_endpoint: str = typer.Option(
+        "", "--rdzv-endpoint", help="host:port for multi-node c10d rendezvous."
+    ),
 ) -> None:
     """Start SCRIPT on NPROC ranks through torchrun (`torch.distributed.run`); extra arguments go to the script."""
     from zstack.launch import main
@@ -58,9 +62,13 @@ def launch(
 
 @bench_app.command("adam")
 def bench_adam(
-    numel: int = typer.Option(100_000_000, "--numel", min=1, help="Parameters in the tensor stepped."),
+    numel: int = typer.Option(
+        100_000_000, "--numel", min=1, help="Parameters in the tensor stepped."
+    ),
     dtype: str = typer.Option("fp32", "--dtype", help="`fp32` (fp32 states) or `bf16-states`."),
-    steps: int = typer.Option(10, "--steps", min=1, help="Timed steps per optimizer (median reported)."),
+    steps: int = typer.Option(
+        10, "--steps", min=1, help="Timed steps per optimizer (median reported)."
+    ),
     warmup: int = typer.Option(2, "--warmup", min=0),
     json_out: bool = typer.Option(False, "--json", help="Print only the JSON object."),
 ) -> None:

@@ -2,6 +2,23 @@
 
 from typing import Any
 
+__all__ = [
+    "DTypeError",
+    "HyperparameterError",
+    "LayoutError",
+    "ShapeMismatchError",
+    "SimdError",
+    "__version__",
+    "adagrad_step",
+    "adam_step",
+    "detected_simd_level",
+    "lion_step",
+    "num_threads",
+    "set_simd_level",
+    "simd_level",
+    "stream_4r3w",
+]
+
 __version__: str
 
 class ShapeMismatchError(ValueError): ...

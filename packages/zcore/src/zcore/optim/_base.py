@@ -32,7 +32,12 @@ class NativeOptimizer(torch.optim.Optimizer):
         return {k: torch.zeros_like(p, dtype=self.state_dtype) for k in self.state_keys}
 
     def _kernel(
-        self, p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any], group: dict[str, Any], step: int
+        self,
+        p: torch.Tensor,
+        grad: torch.Tensor,
+        state: dict[str, Any],
+        group: dict[str, Any],
+        step: int,
     ) -> None:
         raise NotImplementedError
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import znative
 
+import znative
 from zcore.optim._base import NativeOptimizer, ParamsT, check_range
 from zcore.optim._buffers import view
 
@@ -47,14 +47,21 @@ class CPUAdagrad(NativeOptimizer):
         check_range(where, "lr_decay", float(group["lr_decay"]), 0.0)
         check_range(where, "eps", float(group["eps"]), 0.0)
         check_range(where, "weight_decay", float(group["weight_decay"]), 0.0)
-        check_range(where, "initial_accumulator_value", float(group["initial_accumulator_value"]), 0.0)
+        check_range(
+            where, "initial_accumulator_value", float(group["initial_accumulator_value"]), 0.0
+        )
 
     def _init_state(self, p: torch.Tensor, group: dict[str, Any]) -> dict[str, torch.Tensor]:
         init = float(group["initial_accumulator_value"])
         return {"sum": torch.full_like(p, init, dtype=self.state_dtype)}
 
     def _kernel(
-        self, p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any], group: dict[str, Any], step: int
+        self,
+        p: torch.Tensor,
+        grad: torch.Tensor,
+        state: dict[str, Any],
+        group: dict[str, Any],
+        step: int,
     ) -> None:
         znative.adagrad_step(
             view(p),

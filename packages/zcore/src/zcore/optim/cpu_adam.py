@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import znative
 
+import znative
 from zcore.optim._base import NativeOptimizer, ParamsT, check_range
 from zcore.optim._buffers import view
 
@@ -67,7 +67,12 @@ class CPUAdam(NativeOptimizer):
             raise ValueError(f"{where}: amsgrad=True is not supported by CPUAdam")
 
     def _kernel(
-        self, p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any], group: dict[str, Any], step: int
+        self,
+        p: torch.Tensor,
+        grad: torch.Tensor,
+        state: dict[str, Any],
+        group: dict[str, Any],
+        step: int,
     ) -> None:
         beta1, beta2 = group["betas"]
         znative.adam_step(

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import znative
 
+import znative
 from zcore.optim._base import NativeOptimizer, ParamsT, check_range
 from zcore.optim._buffers import view
 
@@ -43,7 +43,12 @@ class CPULion(NativeOptimizer):
         check_range(where, "betas[1]", float(beta2), 0.0, 1.0)
 
     def _kernel(
-        self, p: torch.Tensor, grad: torch.Tensor, state: dict[str, Any], group: dict[str, Any], step: int
+        self,
+        p: torch.Tensor,
+        grad: torch.Tensor,
+        state: dict[str, Any],
+        group: dict[str, Any],
+        step: int,
     ) -> None:
         beta1, beta2 = group["betas"]
         znative.lion_step(

@@ -6,8 +6,8 @@ parameter is fp32. Everything is checked before anything is written."""
 from __future__ import annotations
 
 import torch
-import znative
 
+import znative
 from zcore.optim._buffers import check_like, check_param, view
 
 

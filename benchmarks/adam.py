@@ -1,0 +1,198 @@
+"""CPU Adam step: zcore's CPUAdam against torch's fused and foreach Adam, and
+DeepSpeedCPUAdam when it is importable, with the machine's memory-bandwidth
+ceiling measured in the same run.
+
+An Adam step is memory-bound: per parameter it reads param, grad, exp_avg,
+exp_avg_sq and writes param, exp_avg, exp_avg_sq — 28 bytes with fp32 states,
+20 with bf16 states. The ceiling is a stream kernel with the same 4-read /
+3-write pattern on the same thread pool (``znative.stream_4r3w``), so
+``fraction_of_ceiling`` says how close each step gets to the hardware.
+
+All optimizers are timed in interleaved rounds (one step of each per round) so
+they share whatever else the machine is doing; medians are reported.
+
+Run: ``z bench adam --numel 100000000 [--dtype fp32|bf16-states] --json``.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import znative
+from zcore.optim import CPUAdam
+
+#: bytes moved per parameter by one Adam step (read p, g, m, v; write p, m, v)
+BYTES_PER_PARAM = {"fp32": 28, "bf16-states": 20}
+DTYPES = tuple(BYTES_PER_PARAM)
+
+
+def _deepspeed_adam() -> tuple[Callable[..., torch.optim.Optimizer] | None, str]:
+    """DeepSpeedCPUAdam if it imports and builds here (never a dependency)."""
+    try:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam  # type: ignore[import-not-found]
+    except Exception as e:  # ImportError, or its op builder failing at import
+        return None, f"not importable: {type(e).__name__}: {e}".splitlines()[0][:200]
+    return DeepSpeedCPUAdam, "ok"
+
+
+def _make_param(numel: int, seed: int) -> torch.nn.Parameter:
+    g = torch.Generator().manual_seed(seed)
+    p = torch.nn.Parameter(torch.randn(numel, generator=g))
+    p.grad = torch.randn(numel, generator=g) * 1e-2
+    return p
+
+
+class _StreamCeiling:
+    """The bandwidth probe as a contender: ``step()`` is one 4-read/3-write pass."""
+
+    def __init__(self, numel: int):
+        self._tensors = [torch.full((numel,), v) for v in (1.0, 2.0, 3.0, 4.0)]
+        self._views = [t.numpy() for t in self._tensors]
+
+    def step(self) -> None:
+        znative.stream_4r3w(*self._views)
+
+
+def run(
+    numel: int = 100_000_000,
+    dtype: str = "fp32",
+    steps: int = 10,
+    warmup: int = 2,
+) -> dict[str, Any]:
+    """Time every contender; returns the JSON-able result."""
+    if dtype not in BYTES_PER_PARAM:
+        raise ValueError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    if numel < 1 or steps < 1 or warmup < 0:
+        raise ValueError(
+            f"need numel >= 1, steps >= 1, warmup >= 0 (got {numel}, {steps}, {warmup})"
+        )
+    hp = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+
+    # One parameter tensor (with its grad) per contender, so none sees another's updates.
+    contenders: dict[str, tuple[torch.optim.Optimizer, int]] = {}
+    state_dtype = torch.bfloat16 if dtype == "bf16-states" else torch.float32
+    contenders["zstack_cpu_adam"] = (
+        CPUAdam([_make_param(numel, 0)], state_dtype=state_dtype, **hp),
+        BYTES_PER_PARAM[dtype],
+    )
+    if dtype == "bf16-states":
+        contenders["zstack_cpu_adam_fp32"] = (
+            CPUAdam([_make_param(numel, 0)], **hp),
+            BYTES_PER_PARAM["fp32"],
+        )
+    contenders["torch_adam_fused"] = (
+        torch.optim.Adam([_make_param(numel, 0)], fused=True, **hp),
+        28,
+    )
+    contenders["torch_adam_foreach"] = (
+        torch.optim.Adam([_make_param(numel, 0)], foreach=True, **hp),
+        28,
+    )
+    ds_cls, ds_status = _deepspeed_adam()
+    if ds_cls is not None:
+        try:
+            contenders["deepspeed_cpu_adam"] = (
+                ds_cls([_make_param(numel, 0)], adamw_mode=False, **hp),
+                28,
+            )
+        except Exception as e:  # its JIT build can fail on a machine without a compiler
+            ds_status = f"failed to build: {type(e).__name__}: {e}".splitlines()[0][:200]
+
+    # The ceiling runs in the same rounds as the optimizers, so it sees the same machine.
+    timed: dict[str, Any] = {name: opt for name, (opt, _) in contenders.items()}
+    timed["ceiling"] = _StreamCeiling(numel)
+    times: dict[str, list[float]] = {name: [] for name in timed}
+    for i in range(warmup + steps):
+        for name, opt in timed.items():
+            t0 = time.perf_counter()
+            opt.step()
+            if i >= warmup:
+                times[name].append(time.perf_counter() - t0)
+
+    ceiling_s = statistics.median(times["ceiling"])
+    ceiling_gbps = 28 * numel / ceiling_s / 1e9
+
+    results: dict[str, dict[str, Any]] = {}
+    for name, (_, bpp) in contenders.items():
+        med = statistics.median(times[name])
+        gbps = bpp * numel / med / 1e9
+        results[name] = {
+            "median_step_s": med,
+            "min_step_s": min(times[name]),
+            "params_per_s": numel / med,
+            "bytes_per_param": bpp,
+            "gb_per_s": gbps,
+            "fraction_of_ceiling": gbps / ceiling_gbps,
+        }
+    ours = results["zstack_cpu_adam"]["median_step_s"]
+    speedup = {
+        f"vs_{name}": results[name]["median_step_s"] / ours
+        for name in results
+        if name != "zstack_cpu_adam"
+    }
+    return {
+        "benchmark": "adam",
+        "numel": numel,
+        "dtype": dtype,
+        "steps": steps,
+        "warmup": warmup,
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores_usable": len(os.sched_getaffinity(0)),
+            "znative_threads": znative.num_threads(),
+            "torch_threads": torch.get_num_threads(),
+            "simd": znative.simd_level(),
+            "torch": torch.__version__,
+        },
+        "ceiling": {
+            "kernel": "stream 4 reads + 3 writes (znative.stream_4r3w)",
+            "median_s": ceiling_s,
+            "gb_per_s": ceiling_gbps,
+            "params_per_s_at_28_bytes": numel / ceiling_s,
+        },
+        "results": results,
+        "speedup_of_ours": speedup,
+        "deepspeed_cpu_adam": ds_status,
+    }
+
+
+def report(result: dict[str, Any]) -> str:
+    """A table a person can read; the JSON follows it."""
+    c = result["ceiling"]
+    lines = [
+        f"adam step, numel {result['numel']:,}, {result['dtype']}, median of {result['steps']} steps, "
+        f"{result['machine']['znative_threads']} threads, simd {result['machine']['simd']}",
+        f"{'ceiling (stream 4r/3w)':<24} {c['median_s'] * 1e3:9.2f} ms  {c['gb_per_s']:7.2f} GB/s  "
+        f"{c['params_per_s_at_28_bytes'] / 1e9:6.3f} Gparam/s",
+    ]
+    for name, r in result["results"].items():
+        lines.append(
+            f"{name:<24} {r['median_step_s'] * 1e3:9.2f} ms  {r['gb_per_s']:7.2f} GB/s  "
+            f"{r['params_per_s'] / 1e9:6.3f} Gparam/s  {r['fraction_of_ceiling'] * 100:5.1f}% of ceiling"
+        )
+    for name, s in result["speedup_of_ours"].items():
+        lines.append(f"zstack_cpu_adam speedup {name}: {s:.2f}x")
+    lines.append(f"deepspeed_cpu_adam: {result['deepspeed_cpu_adam']}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--numel", type=int, default=100_000_000)
+    ap.add_argument("--dtype", choices=DTYPES, default="fp32")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    ns = ap.parse_args()
+    out = run(ns.numel, ns.dtype, ns.steps, ns.warmup)
+    print(report(out))
+    print(json.dumps(out))
