@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+
 import znative
 
 ADAM = dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, step=1)
@@ -33,7 +34,11 @@ def test_exceptions_subclass_builtins():
     ("mutate", "exc", "match"),
     [
         (lambda b: b.__setitem__(1, b[1][:-1]), znative.ShapeMismatchError, "grads has 999"),
-        (lambda b: b.__setitem__(0, b[0].astype(np.float64)), znative.DTypeError, "params.*float64"),
+        (
+            lambda b: b.__setitem__(0, b[0].astype(np.float64)),
+            znative.DTypeError,
+            "params.*float64",
+        ),
         (lambda b: b.__setitem__(1, b[1].astype(np.float16)), znative.DTypeError, "grads"),
         (lambda b: b.__setitem__(3, b[3].astype(np.int32)), znative.DTypeError, "exp_avg_sq"),
         (lambda b: b.__setitem__(1, [0.0] * 1000), znative.DTypeError, "numpy array.*list"),
@@ -86,7 +91,7 @@ def test_simd_levels_agree_and_can_be_forced():
             b = buffers(3 * 16384 + 5)
             znative.adam_step(*b, **{**ADAM, "weight_decay": 0.01})
             results[level] = b[0]
-        with pytest.raises(znative.SimdError, match="unknown SIMD level `sse9`"):
+        with pytest.raises(znative.SimdError, match=r"unknown SIMD level `sse9`"):
             znative.set_simd_level("sse9")
     finally:
         znative.set_simd_level(None)

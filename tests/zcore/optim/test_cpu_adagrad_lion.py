@@ -128,7 +128,7 @@ def test_bf16_states(cls):
 
 def test_errors():
     (p, *_) = make_params()
-    with pytest.raises(ValueError, match="lr_decay = -1"):
+    with pytest.raises(ValueError, match=r"lr_decay = -1"):
         CPUAdagrad([p], lr_decay=-1.0)
     with pytest.raises(ValueError, match=r"betas\[1\] = 1.5"):
         CPULion([p], betas=(0.9, 1.5))
@@ -136,5 +136,5 @@ def test_errors():
     if hasattr(p, "grad_dtype"):  # torch >= 2.10 only lets a grad differ in dtype when asked
         p.grad_dtype = None
     p.grad = torch.zeros(p.shape, dtype=torch.float16)
-    with pytest.raises(TypeError, match="grad dtype is torch.float16"):
+    with pytest.raises(TypeError, match=r"grad dtype is torch.float16"):
         opt.step()

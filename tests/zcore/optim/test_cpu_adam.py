@@ -225,26 +225,26 @@ def test_bad_second_param_changes_nothing():
 
 def test_invalid_hyperparameters_and_params_raise_clearly():
     (p,) = make_params([(4,)])
-    with pytest.raises(ValueError, match="invalid lr = -1.0"):
+    with pytest.raises(ValueError, match=r"invalid lr = -1.0"):
         CPUAdam([p], lr=-1.0)
     with pytest.raises(ValueError, match=r"betas\[0\] = 1.0"):
         CPUAdam([p], betas=(1.0, 0.999))
-    with pytest.raises(ValueError, match="amsgrad"):
+    with pytest.raises(ValueError, match=r"amsgrad"):
         CPUAdam([p], amsgrad=True)
-    with pytest.raises(ValueError, match="state_dtype"):
+    with pytest.raises(ValueError, match=r"state_dtype"):
         CPUAdam([p], state_dtype=torch.float16)
-    with pytest.raises(TypeError, match="float64.*fp32"):
+    with pytest.raises(TypeError, match=r"float64.*fp32"):
         CPUAdam([torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))])
-    with pytest.raises(TypeError, match="meta.*CPU"):
+    with pytest.raises(TypeError, match=r"meta.*CPU"):
         CPUAdam([torch.nn.Parameter(torch.zeros(3, device="meta"))])
-    with pytest.raises(ValueError, match="not contiguous"):
+    with pytest.raises(ValueError, match=r"not contiguous"):
         CPUAdam([torch.nn.Parameter(torch.zeros(4, 4).t())])
     # A scheduler setting a bad lr mid-run is caught before any parameter moves.
     opt = CPUAdam([p], lr=1e-3)
     p.grad = torch.ones(4)
     opt.param_groups[0]["lr"] = float("nan")
     before = p.detach().clone()
-    with pytest.raises(ValueError, match="lr = nan"):
+    with pytest.raises(ValueError, match=r"lr = nan"):
         opt.step()
     assert torch.equal(p.detach(), before)
 
@@ -252,11 +252,11 @@ def test_invalid_hyperparameters_and_params_raise_clearly():
 def test_functional_rejects_mismatch_and_leaves_buffers():
     p = torch.ones(8)
     m, v = torch.zeros(8), torch.zeros(8)
-    with pytest.raises(ValueError, match="grad has 7 elements.*8"):
+    with pytest.raises(ValueError, match=r"grad has 7 elements.*8"):
         adam_step(p, torch.ones(7), m, v, step=1)
-    with pytest.raises(TypeError, match="float16"):
+    with pytest.raises(TypeError, match=r"float16"):
         adam_step(p, torch.ones(8, dtype=torch.float16), m, v, step=1)
-    with pytest.raises(ValueError, match="step = 0"):
+    with pytest.raises(ValueError, match=r"step = 0"):
         adam_step(p, torch.ones(8), m, v, step=0)
     assert torch.equal(p, torch.ones(8)) and not m.any() and not v.any()
 
@@ -265,7 +265,7 @@ def test_functional_rejects_mismatch_and_leaves_buffers():
 def test_cuda_param_rejected_by_cpu_optimizer():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    with pytest.raises(TypeError, match="cuda.*CPU"):
+    with pytest.raises(TypeError, match=r"cuda.*CPU"):
         CPUAdam([torch.nn.Parameter(torch.zeros(3, device="cuda"))])
 
 

@@ -13,5 +13,6 @@ also takes bfloat16 gradients.
 from zcore.optim.cpu_adagrad import CPUAdagrad
 from zcore.optim.cpu_adam import CPUAdam, CPUAdamW
 from zcore.optim.cpu_lion import CPULion
+from zcore.optim.fused_adam_cuda import FusedAdamCUDA
 
-__all__ = ["CPUAdagrad", "CPUAdam", "CPUAdamW", "CPULion"]
+__all__ = ["CPUAdagrad", "CPUAdam", "CPUAdamW", "CPULion", "FusedAdamCUDA"]

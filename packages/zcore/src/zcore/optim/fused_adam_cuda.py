@@ -1,0 +1,317 @@
+"""Adam/AdamW for CUDA fp32 parameters: one multi-tensor kernel launch per step.
+
+The kernel (``znative/cuda/kernels/fused_adam.cu``) reads a table of device
+pointers and sizes plus a chunk table, so one launch covers every tensor of a
+param group. Tables are built here as int64 CUDA tensors, handed to
+:func:`znative.cuda.launch` by DLPack, and run on torch's current stream, so the
+step is ordered with the backward pass that produced the gradients. CuPy is
+imported on first use, never by importing this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+import znative.cuda
+from zcore.optim._base import ParamsT, check_range
+
+#: elements per chunk, one chunk per thread block; a multiple of 4 keeps chunks float4-aligned
+CHUNK_SIZE = 1 << 15
+_BLOCK = 512  # matches __launch_bounds__(512) in the kernel
+_KERNELS = {torch.float32: "fused_adam_f32", torch.bfloat16: "fused_adam_bf16_grad"}
+_TABLE_CACHE_SIZE = 16
+
+
+def _hyperparameters(
+    step: int, lr: float, betas: tuple[float, float], eps: float, weight_decay: float,
+    decoupled: bool, maximize: bool,
+) -> tuple[np.generic, ...]:  # fmt: skip
+    """The kernel's scalar arguments, derived in double precision as torch derives them."""
+    lr, beta1, beta2, eps, weight_decay = map(float, (lr, *betas, eps, weight_decay))
+    bias_correction1 = 1 - beta1**step
+    bias_correction2 = 1 - beta2**step
+    f32 = np.float32
+    return (
+        f32(1 - beta1), f32(beta2), f32(1 - beta2), f32(eps), f32(weight_decay),
+        f32(1 - lr * weight_decay), f32(-(lr / bias_correction1)), f32(bias_correction2**0.5),
+        np.int32(decoupled), np.int32(maximize),
+    )  # fmt: skip
+
+
+def _host_table(rows: Sequence[tuple[int, ...]], chunk_size: int) -> torch.Tensor:
+    """One int64 CPU tensor ``[ptrs (T, 4) | sizes (T,) | chunks (C, 2)]``, the kernel's layout.
+
+    ``rows`` holds ``(param, grad, exp_avg, exp_avg_sq addresses, numel)`` per tensor.
+    """
+    table = torch.tensor(rows, dtype=torch.int64).reshape(-1, 5)  # (T, 5)
+    sizes = table[:, 4]
+    counts = (sizes + chunk_size - 1) // chunk_size  # chunks per tensor, (T,)
+    owner = torch.repeat_interleave(torch.arange(len(rows)), counts)  # (C,)
+    first_chunk = torch.cumsum(counts, 0) - counts  # (T,)
+    starts = (torch.arange(owner.numel()) - first_chunk[owner]) * chunk_size  # (C,)
+    chunks = torch.stack([owner, starts], dim=1)  # (C, 2)
+    return torch.cat([table[:, :4].flatten(), sizes, chunks.flatten()])
+
+
+def _check_like(
+    t: torch.Tensor,
+    p: torch.Tensor,
+    name: str,
+    dtypes: tuple[torch.dtype, ...],
+    *,
+    dense: bool = True,
+) -> None:
+    """Raise unless ``t`` can be read (``dense=False``) or updated alongside parameter ``p``."""
+    if t.is_sparse:
+        raise TypeError(f"{name} is sparse; FusedAdamCUDA takes dense gradients")
+    if t.device != p.device:
+        raise TypeError(f"{name} is on {t.device} but its parameter is on {p.device}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name} dtype is {t.dtype}; expected one of {', '.join(map(str, dtypes))}")
+    if t.shape != p.shape:
+        raise ValueError(
+            f"{name} has shape {tuple(t.shape)} but its parameter has {tuple(p.shape)}"
+        )
+    if dense and not t.is_contiguous():
+        raise ValueError(f"{name} is not contiguous; the step updates memory in place")
+
+
+def _check_param(p: Any, where: str) -> None:
+    if not isinstance(p, torch.Tensor):
+        raise TypeError(f"{where} is a {type(p).__name__}, not a tensor")
+    if p.device.type != "cuda":
+        raise TypeError(
+            f"{where} is on device {p.device}; FusedAdamCUDA updates fp32 parameters on a CUDA "
+            "device (use zcore.optim.CPUAdam for parameters on the CPU)"
+        )
+    if p.dtype != torch.float32:
+        raise TypeError(f"{where} dtype is {p.dtype}; FusedAdamCUDA updates fp32 parameters")
+    if not p.is_contiguous():
+        raise ValueError(
+            f"{where} with shape {tuple(p.shape)} and strides {p.stride()} is not contiguous; "
+            "the step updates memory in place"
+        )
+
+
+def fused_adam_step_(
+    params: Sequence[torch.Tensor],
+    grads: Sequence[torch.Tensor],
+    exp_avgs: Sequence[torch.Tensor],
+    exp_avg_sqs: Sequence[torch.Tensor],
+    *,
+    step: int,
+    lr: float = 1e-3,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    decoupled_weight_decay: bool = False,
+    maximize: bool = False,
+    chunk_size: int = CHUNK_SIZE,
+    _table_cache: dict[tuple[Any, ...], torch.Tensor] | None = None,
+) -> None:
+    """Adam/AdamW step ``step`` (1-based, shared by all tensors) on fp32 CUDA tensors, in place.
+
+    ``grads`` are all float32 or all bfloat16 (e.g. bf16 model gradients against
+    fp32 master weights) and need not be contiguous; everything else must be.
+    All tensors are checked before the kernel is launched on the current stream
+    of their device.
+    """
+    n = len(params)
+    if not len(grads) == len(exp_avgs) == len(exp_avg_sqs) == n:
+        raise ValueError(
+            f"got {n} params, {len(grads)} grads, {len(exp_avgs)} exp_avgs and "
+            f"{len(exp_avg_sqs)} exp_avg_sqs; need one of each per parameter"
+        )
+    if step < 1:
+        raise ValueError(f"step is {step}; steps count from 1")
+    if chunk_size < 4 or chunk_size % 4:
+        raise ValueError(f"chunk_size is {chunk_size}; expected a positive multiple of 4")
+    if n == 0:
+        return
+    device = params[0].device
+    grad_dtype = grads[0].dtype
+    rows = []
+    keep_alive = []  # contiguous copies of strided grads, live until the launch is queued
+    for i in range(n):
+        p = params[i]
+        _check_param(p, f"params[{i}]")
+        if p.device != device:
+            raise TypeError(f"params[{i}] is on {p.device} but params[0] is on {device}")
+        g = grads[i]
+        _check_like(g, p, f"grads[{i}]", (grad_dtype,) if i else tuple(_KERNELS), dense=False)
+        _check_like(exp_avgs[i], p, f"exp_avgs[{i}]", (torch.float32,))
+        _check_like(exp_avg_sqs[i], p, f"exp_avg_sqs[{i}]", (torch.float32,))
+        if p.numel() == 0:
+            continue
+        g = g.contiguous()  # the kernel only reads grads: a copy of a strided one will do
+        keep_alive.append(g)
+        m, v = exp_avgs[i], exp_avg_sqs[i]
+        rows.append((p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(), p.numel()))
+    if not rows:
+        return
+
+    key = (device, chunk_size, tuple(rows))
+    table = _table_cache.get(key) if _table_cache is not None else None
+    if table is None:
+        # Pinned + non_blocking: the copy is queued on the current stream without a host sync.
+        table = _host_table(rows, chunk_size).pin_memory().to(device, non_blocking=True)
+        if _table_cache is not None:
+            if len(_table_cache) >= _TABLE_CACHE_SIZE:
+                del _table_cache[next(iter(_table_cache))]
+            _table_cache[key] = table
+    t = len(rows)
+    n_chunks = (table.numel() - 5 * t) // 2
+    znative.cuda.launch(
+        "fused_adam",
+        _KERNELS[grad_dtype],
+        n_chunks,
+        _BLOCK,
+        (
+            table[: 4 * t],
+            table[4 * t : 5 * t],
+            table[5 * t :],
+            np.int64(chunk_size),
+            *_hyperparameters(
+                step, lr, betas, eps, weight_decay, decoupled_weight_decay, maximize
+            ),
+        ),
+        stream=torch.cuda.current_stream(device).cuda_stream,
+        device=device.index,
+    )  # fmt: skip
+
+
+class FusedAdamCUDA(torch.optim.Optimizer):
+    """``torch.optim.Adam`` for fp32 CUDA parameters, one fused kernel launch per param group.
+
+    Same arguments, defaults and ``state_dict()`` content as ``torch.optim.Adam``
+    (``decoupled_weight_decay=True`` gives AdamW), so checkpoints move both ways
+    between this and ``torch.optim.Adam``/``AdamW``. Needs CuPy
+    (``pip install znative[cuda12]`` or ``[cuda13]``).
+
+    Args:
+        chunk_size: elements each thread block updates; a positive multiple of 4.
+    """
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        amsgrad: bool = False,
+        *,
+        maximize: bool = False,
+        decoupled_weight_decay: bool = False,
+        chunk_size: int = CHUNK_SIZE,
+    ):
+        if amsgrad:
+            raise ValueError("amsgrad=True is not supported by FusedAdamCUDA; use torch.optim.Adam")
+        if chunk_size < 4 or chunk_size % 4:
+            raise ValueError(f"chunk_size is {chunk_size}; expected a positive multiple of 4")
+        defaults = dict(
+            lr=lr,
+            betas=tuple(betas),
+            eps=eps,
+            weight_decay=weight_decay,
+            amsgrad=False,
+            maximize=maximize,
+            decoupled_weight_decay=decoupled_weight_decay,
+        )
+        _check_group(defaults, "defaults")
+        self.chunk_size = chunk_size
+        self._table_cache: dict[tuple[Any, ...], torch.Tensor] = {}
+        super().__init__(params, defaults)
+        ok, reason = znative.cuda.cupy_status()
+        if not ok:
+            raise znative.cuda.CudaUnavailableError(f"FusedAdamCUDA needs CuPy: {reason}")
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        super().add_param_group(param_group)
+        gi = len(self.param_groups) - 1
+        group = self.param_groups[gi]
+        _check_group(group, f"param_groups[{gi}]")
+        for pi, p in enumerate(group["params"]):
+            _check_param(p, f"param_groups[{gi}].params[{pi}]")
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        # A torch.optim state dict may lack our group keys; take them from defaults.
+        for group in self.param_groups:
+            for key, value in self.defaults.items():
+                group.setdefault(key, value)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state dict saved by this optimizer or by ``torch.optim.Adam``/``AdamW``."""
+        super().load_state_dict(state_dict)
+        for state in self.state.values():
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key in state:
+                    state[key] = state[key].contiguous()
+            # torch keeps `step` on the device for fused/capturable runs; ours lives on the CPU.
+            if "step" in state:
+                state["step"] = torch.tensor(float(state["step"]), dtype=torch.float32)
+        self._table_cache.clear()
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        """Update every parameter that has a gradient; all checks run before the first launch."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        # One launch per (group, device, step count): tensors whose steps differ (a
+        # parameter that skipped steps without a gradient) need their own bias correction.
+        launches: dict[tuple[int, torch.device, int], list[list[torch.Tensor]]] = {}
+        stepped = []
+        for gi, group in enumerate(self.param_groups):
+            _check_group(group, f"param_groups[{gi}]")
+            for pi, p in enumerate(group["params"]):
+                if p.grad is None:
+                    continue
+                where = f"param_groups[{gi}].params[{pi}]"
+                _check_param(p, where)
+                _check_like(p.grad, p, f"{where}.grad", (torch.float32,), dense=False)
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.tensor(0.0, dtype=torch.float32)
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                _check_like(state["exp_avg"], p, f"{where} state['exp_avg']", (torch.float32,))
+                _check_like(
+                    state["exp_avg_sq"], p, f"{where} state['exp_avg_sq']", (torch.float32,)
+                )
+                step = int(state["step"].item()) + 1
+                lists = launches.setdefault((gi, p.device, step), [[], [], [], []])
+                tensors = (p, p.grad, state["exp_avg"], state["exp_avg_sq"])
+                for lst, t in zip(lists, tensors, strict=True):
+                    lst.append(t)
+                stepped.append(state["step"])
+        for (gi, _, step), (ps, gs, ms, vs) in launches.items():
+            group = self.param_groups[gi]
+            fused_adam_step_(
+                ps, gs, ms, vs,
+                step=step, lr=group["lr"], betas=group["betas"], eps=group["eps"],
+                weight_decay=group["weight_decay"],
+                decoupled_weight_decay=bool(group["decoupled_weight_decay"]),
+                maximize=bool(group["maximize"]), chunk_size=self.chunk_size,
+                _table_cache=self._table_cache,
+            )  # fmt: skip
+        for step_t in stepped:
+            step_t += 1
+        return loss
+
+
+def _check_group(group: dict[str, Any], where: str) -> None:
+    check_range(where, "lr", float(group["lr"]), 0.0)
+    check_range(where, "eps", float(group["eps"]), 0.0)
+    check_range(where, "weight_decay", float(group["weight_decay"]), 0.0)
+    beta1, beta2 = group["betas"]
+    check_range(where, "betas[0]", float(beta1), 0.0, 1.0)
+    check_range(where, "betas[1]", float(beta2), 0.0, 1.0)
+    if group.get("amsgrad"):
+        raise ValueError(f"{where}: amsgrad=True is not supported by FusedAdamCUDA")
