@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 if TYPE_CHECKING:
     import cupy
 
@@ -29,11 +31,20 @@ __all__ = [
     "CudaUnavailableError",
     "as_cupy",
     "cupy_status",
+    "f32",
+    "i32",
+    "i64",
     "kernel_dir",
     "kernel_sources",
     "launch",
     "load_module",
 ]
+
+#: Sized scalar kernel arguments. A plain Python int/float would reach the kernel as
+#: int64/double whatever its parameter type, so `launch` requires one of these.
+f32 = np.float32
+i32 = np.int32
+i64 = np.int64
 
 _INSTALL = "`pip install znative[cuda12]` (or [cuda13])"
 # Flags every module is compiled with; CuPy adds the architecture itself.
@@ -172,8 +183,6 @@ def as_cupy(obj: Any) -> cupy.ndarray:
 
 
 def _kernel_arg(cp: Any, i: int, arg: Any) -> Any:
-    import numpy as np
-
     if isinstance(arg, (cp.ndarray, np.generic)):
         return arg
     if isinstance(arg, (bool, int, float)):

@@ -13,7 +13,18 @@ from zcore.optim._buffers import check_like, check_param, state_dtype_arg
 ParamsT = Iterable[torch.Tensor] | Iterable[dict[str, Any]]
 
 
-class NativeOptimizer(torch.optim.Optimizer):
+class TorchStateCompat(torch.optim.Optimizer):
+    """Lets a state dict saved by the matching ``torch.optim`` optimizer load: group
+    keys torch does not save (ours) are filled in from ``defaults``."""
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        for group in self.param_groups:
+            for key, value in self.defaults.items():
+                group.setdefault(key, value)
+
+
+class NativeOptimizer(TorchStateCompat):
     """Base class: subclasses name their state tensors and run one kernel per parameter."""
 
     #: names of the per-parameter state tensors, as torch.optim names them
@@ -49,13 +60,6 @@ class NativeOptimizer(torch.optim.Optimizer):
         self._check_group(group, f"param_groups[{gi}]")
         for pi, p in enumerate(group["params"]):
             check_param(p, f"param_groups[{gi}].params[{pi}]")
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__(state)
-        # A state dict saved by torch.optim lacks our own group keys; take them from defaults.
-        for group in self.param_groups:
-            for key, value in self.defaults.items():
-                group.setdefault(key, value)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state dict saved by this optimizer or by the matching ``torch.optim`` one."""
@@ -108,3 +112,15 @@ def check_range(where: str, name: str, value: float, lo: float, hi: float | None
     if not ok or value != value:
         bound = f"in [{lo}, {hi})" if hi is not None else f">= {lo}"
         raise ValueError(f"{where}: invalid {name} = {value}; expected a value {bound}")
+
+
+def check_adam_group(group: dict[str, Any], where: str, who: str) -> None:
+    """Validate an Adam/AdamW param group (or the defaults) of optimizer ``who``."""
+    check_range(where, "lr", float(group["lr"]), 0.0)
+    check_range(where, "eps", float(group["eps"]), 0.0)
+    check_range(where, "weight_decay", float(group["weight_decay"]), 0.0)
+    beta1, beta2 = group["betas"]
+    check_range(where, "betas[0]", float(beta1), 0.0, 1.0)
+    check_range(where, "betas[1]", float(beta2), 0.0, 1.0)
+    if group.get("amsgrad"):
+        raise ValueError(f"{where}: amsgrad=True is not supported by {who}; use torch.optim.Adam")

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 import znative
-from zcore.optim._base import NativeOptimizer, ParamsT, check_range
+from zcore.optim._base import NativeOptimizer, ParamsT, check_adam_group
 from zcore.optim._buffers import view
 
 
@@ -57,14 +57,7 @@ class CPUAdam(NativeOptimizer):
         super().__init__(params, defaults, state_dtype)
 
     def _check_group(self, group: dict[str, Any], where: str) -> None:
-        check_range(where, "lr", float(group["lr"]), 0.0)
-        check_range(where, "eps", float(group["eps"]), 0.0)
-        check_range(where, "weight_decay", float(group["weight_decay"]), 0.0)
-        beta1, beta2 = group["betas"]
-        check_range(where, "betas[0]", float(beta1), 0.0, 1.0)
-        check_range(where, "betas[1]", float(beta2), 0.0, 1.0)
-        if group.get("amsgrad"):
-            raise ValueError(f"{where}: amsgrad=True is not supported by CPUAdam")
+        check_adam_group(group, where, "CPUAdam")
 
     def _kernel(
         self,

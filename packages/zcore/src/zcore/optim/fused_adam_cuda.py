@@ -13,11 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 import znative.cuda
-from zcore.optim._base import ParamsT, check_range
+from zcore.optim._base import ParamsT, TorchStateCompat, check_adam_group
 
 #: elements per chunk, one chunk per thread block; a multiple of 4 keeps chunks float4-aligned
 CHUNK_SIZE = 1 << 15
@@ -29,16 +28,16 @@ _TABLE_CACHE_SIZE = 16
 def _hyperparameters(
     step: int, lr: float, betas: tuple[float, float], eps: float, weight_decay: float,
     decoupled: bool, maximize: bool,
-) -> tuple[np.generic, ...]:  # fmt: skip
+) -> tuple[Any, ...]:  # fmt: skip
     """The kernel's scalar arguments, derived in double precision as torch derives them."""
     lr, beta1, beta2, eps, weight_decay = map(float, (lr, *betas, eps, weight_decay))
     bias_correction1 = 1 - beta1**step
     bias_correction2 = 1 - beta2**step
-    f32 = np.float32
+    f32, i32 = znative.cuda.f32, znative.cuda.i32
     return (
         f32(1 - beta1), f32(beta2), f32(1 - beta2), f32(eps), f32(weight_decay),
         f32(1 - lr * weight_decay), f32(-(lr / bias_correction1)), f32(bias_correction2**0.5),
-        np.int32(decoupled), np.int32(maximize),
+        i32(decoupled), i32(maximize),
     )  # fmt: skip
 
 
@@ -174,7 +173,7 @@ def fused_adam_step_(
             table[: 4 * t],
             table[4 * t : 5 * t],
             table[5 * t :],
-            np.int64(chunk_size),
+            znative.cuda.i64(chunk_size),
             *_hyperparameters(
                 step, lr, betas, eps, weight_decay, decoupled_weight_decay, maximize
             ),
@@ -184,7 +183,7 @@ def fused_adam_step_(
     )  # fmt: skip
 
 
-class FusedAdamCUDA(torch.optim.Optimizer):
+class FusedAdamCUDA(TorchStateCompat):
     """``torch.optim.Adam`` for fp32 CUDA parameters, one fused kernel launch per param group.
 
     Same arguments, defaults and ``state_dict()`` content as ``torch.optim.Adam``
@@ -222,7 +221,7 @@ class FusedAdamCUDA(torch.optim.Optimizer):
             maximize=maximize,
             decoupled_weight_decay=decoupled_weight_decay,
         )
-        _check_group(defaults, "defaults")
+        check_adam_group(defaults, "defaults", "FusedAdamCUDA")
         self.chunk_size = chunk_size
         self._table_cache: dict[tuple[Any, ...], torch.Tensor] = {}
         super().__init__(params, defaults)
@@ -234,16 +233,9 @@ class FusedAdamCUDA(torch.optim.Optimizer):
         super().add_param_group(param_group)
         gi = len(self.param_groups) - 1
         group = self.param_groups[gi]
-        _check_group(group, f"param_groups[{gi}]")
+        check_adam_group(group, f"param_groups[{gi}]", "FusedAdamCUDA")
         for pi, p in enumerate(group["params"]):
             _check_param(p, f"param_groups[{gi}].params[{pi}]")
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__(state)
-        # A torch.optim state dict may lack our group keys; take them from defaults.
-        for group in self.param_groups:
-            for key, value in self.defaults.items():
-                group.setdefault(key, value)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state dict saved by this optimizer or by ``torch.optim.Adam``/``AdamW``."""
@@ -269,7 +261,7 @@ class FusedAdamCUDA(torch.optim.Optimizer):
         launches: dict[tuple[int, torch.device, int], list[list[torch.Tensor]]] = {}
         stepped = []
         for gi, group in enumerate(self.param_groups):
-            _check_group(group, f"param_groups[{gi}]")
+            check_adam_group(group, f"param_groups[{gi}]", "FusedAdamCUDA")
             for pi, p in enumerate(group["params"]):
                 if p.grad is None:
                     continue
@@ -304,14 +296,3 @@ class FusedAdamCUDA(torch.optim.Optimizer):
         for step_t in stepped:
             step_t += 1
         return loss
-
-
-def _check_group(group: dict[str, Any], where: str) -> None:
-    check_range(where, "lr", float(group["lr"]), 0.0)
-    check_range(where, "eps", float(group["eps"]), 0.0)
-    check_range(where, "weight_decay", float(group["weight_decay"]), 0.0)
-    beta1, beta2 = group["betas"]
-    check_range(where, "betas[0]", float(beta1), 0.0, 1.0)
-    check_range(where, "betas[1]", float(beta2), 0.0, 1.0)
-    if group.get("amsgrad"):
-        raise ValueError(f"{where}: amsgrad=True is not supported by FusedAdamCUDA")
