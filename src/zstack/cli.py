@@ -29,7 +29,12 @@ def doctor(
 
 
 @app.command(
-    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    context_settings={
+        "allow_extra_args": True,
+        "ignore_unknown_options": True,
+        # everything after SCRIPT belongs to the script, as with torchrun
+        "allow_interspersed_args": False,
+    },
 )
 def launch(
     ctx: typer.Context,

@@ -1,0 +1,163 @@
+"""The import table of ARCHITECTURE.md, enforced on manifests and source.
+
+For each package: what its pyproject.toml depends on, and every absolute
+`import` in its source (read with `ast`, so nothing is executed), must be in
+the package's allowed set; the standard library is always allowed. Also each
+package ships `py.typed` and reports its pyproject version as `__version__`.
+An import this table does not allow is a design change: raise it in the issue
+note rather than widening the table here.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
+FIRST_PARTY = {"znative", "zcore", "zoffload", "zcomm", "zquant", "zmoe", "zserve", "zstack"}
+# zserve's HTTP server, tokenizer and checkpoint loading (ARCHITECTURE.md: OpenAI-compatible
+# server, Hugging Face-format checkpoints).
+SERVE_STACK = {
+    "fastapi",
+    "starlette",
+    "uvicorn",
+    "anyio",
+    "sse_starlette",
+    "pydantic",
+    "tokenizers",
+    "transformers",
+    "safetensors",
+}
+# Top-level modules each package may import, besides itself and the standard library.
+ALLOWED: dict[str, set[str]] = {
+    "znative": {"numpy", "cupy"},
+    "zcore": {"torch", "pydantic", "znative"},
+    "zoffload": {"zcore", "znative", "aiofiles", "torch"},
+    "zcomm": {"zcore", "znative", "torch"},
+    "zquant": {"torch", "znative"},
+    "zmoe": {"zcore", "torch"},
+    "zserve": {"torch", "znative", "zquant", *SERVE_STACK},
+}
+ALLOWED["zstack"] = set().union(*ALLOWED.values()) | FIRST_PARTY | {"typer", "pynvml"}
+
+
+@dataclass(frozen=True)
+class Package:
+    name: str
+    manifest: Path  # its pyproject.toml
+    source: Path  # the import package folder, e.g. packages/zcore/src/zcore
+
+
+def _packages() -> list[Package]:
+    found = [
+        Package("zstack", ROOT / "pyproject.toml", ROOT / "src" / "zstack"),
+        Package(
+            "znative", ROOT / "native" / "pyproject.toml", ROOT / "native" / "python" / "znative"
+        ),
+    ]
+    for directory in sorted((ROOT / "packages").iterdir()):
+        if (directory / "pyproject.toml").is_file():
+            found.append(
+                Package(
+                    directory.name, directory / "pyproject.toml", directory / "src" / directory.name
+                )
+            )
+    return found
+
+
+PACKAGES = _packages()
+
+
+def _project(package: Package) -> dict:
+    return tomllib.loads(package.manifest.read_text())["project"]
+
+
+def _module_of_distribution(requirement: str) -> str:
+    """The top-level module a requirement provides, e.g. `cupy-cuda12x>=13` -> `cupy`."""
+    name = re.split(r"[\s<>=!~;\[(@]", requirement.strip(), maxsplit=1)[0].lower()
+    if re.fullmatch(r"cupy(-cuda\d+x)?", name):
+        return "cupy"
+    return {"nvidia-ml-py": "pynvml", "sse-starlette": "sse_starlette"}.get(
+        name, name.replace("-", "_")
+    )
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, top-level module) for each absolute import in a file; relative ones stay inside."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name.split(".")[0]) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module.split(".")[0]))
+    return found
+
+
+def test_every_package_is_in_the_table() -> None:
+    assert {p.name for p in PACKAGES} == set(ALLOWED)
+
+
+@pytest.mark.parametrize("package", PACKAGES, ids=lambda p: p.name)
+def test_manifest_dependencies_are_allowed(package: Package) -> None:
+    project = _project(package)
+    assert project["name"] == package.name
+    requirements = list(project.get("dependencies", []))
+    for extra in project.get("optional-dependencies", {}).values():
+        requirements += extra
+    not_allowed = {
+        req
+        for req in requirements
+        if (module := _module_of_distribution(req)) != package.name
+        and module not in ALLOWED[package.name]
+    }
+    assert not not_allowed, (
+        f"{package.manifest.relative_to(ROOT)} depends on {sorted(not_allowed)}; "
+        f"{package.name} may use only {sorted(ALLOWED[package.name])} (ARCHITECTURE.md)"
+    )
+
+
+@pytest.mark.parametrize("package", PACKAGES, ids=lambda p: p.name)
+def test_source_imports_are_allowed(package: Package) -> None:
+    files = sorted([*package.source.rglob("*.py"), *package.source.rglob("*.pyi")])
+    assert files, f"no source under {package.source}"
+    allowed = ALLOWED[package.name] | {package.name} | set(sys.stdlib_module_names)
+    violations = [
+        f"{path.relative_to(ROOT)}:{line}: import {module}"
+        for path in files
+        for line, module in _imports(path)
+        if module not in allowed
+    ]
+    assert not violations, (
+        f"{package.name} may import only {sorted(ALLOWED[package.name])} and the standard "
+        "library (ARCHITECTURE.md):\n" + "\n".join(violations)
+    )
+
+
+@pytest.mark.parametrize("package", PACKAGES, ids=lambda p: p.name)
+def test_py_typed_and_version(package: Package) -> None:
+    assert (package.source / "py.typed").is_file(), f"{package.source.relative_to(ROOT)}/py.typed"
+    module = importlib.import_module(package.name)
+    # znative is installed as a built wheel; the others must be this checkout (editable),
+    # not a same-named project from the registry.
+    if package.name != "znative":
+        assert Path(module.__file__).resolve().parent == package.source.resolve()
+    assert module.__version__ == _project(package)["version"], package.name
+
+
+def test_import_scan_sees_every_form(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text(
+        "import os.path, numpy as np\n"
+        "from torch.nn import functional\n"
+        "from . import sibling\n"
+        "def f():\n"
+        "    import zcore.optim\n"
+    )
+    assert _imports(source) == [(1, "os"), (1, "numpy"), (2, "torch"), (5, "zcore")]
