@@ -4,6 +4,8 @@ dependency cannot break every command."""
 
 from __future__ import annotations
 
+from enum import Enum
+
 import typer
 
 app = typer.Typer(
@@ -65,12 +67,19 @@ def launch(
     )
 
 
+class AdamDtype(str, Enum):
+    """Optimizer-state precision of `z bench adam`."""
+
+    fp32 = "fp32"
+    bf16_states = "bf16-states"
+
+
 @bench_app.command("adam")
 def bench_adam(
     numel: int = typer.Option(
         100_000_000, "--numel", min=1, help="Parameters in the tensor stepped."
     ),
-    dtype: str = typer.Option("fp32", "--dtype", help="`fp32` (fp32 states) or `bf16-states`."),
+    dtype: AdamDtype = typer.Option(AdamDtype.fp32, "--dtype", help="State precision."),
     steps: int = typer.Option(
         10, "--steps", min=1, help="Timed steps per optimizer (median reported)."
     ),
@@ -81,7 +90,7 @@ def bench_adam(
     from zstack.bench import run_benchmark
 
     raise typer.Exit(
-        run_benchmark("adam", json_out, numel=numel, dtype=dtype, steps=steps, warmup=warmup)
+        run_benchmark("adam", json_out, numel=numel, dtype=dtype.value, steps=steps, warmup=warmup)
     )
 
 
