@@ -88,7 +88,7 @@ def test_simd_levels_agree_and_can_be_forced():
         for level in order[: order.index(detected) + 1]:
             znative.set_simd_level(level)
             assert znative.simd_level() == level
-            b = buffers(3 * 16384 + 5)
+            b = buffers(3 * 65536 + 5)
             znative.adam_step(*b, **{**ADAM, "weight_decay": 0.01})
             results[level] = b[0]
         with pytest.raises(znative.SimdError, match=r"unknown SIMD level `sse9`"):

@@ -11,7 +11,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zcore.optim import CPUAdam, CPUAdamW
+from zcore.optim import CPUAdagrad, CPUAdam, CPUAdamW
 from zcore.optim.functional import adam_step
 
 SHAPES = [(7,), (33, 5), (1,), (3, 4, 5)]
@@ -67,13 +67,14 @@ def test_matches_torch_adam(h):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     for a, b in zip(ours_p, ref_p, strict=True):
         for key in ("exp_avg", "exp_avg_sq"):
-            torch.testing.assert_close(ours.state[a][key], ref.state[b][key], rtol=1e-5, atol=1e-7)
+            # m = b1*m + (1-b1)*g vs torch's lerp: equal up to fp32 rounding under cancellation.
+            torch.testing.assert_close(ours.state[a][key], ref.state[b][key], rtol=1e-5, atol=1e-6)
         assert ours.state[a]["step"].item() == ref.state[b]["step"].item() == h["steps"]
 
 
 def test_adamw_large_parallel_tensor_and_param_groups():
     # One tensor big enough to be split across the thread pool, plus a second group.
-    shapes = [(3 * 16384 + 11,), (64, 3)]
+    shapes = [(3 * 65536 + 11,), (64, 3)]
     ours_p, ref_p = make_params(shapes), make_params(shapes)
     ours = CPUAdamW(
         [{"params": ours_p[:1]}, {"params": ours_p[1:], "lr": 1e-2, "weight_decay": 0.0}],
@@ -282,3 +283,31 @@ def test_bf16_grad_on_fp32_param_through_optimizer():
         opt.step()
         ref.step()
     torch.testing.assert_close(p.detach(), ref_p.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_large_states_on_huge_pages_train_and_checkpoint_like_small_ones():
+    import io
+
+    from zcore.optim._buffers import HUGE_PAGE_MIN_BYTES, new_state
+
+    n = HUGE_PAGE_MIN_BYTES // 4 + 4097  # fp32 states just over the huge-page threshold
+    s = new_state(torch.empty(n // 2, 2), torch.bfloat16, fill=0.5)
+    assert s.shape == (n // 2, 2) and s.dtype == torch.bfloat16 and bool((s == 0.5).all())
+    ours_p, ref_p = make_params([(n,)]), make_params([(n,)])
+    ours = CPUAdagrad(ours_p, lr=0.1, initial_accumulator_value=0.2)
+    ref = torch.optim.Adagrad(ref_p, lr=0.1, initial_accumulator_value=0.2)
+    for step in range(3):
+        set_grads([ours_p, ref_p], step)
+        ours.step()
+        ref.step()
+    torch.testing.assert_close(ours_p[0], ref_p[0], rtol=1e-5, atol=1e-6)
+    buf = io.BytesIO()
+    torch.save(ours.state_dict(), buf)
+    buf.seek(0)
+    reloaded = CPUAdagrad(ours_p, lr=0.1)
+    reloaded.load_state_dict(torch.load(buf))
+    assert torch.equal(reloaded.state[ours_p[0]]["sum"], ours.state[ours_p[0]]["sum"])
+    set_grads([ours_p, ref_p], 3)
+    reloaded.step()
+    ref.step()
+    torch.testing.assert_close(ours_p[0], ref_p[0], rtol=1e-5, atol=1e-6)

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from zcore.optim._buffers import check_like, check_param, state_dtype_arg
+from zcore.optim._buffers import check_like, check_param, new_state, state_dtype_arg
 
 ParamsT = Iterable[torch.Tensor] | Iterable[dict[str, Any]]
 
@@ -40,7 +40,7 @@ class NativeOptimizer(TorchStateCompat):
         """Raise ValueError naming the field if a hyperparameter is invalid."""
 
     def _init_state(self, p: torch.Tensor, group: dict[str, Any]) -> dict[str, torch.Tensor]:
-        return {k: torch.zeros_like(p, dtype=self.state_dtype) for k in self.state_keys}
+        return {k: new_state(p, self.state_dtype) for k in self.state_keys}
 
     def _kernel(
         self,
@@ -68,7 +68,8 @@ class NativeOptimizer(TorchStateCompat):
         for state in self.state.values():
             for key in self.state_keys:
                 if key in state:
-                    state[key] = state[key].to(self.state_dtype).contiguous()
+                    loaded = state[key]
+                    state[key] = new_state(loaded, self.state_dtype).copy_(loaded)
             if "step" in state and not torch.is_tensor(state["step"]):
                 state["step"] = torch.tensor(float(state["step"]), dtype=torch.float32)
 

@@ -8,7 +8,7 @@ import torch
 
 import znative
 from zcore.optim._base import NativeOptimizer, ParamsT, check_range
-from zcore.optim._buffers import view
+from zcore.optim._buffers import new_state, view
 
 
 class CPUAdagrad(NativeOptimizer):
@@ -53,7 +53,7 @@ class CPUAdagrad(NativeOptimizer):
 
     def _init_state(self, p: torch.Tensor, group: dict[str, Any]) -> dict[str, torch.Tensor]:
         init = float(group["initial_accumulator_value"])
-        return {"sum": torch.full_like(p, init, dtype=self.state_dtype)}
+        return {"sum": new_state(p, self.state_dtype, fill=init)}
 
     def _kernel(
         self,
