@@ -35,6 +35,7 @@ def test_bench_adam_prints_one_json_object_with_baselines():
     assert result["results"]["torch_adam_fused"]["bytes_per_param"] == 28
     assert result["ceiling"]["gb_per_s"] > 0
     assert set(result["speedup_of_ours"]) == {f"vs_{n}" for n in names - {"zstack_cpu_adam"}}
+    assert set(result["speedup_of_ours_per_round_median"]) == set(result["speedup_of_ours"])
     assert result["machine"]["simd"] in ("avx512", "avx2", "scalar")
     assert isinstance(result["deepspeed_cpu_adam"], str)
 

@@ -68,9 +68,9 @@ def new_state(like: torch.Tensor, dtype: torch.dtype, fill: float = 0.0) -> torc
     """A contiguous CPU tensor shaped like `like`, filled with `fill`, for optimizer state.
 
     Large states live in anonymous memory advised MADV_HUGEPAGE: the step streams
-    through them and 2 MiB pages cut its TLB misses (about 3% of a 100M-parameter
-    Adam step here, measured with `z bench adam`). Where huge pages cannot be had the
-    memory is ordinary, and the contents are the same either way.
+    through them and 2 MiB pages cut its TLB misses (2.7-3.1% faster 100M-parameter
+    Adam steps in one process, 2 MiB vs 4 KiB states, on the 2-core CI machine).
+    Where huge pages cannot be had the memory is ordinary; contents are the same.
     """
     nbytes = like.numel() * dtype.itemsize
     if nbytes >= HUGE_PAGE_MIN_BYTES and hasattr(mmap, "MADV_HUGEPAGE"):
