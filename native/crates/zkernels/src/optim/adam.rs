@@ -55,8 +55,6 @@ struct Scalars {
     /// decoupled (AdamW) factor `1 - lr * wd`
     param_scale: f32,
     grad_sign: f32,
-    /// `grad_wd == 0` and `grad_sign == 1`: [`adam_elems_lean`] computes the same.
-    lean: bool,
 }
 
 impl AdamConfig {
@@ -92,13 +90,12 @@ impl AdamConfig {
             grad_wd: grad_wd as f32,
             param_scale: param_scale as f32,
             grad_sign: if self.maximize { -1.0 } else { 1.0 },
-            lean: grad_wd == 0.0 && !self.maximize,
         }
     }
 }
 
 #[inline(always)]
-fn adam_elems<G: Elem, S: Elem>(p: &mut [f32], g: &[G], m: &mut [S], v: &mut [S], k: &Scalars) {
+fn adam_body<G: Elem, S: Elem>(p: &mut [f32], g: &[G], m: &mut [S], v: &mut [S], k: &Scalars) {
     for (((p, g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
         let mut pf = *p;
         let grad = k.grad_sign * g.to_f32() + k.grad_wd * pf;
@@ -110,53 +107,6 @@ fn adam_elems<G: Elem, S: Elem>(p: &mut [f32], g: &[G], m: &mut [S], v: &mut [S]
         *m = S::from_f32(mf);
         *v = S::from_f32(vf);
     }
-}
-
-/// The common case (no coupled weight decay, not maximizing): two multiplies and
-/// an add per element fewer than [`adam_elems`], which matters when memory is fast.
-#[inline(always)]
-fn adam_elems_lean<G: Elem, S: Elem>(
-    p: &mut [f32],
-    g: &[G],
-    m: &mut [S],
-    v: &mut [S],
-    k: &Scalars,
-) {
-    for (((p, g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
-        let grad = g.to_f32();
-        let mf = k.beta1 * m.to_f32() + k.one_minus_beta1 * grad;
-        let vf = k.beta2 * v.to_f32() + k.one_minus_beta2 * grad * grad;
-        let denom = vf.sqrt() * k.inv_sqrt_bc2 + k.eps;
-        *p = *p * k.param_scale - k.step_size * mf / denom;
-        *m = S::from_f32(mf);
-        *v = S::from_f32(vf);
-    }
-}
-
-/// Elements per unrolled block: four 512-bit vectors of f32, so each core keeps
-/// several independent loads per stream in flight.
-const BLOCK: usize = 64;
-
-#[inline(always)]
-fn adam_body<G: Elem, S: Elem>(p: &mut [f32], g: &[G], m: &mut [S], v: &mut [S], k: &Scalars) {
-    let whole = p.len() / BLOCK * BLOCK;
-    let (p_head, p_tail) = p.split_at_mut(whole);
-    let (g_head, g_tail) = g.split_at(whole);
-    let (m_head, m_tail) = m.split_at_mut(whole);
-    let (v_head, v_tail) = v.split_at_mut(whole);
-    for (((p, g), m), v) in p_head
-        .chunks_exact_mut(BLOCK)
-        .zip(g_head.chunks_exact(BLOCK))
-        .zip(m_head.chunks_exact_mut(BLOCK))
-        .zip(v_head.chunks_exact_mut(BLOCK))
-    {
-        if k.lean {
-            adam_elems_lean(p, g, m, v, k);
-        } else {
-            adam_elems(p, g, m, v, k);
-        }
-    }
-    adam_elems(p_tail, g_tail, m_tail, v_tail, k);
 }
 
 multiversion!(adam_dispatch => adam_body<G: Elem, S: Elem>(p: &mut [f32], g: &[G], m: &mut [S], v: &mut [S], k: &Scalars));
