@@ -146,52 +146,64 @@ fn dtype_err(name: &str, a: &Bound<'_, PyUntypedArray>, allow_bf16: bool) -> PyE
     ))
 }
 
+fn not_contiguous(name: &str) -> PyErr {
+    LayoutError::new_err(format!("{name}: buffer is not C-contiguous"))
+}
+
+/// Borrows a writeable float32 buffer (parameters, bandwidth-probe arrays).
+pub fn rw_f32<'py>(name: &str, obj: &Bound<'py, PyAny>) -> PyResult<PyReadwriteArrayDyn<'py, f32>> {
+    match rw(name, obj, false)? {
+        RwBuf::F32(a) => Ok(a),
+        _ => Err(dtype_err(name, untyped(name, obj)?, false)),
+    }
+}
+
+/// Borrows a read-only float32 buffer.
+pub fn ro_f32<'py>(name: &str, obj: &Bound<'py, PyAny>) -> PyResult<PyReadonlyArrayDyn<'py, f32>> {
+    match ro(name, obj, false)? {
+        RoBuf::F32(a) => Ok(a),
+        _ => Err(dtype_err(name, untyped(name, obj)?, false)),
+    }
+}
+
+/// The contiguous f32 slice of a borrowed buffer.
+pub fn f32_mut<'a>(name: &str, a: &'a mut PyReadwriteArrayDyn<'_, f32>) -> PyResult<&'a mut [f32]> {
+    a.as_slice_mut().map_err(|_| not_contiguous(name))
+}
+
+/// The contiguous f32 slice of a read-only buffer.
+pub fn f32_ref<'a>(name: &str, a: &'a PyReadonlyArrayDyn<'_, f32>) -> PyResult<&'a [f32]> {
+    a.as_slice().map_err(|_| not_contiguous(name))
+}
+
 impl RoBuf<'_> {
-    pub fn slice(&self) -> Slice<'_> {
-        match self {
-            RoBuf::F32(a) => Slice::F32(a.as_slice().unwrap_or_default()),
-            RoBuf::Bf16(a) => Slice::Bf16(a.as_slice().unwrap_or_default()),
+    pub fn slice(&self, name: &str) -> PyResult<Slice<'_>> {
+        Ok(match self {
+            RoBuf::F32(a) => Slice::F32(a.as_slice().map_err(|_| not_contiguous(name))?),
+            RoBuf::Bf16(a) => Slice::Bf16(a.as_slice().map_err(|_| not_contiguous(name))?),
             RoBuf::Bf16Signed(a) => {
-                let s = a.as_slice().unwrap_or_default();
+                let s = a.as_slice().map_err(|_| not_contiguous(name))?;
                 // SAFETY: i16 and u16 have the same size and alignment; bits are reinterpreted.
                 Slice::Bf16(unsafe {
                     std::slice::from_raw_parts(s.as_ptr().cast::<u16>(), s.len())
                 })
             }
-        }
+        })
     }
 }
 
 impl RwBuf<'_> {
-    pub fn slice_mut(&mut self) -> SliceMut<'_> {
-        match self {
-            RwBuf::F32(a) => SliceMut::F32(a.as_slice_mut().unwrap_or_default()),
-            RwBuf::Bf16(a) => SliceMut::Bf16(a.as_slice_mut().unwrap_or_default()),
+    pub fn slice_mut(&mut self, name: &str) -> PyResult<SliceMut<'_>> {
+        Ok(match self {
+            RwBuf::F32(a) => SliceMut::F32(a.as_slice_mut().map_err(|_| not_contiguous(name))?),
+            RwBuf::Bf16(a) => SliceMut::Bf16(a.as_slice_mut().map_err(|_| not_contiguous(name))?),
             RwBuf::Bf16Signed(a) => {
-                let s = a.as_slice_mut().unwrap_or_default();
+                let s = a.as_slice_mut().map_err(|_| not_contiguous(name))?;
                 // SAFETY: i16 and u16 have the same size and alignment; bits are reinterpreted.
                 SliceMut::Bf16(unsafe {
                     std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<u16>(), s.len())
                 })
             }
-        }
-    }
-
-    /// The f32 slice of a buffer borrowed with `allow_bf16 = false`.
-    pub fn f32_mut(&mut self) -> &mut [f32] {
-        match self {
-            RwBuf::F32(a) => a.as_slice_mut().unwrap_or_default(),
-            // `rw(.., false)` never yields these.
-            RwBuf::Bf16(_) | RwBuf::Bf16Signed(_) => &mut [],
-        }
-    }
-}
-
-impl RoBuf<'_> {
-    pub fn f32(&self) -> &[f32] {
-        match self {
-            RoBuf::F32(a) => a.as_slice().unwrap_or_default(),
-            RoBuf::Bf16(_) | RoBuf::Bf16Signed(_) => &[],
-        }
+        })
     }
 }

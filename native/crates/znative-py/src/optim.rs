@@ -5,7 +5,7 @@
 use pyo3::prelude::*;
 use zkernels::optim::{self, AdagradConfig, AdamConfig, LionConfig};
 
-use crate::arrays::{ro, rw, Slice, SliceMut};
+use crate::arrays::{f32_mut, f32_ref, ro, ro_f32, rw, rw_f32, Slice, SliceMut};
 use crate::errors::{to_py, DTypeError};
 
 fn same_state_dtype(a: &SliceMut<'_>, b: &SliceMut<'_>) -> PyResult<()> {
@@ -37,7 +37,7 @@ pub fn adam_step(
     bias_correction: bool,
     maximize: bool,
 ) -> PyResult<()> {
-    let mut p = rw("params", params, false)?;
+    let mut p = rw_f32("params", params)?;
     let g = ro("grads", grads, true)?;
     let mut m = rw("exp_avg", exp_avg, true)?;
     let mut v = rw("exp_avg_sq", exp_avg_sq, true)?;
@@ -52,7 +52,8 @@ pub fn adam_step(
         maximize,
         step,
     };
-    let (p, g, m, v) = (p.f32_mut(), g.slice(), m.slice_mut(), v.slice_mut());
+    let (p, g) = (f32_mut("params", &mut p)?, g.slice("grads")?);
+    let (m, v) = (m.slice_mut("exp_avg")?, v.slice_mut("exp_avg_sq")?);
     same_state_dtype(&m, &v)?;
     py.detach(|| match (g, m, v) {
         (Slice::F32(g), SliceMut::F32(m), SliceMut::F32(v)) => optim::adam_step(p, g, m, v, &cfg),
@@ -83,7 +84,7 @@ pub fn adagrad_step(
     step: u64,
     maximize: bool,
 ) -> PyResult<()> {
-    let mut p = rw("params", params, false)?;
+    let mut p = rw_f32("params", params)?;
     let g = ro("grads", grads, true)?;
     let mut s = rw("state_sum", state_sum, true)?;
     let cfg = AdagradConfig {
@@ -94,7 +95,11 @@ pub fn adagrad_step(
         maximize,
         step,
     };
-    let (p, g, s) = (p.f32_mut(), g.slice(), s.slice_mut());
+    let (p, g, s) = (
+        f32_mut("params", &mut p)?,
+        g.slice("grads")?,
+        s.slice_mut("state_sum")?,
+    );
     py.detach(|| match (g, s) {
         (Slice::F32(g), SliceMut::F32(s)) => optim::adagrad_step(p, g, s, &cfg),
         (Slice::Bf16(g), SliceMut::F32(s)) => optim::adagrad_step(p, g, s, &cfg),
@@ -120,7 +125,7 @@ pub fn lion_step(
     step: u64,
     maximize: bool,
 ) -> PyResult<()> {
-    let mut p = rw("params", params, false)?;
+    let mut p = rw_f32("params", params)?;
     let g = ro("grads", grads, true)?;
     let mut m = rw("exp_avg", exp_avg, true)?;
     let cfg = LionConfig {
@@ -131,7 +136,11 @@ pub fn lion_step(
         maximize,
         step,
     };
-    let (p, g, m) = (p.f32_mut(), g.slice(), m.slice_mut());
+    let (p, g, m) = (
+        f32_mut("params", &mut p)?,
+        g.slice("grads")?,
+        m.slice_mut("exp_avg")?,
+    );
     py.detach(|| match (g, m) {
         (Slice::F32(g), SliceMut::F32(m)) => optim::lion_step(p, g, m, &cfg),
         (Slice::Bf16(g), SliceMut::F32(m)) => optim::lion_step(p, g, m, &cfg),
@@ -150,11 +159,14 @@ pub fn stream_4r3w(
     c: &Bound<'_, PyAny>,
     d: &Bound<'_, PyAny>,
 ) -> PyResult<()> {
-    let mut a = rw("a", a, false)?;
-    let b = ro("b", b, false)?;
-    let mut c = rw("c", c, false)?;
-    let mut d = rw("d", d, false)?;
-    let (a, b, c, d) = (a.f32_mut(), b.f32(), c.f32_mut(), d.f32_mut());
+    let (mut a, b) = (rw_f32("a", a)?, ro_f32("b", b)?);
+    let (mut c, mut d) = (rw_f32("c", c)?, rw_f32("d", d)?);
+    let b = f32_ref("b", &b)?;
+    let (a, c, d) = (
+        f32_mut("a", &mut a)?,
+        f32_mut("c", &mut c)?,
+        f32_mut("d", &mut d)?,
+    );
     py.detach(|| zkernels::stream::stream_4r3w(a, b, c, d))
         .map_err(to_py)
 }
