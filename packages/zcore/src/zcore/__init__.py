@@ -1,9 +1,68 @@
 """zcore: the zstack training engine.
 
-zcore will own ``initialize()`` and the engine (forward/backward/step,
-gradient accumulation, mixed precision, clipping), ZeRO stages 0-3, process
-groups, DeepSpeed-compatible config, sharded checkpoints and the memory
-estimator. Today it provides the native CPU optimizers in :mod:`zcore.optim`.
+``zcore.initialize`` wraps a PyTorch model for ZeRO data-parallel training (stages 0-3,
+fp32/bf16/fp16, gradient accumulation and clipping) with the same call shape as
+``deepspeed.initialize``, so porting a DeepSpeed loop is an import change. The config is
+DeepSpeed's JSON (:mod:`zcore.config`); checkpoints are sharded, atomic and load on any
+world size (:mod:`zcore.checkpoint`); :mod:`zcore.optim` holds the native CPU optimizers.
 """
 
+from __future__ import annotations
+
+import os
+from typing import Any
+
 __version__ = "0.1.0"
+
+
+def initialize(
+    model: Any,
+    optimizer: Any = None,
+    model_parameters: Any = None,
+    lr_scheduler: Any = None,
+    training_data: Any = None,
+    config: dict | str | os.PathLike | None = None,
+    collate_fn: Any = None,
+    config_params: dict | None = None,
+) -> tuple[Any, Any, Any, Any]:
+    """Wrap ``model`` for ZeRO training; returns ``(engine, optimizer, dataloader, lr_scheduler)``.
+
+    Args:
+        model: the ``torch.nn.Module`` to train (at stage 3 it may come from ``zcore.zero.Init``).
+        optimizer: a ``torch.optim`` optimizer over the model's parameters, or ``None`` to
+            build the config's ``optimizer`` block. Element-wise optimizers only (see
+            :mod:`zcore.optim_factory`).
+        model_parameters: parameters or param groups for the config-built optimizer.
+        lr_scheduler: an ``LRScheduler`` or a callable ``optimizer -> scheduler``; ``None``
+            builds the config's ``scheduler`` block if any.
+        training_data: a ``torch.utils.data.Dataset``; a distributed loader with the
+            config's micro-batch size is returned for it.
+        config: DeepSpeed-style config: a dict or the path of a JSON file.
+    """
+    from zcore.config import ZConfig
+    from zcore.engine import ZEngine
+
+    if config is None:
+        config = config_params
+    if config is None:
+        raise ValueError("zcore.initialize needs config= (a dict or the path of a JSON file)")
+    cfg = ZConfig.load(config)
+    engine = ZEngine(model, cfg, optimizer, model_parameters, lr_scheduler)
+    loader = None
+    if training_data is not None:
+        from torch.utils.data import DataLoader, DistributedSampler
+
+        sampler = DistributedSampler(
+            training_data, num_replicas=engine.world_size, rank=engine.rank, shuffle=True
+        )
+        loader = DataLoader(
+            training_data,
+            batch_size=engine.batch.micro_batch_size,
+            sampler=sampler,
+            collate_fn=collate_fn,
+            drop_last=True,
+        )
+    return engine, engine.optimizer, loader, engine.lr_scheduler
+
+
+__all__ = ["initialize"]

@@ -1,0 +1,142 @@
+"""Collectives with diagnostics: every call names itself and the step it belongs to.
+
+A collective whose peer died fails fast inside gloo/NCCL; one whose peers are alive but
+never join (a rank stuck elsewhere) would wait forever. Every wait here is bounded by
+``timeout_s`` and both cases are re-raised as :class:`CollectiveError` with the rank, the
+collective, the step and the fix, so a job ends instead of hanging.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+class CollectiveError(RuntimeError):
+    """A collective failed or did not complete within the configured timeout."""
+
+
+class Handle:
+    """An issued collective; :meth:`wait` blocks (bounded by the timeout) until it is done."""
+
+    def __init__(self, comm: Comm, work: Any, what: str, step: int) -> None:
+        self._comm = comm
+        self._work = work
+        self.what = what
+        self.step = step
+
+    def wait(self) -> None:
+        if self._work is None:
+            return
+        work, self._work = self._work, None
+        if not work.is_completed():
+            # gloo ignores a timeout given to `wait` (and some of its ops never report
+            # `is_completed`), so a helper thread blocks in `wait` while this one waits on
+            # an event with the deadline.
+            job = _Job(work)
+            self._comm.waiter().put(job)
+            if not job.done.wait(self._comm.timeout_s):
+                raise self._comm.error(self.what, self.step, None)
+            if job.error is not None:
+                raise self._comm.error(self.what, self.step, job.error) from job.error
+            return
+        try:
+            work.wait()
+        except RuntimeError as err:
+            raise self._comm.error(self.what, self.step, err) from err
+
+
+class _Job:
+    def __init__(self, work: Any) -> None:
+        self.work = work
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+
+def _wait_forever(jobs: queue.SimpleQueue[_Job]) -> None:
+    while True:
+        job = jobs.get()
+        try:
+            job.work.wait()
+        except BaseException as err:  # reported to the thread that asked
+            job.error = err
+        job.done.set()
+
+
+class Comm:
+    """Collectives over one process group (``None``: a single process, where they are no-ops)."""
+
+    def __init__(self, group: dist.ProcessGroup | None, rank: int, size: int, timeout_s: float):
+        self.group = group
+        self.rank = rank
+        self.size = size
+        self.timeout_s = timeout_s
+        self.step = 0
+        """The training step the next collectives belong to (the engine keeps it current)."""
+        self._jobs: queue.SimpleQueue[_Job] | None = None
+
+    def waiter(self) -> queue.SimpleQueue[_Job]:
+        """The queue of the daemon thread that blocks on collectives for :class:`Handle`."""
+        if self._jobs is None:
+            self._jobs = queue.SimpleQueue()
+            threading.Thread(
+                target=_wait_forever, args=(self._jobs,), name="zcore-comm-wait", daemon=True
+            ).start()
+        return self._jobs
+
+    def error(self, what: str, step: int, cause: BaseException | None) -> CollectiveError:
+        reason = f": {cause}" if cause is not None else ""
+        return CollectiveError(
+            f"rank {self.rank}/{self.size}: collective `{what}` at step {step} did not complete "
+            f"within {self.timeout_s:g}s{reason}\n"
+            "a peer rank died or is stuck; check the other ranks' logs for the first error "
+            "(raise `comm_timeout_s` in the config if steps are legitimately slower)"
+        )
+
+    def _issue(self, what: str, fn: Any, *args: Any) -> Handle:
+        if self.group is None or self.size == 1:
+            return Handle(self, None, what, self.step)
+        try:
+            work = fn(*args, group=self.group, async_op=True)
+        except RuntimeError as err:
+            raise self.error(what, self.step, err) from err
+        return Handle(self, work, what, self.step)
+
+    def all_reduce(self, t: torch.Tensor, what: str, op: Any = None) -> Handle:
+        return self._issue(what, dist.all_reduce, t, op or dist.ReduceOp.SUM)
+
+    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, what: str) -> Handle:
+        """Sum ``inp`` (``size`` equal chunks) across ranks; this rank's chunk lands in ``out``."""
+        if self.group is None or self.size == 1:
+            out.copy_(inp)
+            return Handle(self, None, what, self.step)
+        return self._issue(what, dist.reduce_scatter_tensor, out, inp, dist.ReduceOp.SUM)
+
+    def all_gather(self, out: torch.Tensor, inp: torch.Tensor, what: str) -> Handle:
+        """Concatenate every rank's ``inp`` into ``out`` (rank order)."""
+        if self.group is None or self.size == 1:
+            out.copy_(inp)
+            return Handle(self, None, what, self.step)
+        return self._issue(what, dist.all_gather_into_tensor, out, inp)
+
+    def broadcast(self, t: torch.Tensor, src: int, what: str) -> Handle:
+        return self._issue(what, dist.broadcast, t, src)
+
+    def barrier(self, what: str) -> None:
+        flag = torch.zeros(1)
+        self.all_reduce(flag, what).wait()
+
+    def max_flag(self, local: bool, what: str) -> bool:
+        """Whether any rank's ``local`` is true."""
+        flag = torch.tensor([1.0 if local else 0.0])
+        self.all_reduce(flag, what, dist.ReduceOp.MAX).wait()
+        return bool(flag.item() > 0)
+
+    def sum_scalar(self, value: float, what: str) -> float:
+        t = torch.tensor([value], dtype=torch.float64)
+        self.all_reduce(t, what).wait()
+        return float(t.item())

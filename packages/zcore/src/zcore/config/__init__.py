@@ -1,0 +1,89 @@
+"""DeepSpeed-compatible training config: pydantic models with DeepSpeed's keys,
+names and defaults, checked at load with messages that name the key, the value
+and the fix.
+
+::
+
+    from zcore.config import ZConfig, ConfigError
+    cfg = ZConfig.load("ds_config.json")   # or a dict; raises ConfigError
+    sizes = cfg.batch_sizes(world_size)      # BatchSizes(train, micro, accumulation, world)
+    cfg.zero_optimization.stage, cfg.optimizer.params.model_dump()
+
+DeepSpeed features zstack does not build yet are rejected unless a package
+that builds them has called :func:`register_feature`.
+"""
+
+from zcore.config.batch import BatchSizes, resolve_batch_sizes
+from zcore.config.errors import ConfigError, ConfigProblem
+from zcore.config.features import register_feature, registered_features, unregister_feature
+from zcore.config.monitor import CSVMonitorConfig, MonitorConfig, TensorBoardConfig
+from zcore.config.optim import (
+    OPTIMIZER_TYPES,
+    AdagradConfig,
+    AdagradParams,
+    AdamConfig,
+    AdamParams,
+    AdamWConfig,
+    LionConfig,
+    LionParams,
+    OptimizerConfig,
+    SGDConfig,
+    SGDParams,
+)
+from zcore.config.precision import BF16Config, DataTypesConfig, DtypeName, FP16Config
+from zcore.config.root import ZConfig
+from zcore.config.scheduler import (
+    SCHEDULER_TYPES,
+    OneCycleConfig,
+    OneCycleParams,
+    SchedulerConfig,
+    WarmupCosineLRConfig,
+    WarmupCosineLRParams,
+    WarmupDecayLRConfig,
+    WarmupDecayLRParams,
+    WarmupLRConfig,
+    WarmupLRParams,
+)
+from zcore.config.zero import OffloadOptimizerConfig, OffloadParamConfig, ZeroConfig
+
+__all__ = [
+    "OPTIMIZER_TYPES",
+    "SCHEDULER_TYPES",
+    "AdagradConfig",
+    "AdagradParams",
+    "AdamConfig",
+    "AdamParams",
+    "AdamWConfig",
+    "BF16Config",
+    "BatchSizes",
+    "CSVMonitorConfig",
+    "ConfigError",
+    "ConfigProblem",
+    "DataTypesConfig",
+    "DtypeName",
+    "FP16Config",
+    "LionConfig",
+    "LionParams",
+    "MonitorConfig",
+    "OffloadOptimizerConfig",
+    "OffloadParamConfig",
+    "OneCycleConfig",
+    "OneCycleParams",
+    "OptimizerConfig",
+    "SGDConfig",
+    "SGDParams",
+    "SchedulerConfig",
+    "TensorBoardConfig",
+    "WarmupCosineLRConfig",
+    "WarmupCosineLRParams",
+    "WarmupDecayLRConfig",
+    "WarmupDecayLRParams",
+    "WarmupLRConfig",
+    "WarmupLRParams",
+    "ZConfig",
+    "ZeroConfig",
+    "register_feature",
+    "registered_features",
+    "resolve_batch_sizes",
+    "unregister_feature",
+]

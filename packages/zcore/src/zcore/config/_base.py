@@ -1,0 +1,181 @@
+"""The base model every config block derives from, the scalar types they share,
+and the introspection the key checker and the error converter walk by.
+
+JSON configs are read leniently where DeepSpeed is (``5e8`` for an integer
+count) and strictly where leniency hides mistakes: ``true`` is not a number
+and ``"16"`` is neither a number nor a boolean.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from collections.abc import Iterable
+from typing import Annotated, Any, ClassVar, Union
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    StrictBool,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
+
+from zcore.config.errors import AUTO_HINT, ValueProblem
+
+
+class ZModel(BaseModel):
+    """A config block: unknown keys rejected, values checked at construction, immutable.
+
+    Change a loaded config with ``model_copy(update=...)``.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        use_attribute_docstrings=True,
+        allow_inf_nan=False,
+        validate_default=True,
+    )
+
+    #: Old spellings DeepSpeed still reads, as {old key: field name}.
+    aliases: ClassVar[dict[str, str]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _rename_aliases(cls, data: Any) -> Any:
+        if cls.aliases and isinstance(data, dict):
+            renamed = {k: v for k, v in data.items() if k not in cls.aliases}
+            for old, new in cls.aliases.items():
+                if old in data and new not in data:
+                    renamed[new] = data[old]
+            return renamed
+        return data
+
+
+def empty_block() -> Any:
+    """Default of a block field: ``{}``, validated like a block written empty, so a block
+    with required keys reports them by name when left out."""
+    return {}
+
+
+def _reject_bool_and_str(kind: str) -> Any:
+    def check(value: Any) -> Any:
+        if isinstance(value, bool | str):
+            raise ValueProblem(f"must be {kind}" + (AUTO_HINT if value == "auto" else ""))
+        return value
+
+    return BeforeValidator(check)
+
+
+Int = Annotated[int, _reject_bool_and_str("an integer")]
+"""An integer; integral floats such as ``5e8`` are accepted (DeepSpeed configs write sizes so)."""
+Float = Annotated[float, _reject_bool_and_str("a number")]
+"""A finite number."""
+Bool = StrictBool
+"""``true`` or ``false`` only."""
+
+
+class TypedBlock(ZModel):
+    """A block selected by its ``type`` (``optimizer``, ``scheduler``); ``type`` is matched
+    case-insensitively and stored in the canonical spelling of its ``Literal``."""
+
+    @field_validator("type", mode="before", check_fields=False)
+    @classmethod
+    def _canonical_type(cls, value: Any) -> Any:
+        tag = block_tag(cls)
+        if isinstance(value, str) and tag is not None and value.lower() == tag.lower():
+            return tag
+        return value
+
+
+def type_discriminator(tags: Iterable[str]) -> Discriminator:
+    """Selects the member of a ``TypedBlock`` union by its ``type``, ignoring case."""
+    by_lower = {t.lower(): t for t in tags}
+
+    def tag(value: Any) -> str | None:
+        raw = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+        return by_lower.get(raw.lower()) if isinstance(raw, str) else None
+
+    return Discriminator(tag)
+
+
+# -- introspection -------------------------------------------------------------
+
+
+def _strip(annotation: Any) -> Any:
+    """Drop ``Annotated[...]`` and ``None`` from an annotation (``X | None`` -> ``X``)."""
+    while typing.get_origin(annotation) is Annotated:
+        annotation = typing.get_args(annotation)[0]
+    if typing.get_origin(annotation) in (Union, types.UnionType):
+        members = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(members) == 1:
+            return _strip(members[0])
+    return annotation
+
+
+def block_tag(cls: type[BaseModel]) -> str | None:
+    """The ``type`` a ``TypedBlock`` answers to (the single value of its ``Literal``)."""
+    field = cls.model_fields.get("type")
+    if field is None:
+        return None
+    args = typing.get_args(field.annotation)
+    return args[0] if len(args) == 1 and isinstance(args[0], str) else None
+
+
+def tagged_members(annotation: Any) -> dict[str, type[TypedBlock]] | None:
+    """``{type: model}`` when ``annotation`` is a union of TypedBlocks, else None."""
+    annotation = _strip(annotation)
+    if typing.get_origin(annotation) not in (Union, types.UnionType):
+        return None
+    members: dict[str, type[TypedBlock]] = {}
+    for member in typing.get_args(annotation):
+        member = _strip(member)
+        if not (isinstance(member, type) and issubclass(member, TypedBlock)):
+            return None
+        tag = block_tag(member)
+        if tag is None:
+            return None
+        members[tag] = member
+    return members
+
+
+def model_of(annotation: Any) -> type[ZModel] | None:
+    """The ZModel an annotation holds (``X`` or ``X | None``), else None."""
+    annotation = _strip(annotation)
+    return annotation if isinstance(annotation, type) and issubclass(annotation, ZModel) else None
+
+
+def accepted_keys(cls: type[ZModel]) -> list[str]:
+    """Every key a block accepts: field names and old aliases."""
+    return [*cls.model_fields, *cls.aliases]
+
+
+def field_at(
+    root: type[ZModel], loc: tuple[str | int, ...]
+) -> tuple[list[str | int], FieldInfo | None]:
+    """Follow a pydantic error location from ``root``: the path a user wrote (union tags
+    removed) and the field it ends on, when it ends on one."""
+    path: list[str | int] = []
+    model: type[BaseModel] | None = root
+    field: FieldInfo | None = None
+    items = list(loc)
+    while items:
+        item = items.pop(0)
+        path.append(item)
+        field = None
+        if model is None or not isinstance(item, str) or item not in model.model_fields:
+            model = None
+            continue
+        field = model.model_fields[item]
+        members = tagged_members(field.annotation)
+        if members is not None:
+            model = None
+            if items and items[0] in members:
+                model = members[str(items.pop(0))]
+        else:
+            model = model_of(field.annotation)
+    return path, field

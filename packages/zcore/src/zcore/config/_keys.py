@@ -1,0 +1,118 @@
+"""The key pass: every key of a raw config checked against the models before pydantic runs.
+
+It reports unknown keys (with a did-you-mean among the block's keys), gated
+DeepSpeed features (through :mod:`zcore.config.features`), old aliases given
+next to their new names, and ``optimizer``/``scheduler`` types that do not
+exist. It returns a cleaned copy (aliases renamed, ``type`` spelled as the
+model spells it, offending keys removed) so that pydantic then reports only
+problems with values, and each problem is reported once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zcore.config import features
+from zcore.config._base import ZModel, accepted_keys, model_of, tagged_members
+from zcore.config.errors import MISSING, ConfigProblem, did_you_mean, join_path
+
+_DROP = object()
+
+
+def check_keys(
+    model: type[ZModel],
+    data: dict[str, Any],
+    prefix: str,
+    problems: list[ConfigProblem],
+    extensions: dict[str, Any],
+) -> dict[str, Any]:
+    """``data`` for ``model`` at ``prefix`` with bad keys removed; problems appended.
+
+    Values of keys unlocked with :func:`~zcore.config.register_feature` that
+    ``model`` has no field for go to ``extensions`` by full path.
+    """
+    fields = model.model_fields
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        path = join_path(prefix, key)
+        name = key if key in fields else model.aliases.get(key)
+        if name is None:
+            if features.is_registered(path):
+                extensions[path] = value
+            elif path in features.GATED:
+                problem = features.gate(path, value)
+                if problem is not None:
+                    problems.append(problem)
+            else:
+                problems.append(_unknown_key(model, key, path, value))
+            continue
+        if name != key and name in data:
+            problems.append(
+                ConfigProblem.at(
+                    path,
+                    value,
+                    f"`{key}` is DeepSpeed's old name for `{name}`, which is also given; "
+                    f"keep only `{name}`",
+                )
+            )
+            continue
+        field_path = join_path(prefix, name)
+        problem = features.gate(field_path, value)
+        if problem is not None:
+            problems.append(problem)
+        checked = _descend(fields[name].annotation, value, field_path, problems, extensions)
+        if checked is not _DROP:
+            out[name] = checked
+    return out
+
+
+def _unknown_key(model: type[ZModel], key: str, path: str, value: Any) -> ConfigProblem:
+    valid = accepted_keys(model)
+    hint = did_you_mean(key, valid)
+    if not hint:
+        hint = "; valid keys here: " + ", ".join(sorted(valid))
+    return ConfigProblem(path, f"unknown key {path}{hint}", value)
+
+
+def _descend(
+    annotation: Any,
+    value: Any,
+    path: str,
+    problems: list[ConfigProblem],
+    extensions: dict[str, Any],
+) -> Any:
+    """Check the keys inside ``value`` when the field holds a block; other values pass."""
+    if not isinstance(value, dict):
+        return value
+    members = tagged_members(annotation)
+    if members is not None:
+        return _typed_block(members, value, path, problems, extensions)
+    sub = model_of(annotation)
+    if sub is None:
+        return value
+    return check_keys(sub, value, path, problems, extensions)
+
+
+def _typed_block(
+    members: dict[str, type[Any]],
+    value: dict[str, Any],
+    path: str,
+    problems: list[ConfigProblem],
+    extensions: dict[str, Any],
+) -> Any:
+    """An ``optimizer``/``scheduler`` block: resolve ``type``, then check the member's keys."""
+    choices = ", ".join(members)
+    type_path = join_path(path, "type")
+    raw = value.get("type", MISSING)
+    if raw is MISSING:
+        problems.append(ConfigProblem.at(type_path, MISSING, f"is required; one of {choices}"))
+        return _DROP
+    by_lower = {tag.lower(): tag for tag in members}
+    tag = by_lower.get(raw.lower()) if isinstance(raw, str) else None
+    if tag is None:
+        hint = did_you_mean(raw, members) if isinstance(raw, str) else ""
+        problems.append(
+            ConfigProblem.at(type_path, raw, f"not a type zstack provides{hint} (one of {choices})")
+        )
+        return _DROP
+    return check_keys(members[tag], {**value, "type": tag}, path, problems, extensions)

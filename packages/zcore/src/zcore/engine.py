@@ -1,0 +1,352 @@
+"""The training engine that ``zcore.initialize`` returns.
+
+It wraps the user's model and drives one training step as DeepSpeed's engine does::
+
+    loss = engine(batch)        # forward (stage 3 gathers parameters module by module)
+    engine.backward(loss)       # scaled backward; gradients reduced into partitions
+    engine.step()               # at an accumulation boundary: clip, step, publish
+
+The partitioning itself lives in :mod:`zcore.zero` behind :class:`ZeroOptimizer`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from zcore.comm import Comm, ProcessGroups
+from zcore.config import ZConfig
+from zcore.monitor import MonitorMaster
+from zcore.optim_factory import build_inner_optimizer
+from zcore.precision import LossScaler, model_dtype
+from zcore.zero.optimizer import ZeroOptimizer
+from zcore.zero.stage3 import Stage3Params
+
+log = logging.getLogger("zcore")
+
+_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def unique_named_parameters(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """``named_parameters()`` with tied parameters listed once (first name wins)."""
+    seen: set[int] = set()
+    out = []
+    for name, p in module.named_parameters(remove_duplicate=False):
+        if id(p) not in seen:
+            seen.add(id(p))
+            out.append((name, p))
+    return out
+
+
+class ZEngine:
+    """A model under ZeRO data parallelism (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        config: ZConfig,
+        optimizer: torch.optim.Optimizer | None = None,
+        model_parameters: Any = None,
+        lr_scheduler: Any = None,
+    ) -> None:
+        self.config = config
+        zc = config.zero_optimization
+        self.groups = ProcessGroups.build(config.comm_timeout_s)
+        self.comm = Comm(
+            self.groups.dp, self.groups.dp_rank, self.groups.dp_size, config.comm_timeout_s
+        )
+        self.rank, self.world_size = self.groups.dp_rank, self.groups.dp_size
+        self.batch = config.batch_sizes(self.world_size)
+        self.stage = zc.stage
+        self.dtype = model_dtype(config.fp16.enabled, config.bf16.enabled)
+        self.module = model
+        self.scaler = LossScaler.from_config(config.fp16) if config.fp16.enabled else None
+        self.micro_steps = 0
+        self.global_steps = 0
+        self.global_samples = 0
+        self.skipped_steps = 0
+        self._no_sync = False
+        self._sync = True
+
+        named = unique_named_parameters(model)
+        names = {p: n for n, p in named}
+        self.stage3: Stage3Params | None = None
+        if self.stage == 3:
+            self.stage3 = getattr(model, "_z_stage3", None) or Stage3Params(
+                self.comm,
+                persistence_threshold=int(zc.stage3_param_persistence_threshold),
+                prefetch_elems=int(zc.stage3_prefetch_bucket_size),
+                max_live_elems=int(zc.stage3_max_live_parameters),
+            )
+            for n, p in named:
+                self.stage3.partition(p, n)
+            self.stage3.cast_(self.dtype)
+            self._cast_buffers()
+            self._broadcast(list(model.buffers()))
+            self.stage3.install(model)
+        else:
+            model.to(self.dtype)
+            self._broadcast([p.data for _, p in named] + list(model.buffers()))
+
+        groups = self._param_groups(named, optimizer, model_parameters)
+        accum = config.data_types.grad_accum_dtype
+        comm_dtype = config.communication_data_type
+        self.zopt = ZeroOptimizer(
+            groups,
+            names,
+            self.stage,
+            self.comm,
+            build_inner_optimizer(config, optimizer, self.dtype),
+            stage3=self.stage3,
+            grad_accum_dtype=_DTYPES[accum] if accum else self.dtype,
+            comm_dtype=_DTYPES[comm_dtype] if comm_dtype else None,
+            reduce_bucket_elems=int(zc.reduce_bucket_size),
+            allgather_bucket_elems=int(zc.allgather_bucket_size),
+            overlap_comm=zc.effective_overlap_comm,
+        )
+        self.optimizer = self.zopt.optimizer
+        for ps in self.zopt.params:
+            for p in ps:
+                p.register_post_accumulate_grad_hook(self._on_grad)
+                p._z_on_edit = [self.zopt._refresh_master]  # type: ignore[attr-defined]
+        self.lr_scheduler = self._scheduler(lr_scheduler)
+        self.monitor = MonitorMaster(
+            config.csv_monitor.model_dump(), config.tensorboard.model_dump(), rank=self.rank
+        )
+
+    # -- construction helpers -------------------------------------------------------------
+    def _broadcast(self, tensors: list[torch.Tensor]) -> None:
+        """Start every rank from rank 0's values (as DistributedDataParallel does)."""
+        for t in tensors:
+            if t.numel():
+                self.comm.broadcast(t, 0, "broadcast(initial parameters)").wait()
+
+    def _cast_buffers(self) -> None:
+        for m in self.module.modules():
+            for k, b in m.named_buffers(recurse=False):
+                if b is not None and b.is_floating_point():
+                    setattr(m, k, b.to(self.dtype))
+
+    def _param_groups(
+        self,
+        named: list[tuple[str, nn.Parameter]],
+        optimizer: torch.optim.Optimizer | None,
+        model_parameters: Any,
+    ) -> list[dict[str, Any]]:
+        known = {id(p) for _, p in named}
+        if optimizer is not None:
+            raw = optimizer.param_groups
+        elif model_parameters is not None:
+            mp = list(model_parameters)
+            raw = mp if mp and isinstance(mp[0], dict) else [{"params": mp}]
+        else:
+            raw = [{"params": [p for _, p in named if p.requires_grad]}]
+        groups = []
+        for g in raw:
+            params = [p for p in g["params"] if p.requires_grad]
+            stray = [p for p in params if id(p) not in known]
+            if stray:
+                raise ValueError(
+                    f"{len(stray)} optimizer parameter(s) are not parameters of the model; "
+                    "build the optimizer from `model.parameters()`"
+                )
+            groups.append({**g, "params": params})
+        return groups
+
+    def _scheduler(self, lr_scheduler: Any) -> Any:
+        if lr_scheduler is None and self.config.scheduler is not None:
+            from zcore.lr_schedules import build_scheduler
+
+            sc = self.config.scheduler
+            return build_scheduler(sc.type, self.optimizer, sc.params.model_dump())
+        if lr_scheduler is None:
+            return None
+        if isinstance(lr_scheduler, torch.optim.lr_scheduler.LRScheduler):
+            if len(lr_scheduler.optimizer.param_groups) != len(self.optimizer.param_groups):
+                raise ValueError(
+                    "lr_scheduler was built for an optimizer with "
+                    f"{len(lr_scheduler.optimizer.param_groups)} param groups, the engine's has "
+                    f"{len(self.optimizer.param_groups)}; pass a callable `lambda opt: ...`"
+                )
+            for g, lr in zip(self.optimizer.param_groups, lr_scheduler.get_last_lr(), strict=True):
+                g["lr"] = lr
+            lr_scheduler.optimizer = self.optimizer
+            return lr_scheduler
+        if callable(lr_scheduler):
+            return lr_scheduler(self.optimizer)
+        raise TypeError(f"lr_scheduler must be an LRScheduler or a callable, got {lr_scheduler!r}")
+
+    # -- the training step ----------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.forward(*args, **kwargs)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the model; floating-point tensor inputs are cast to the model's dtype."""
+        cast = self._cast_input
+        return self.module(*[cast(a) for a in args], **{k: cast(v) for k, v in kwargs.items()})
+
+    def _cast_input(self, x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != self.dtype:
+            return x.to(self.dtype)
+        return x
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        """Whether the next ``step()`` ends an accumulation cycle (and steps the optimizer)."""
+        return (self.micro_steps + 1) % self.batch.gradient_accumulation_steps == 0
+
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> None:
+        """Backward of ``loss`` scaled by the loss scale and 1/accumulation steps.
+
+        Gradients are reduced during this call at stage 2-3 on every micro-step, at stage
+        0-1 on the boundary micro-step, and never inside :meth:`no_sync`.
+        """
+        boundary = self.is_gradient_accumulation_boundary()
+        self._sync = not self._no_sync and (self.stage >= 2 or boundary)
+        self.comm.step = self.global_steps
+        scale = (self.scaler.scale if self.scaler else 1.0) / self.batch.gradient_accumulation_steps
+        (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
+        if self._sync:
+            self.zopt.reducer.finish()
+        if self.stage3 is not None:
+            self.stage3.end_backward()
+
+    def _on_grad(self, p: torch.Tensor) -> None:
+        if self._sync:
+            self.zopt.on_grad(p)  # type: ignore[arg-type]
+        if self.stage3 is not None:
+            self.stage3.release([p])  # type: ignore[list-item]
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients locally (no communication) inside this block, at any stage.
+
+        The gradients are reduced with the next backward outside the block or, at the
+        latest, by the next optimizer ``step()``.
+        """
+        prev, self._no_sync = self._no_sync, True
+        try:
+            yield
+        finally:
+            self._no_sync = prev
+
+    def step(self) -> None:
+        """Count a micro-step; at an accumulation boundary update the weights."""
+        self.micro_steps += 1
+        self.global_samples += self.batch.micro_batch_size * self.world_size
+        if self.micro_steps % self.batch.gradient_accumulation_steps:
+            return
+        self.comm.step = self.global_steps
+        self.zopt.reduce_leftovers()
+        overflow = self.scaler is not None and self.zopt.grads_overflow()
+        if overflow:
+            assert self.scaler is not None
+            old = self.scaler.scale
+            self.scaler.update(True)
+            self.skipped_steps += 1
+            if self.rank == 0:
+                log.warning(
+                    "step %d: fp16 gradient overflow, step skipped; loss scale %g -> %g",
+                    self.global_steps, old, self.scaler.scale,
+                )  # fmt: skip
+        else:
+            inv = 1.0 / self.scaler.scale if self.scaler else 1.0
+            self.zopt.step(inv, float(self.config.gradient_clipping))
+            if self.scaler is not None:
+                self.scaler.update(False)
+            if self.lr_scheduler is not None:
+                self.lr_scheduler.step()
+        self.zopt.zero_grad()
+        self.global_steps += 1
+        self.comm.step = self.global_steps
+        self._write_monitor()
+
+    def _write_monitor(self) -> None:
+        events = [("Train/Samples/lr", self.get_lr()[0], self.global_samples)]
+        if self.scaler is not None:
+            events.append(("Train/Samples/loss_scale", self.scaler.scale, self.global_samples))
+        if self.zopt.last_grad_norm is not None:
+            events.append(
+                ("Train/Samples/grad_norm", self.zopt.last_grad_norm, self.global_samples)
+            )
+        self.monitor.write_events(events)
+
+    def zero_grad(self) -> None:
+        """Drop gradients held by the model; partitions are cleared only between cycles."""
+        for p in self.module.parameters():
+            p.grad = None
+        if self.micro_steps % self.batch.gradient_accumulation_steps == 0:
+            self.zopt.zero_grad()
+
+    # -- queries --------------------------------------------------------------------------
+    def train(self, mode: bool = True) -> ZEngine:
+        self.module.train(mode)
+        return self
+
+    def eval(self) -> ZEngine:
+        return self.train(False)
+
+    def parameters(self) -> Iterator[nn.Parameter]:
+        return self.module.parameters()
+
+    def get_lr(self) -> list[float]:
+        return [float(g["lr"]) for g in self.optimizer.param_groups]
+
+    def get_global_grad_norm(self) -> float | None:
+        """The global gradient norm (all partitions, unscaled, before clipping) of the last step."""
+        return self.zopt.last_grad_norm
+
+    @property
+    def loss_scale(self) -> float:
+        return self.scaler.scale if self.scaler else 1.0
+
+    def model_state_bytes(self) -> dict[str, int]:
+        """Bytes this rank holds now: parameters, gradients, optimizer state (master included)."""
+        seen: set[int] = set()
+        params = 0
+        for p in self.module.parameters():
+            if p.untyped_storage().data_ptr() not in seen and p.numel():
+                seen.add(p.untyped_storage().data_ptr())
+                params += p.untyped_storage().nbytes()
+        if self.stage3 is not None:
+            params += sum(
+                sp.shard.numel() * sp.shard.element_size() for sp in self.stage3.params.values()
+            )
+        grads = self.zopt.grad_bytes() + sum(
+            p.grad.numel() * p.grad.element_size()
+            for p in self.module.parameters()
+            if p.grad is not None
+        )
+        return {"params": params, "grads": grads, "optimizer": self.zopt.optimizer_bytes()}
+
+    def destroy(self) -> None:
+        """Remove hooks and close monitors (the process group stays up)."""
+        if self.stage3 is not None:
+            self.stage3.remove_hooks()
+        self.monitor.close()
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def save_checkpoint(
+        self, save_dir: str, tag: str | None = None, client_state: dict | None = None,
+        save_latest: bool = True,
+    ) -> str:  # fmt: skip
+        """Write this rank's shard and (rank 0) the manifest under ``save_dir/tag`` atomically."""
+        from zcore.checkpoint import save
+
+        return save(self, save_dir, tag, client_state or {}, save_latest)
+
+    def load_checkpoint(
+        self, load_dir: str, tag: str | None = None, load_optimizer_states: bool = True,
+        load_lr_scheduler_states: bool = True,
+    ) -> tuple[str, dict]:  # fmt: skip
+        """Load ``load_dir/tag`` (default: the ``latest`` pointer), from any world size.
+
+        Returns ``(path, client_state)``.
+        """
+        from zcore.checkpoint import load
+
+        return load(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states)

@@ -1,0 +1,176 @@
+"""Build a model already partitioned, and look at partitioned parameters whole."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from zcore.comm import Comm, ProcessGroups
+from zcore.zero.stage3 import Stage3Params
+
+
+def _all_subclasses(cls: type) -> set[type]:
+    out = set()
+    for sub in cls.__subclasses__():
+        out.add(sub)
+        out |= _all_subclasses(sub)
+    return out
+
+
+class Init:
+    """Construct modules inside this block and each one is partitioned as soon as its own
+    ``__init__`` returns, so the full model never exists on one rank (ZeRO stage 3).
+
+    Every rank must run the same construction code; each parameter is broadcast from rank 0
+    before it is cut, so all ranks agree even if their random states differ. Initialisation
+    done after construction through ``model.apply(fn)`` sees full parameters (they are
+    gathered around ``fn`` and re-cut after); anything else that edits parameters later
+    must use :class:`GatheredParameters`.
+
+    Args:
+        persistence_threshold: parameters with at most this many elements stay whole.
+        timeout_s: bound on each collective (see ``comm_timeout_s``).
+        enabled: ``False`` makes the block a no-op (handy for stage 0-2 configs).
+    """
+
+    def __init__(
+        self,
+        persistence_threshold: int = 100_000,
+        timeout_s: float = 1800.0,
+        enabled: bool = True,
+        config: Any = None,
+    ) -> None:
+        self.enabled = enabled
+        if config is not None:
+            from zcore.config import ZConfig
+
+            cfg = ZConfig.load(config)
+            zc = cfg.zero_optimization
+            self.enabled = enabled and zc.stage == 3
+            persistence_threshold = int(zc.stage3_param_persistence_threshold)
+            timeout_s = cfg.comm_timeout_s
+        self.persistence_threshold = persistence_threshold
+        self.timeout_s = timeout_s
+        self.stage3: Stage3Params | None = None
+        self._patched: list[tuple[type, Any]] = []
+        self._apply: Any = None
+
+    def __enter__(self) -> Init:
+        if not self.enabled:
+            return self
+        groups = ProcessGroups.build(self.timeout_s)
+        comm = Comm(groups.dp, groups.dp_rank, groups.dp_size, self.timeout_s)
+        self.stage3 = Stage3Params(comm, persistence_threshold=self.persistence_threshold)
+        for cls in _all_subclasses(nn.Module) | {nn.Module}:
+            if "__init__" in cls.__dict__:
+                self._patched.append((cls, cls.__dict__["__init__"]))
+                cls.__init__ = self._wrap_init(cls.__dict__["__init__"])  # type: ignore[misc]
+        self._apply = nn.Module.apply
+        nn.Module.apply = self._wrap_apply(self._apply)  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.enabled:
+            return
+        for cls, init in self._patched:
+            cls.__init__ = init  # type: ignore[misc]
+        self._patched.clear()
+        nn.Module.apply = self._apply  # type: ignore[method-assign]
+
+    def _wrap_init(self, init: Any) -> Any:
+        stage3 = self.stage3
+        assert stage3 is not None
+
+        @functools.wraps(init)
+        def wrapped(module: nn.Module, *args: Any, **kwargs: Any) -> None:
+            depth = module.__dict__.get("_z_init_depth", 0)
+            object.__setattr__(module, "_z_init_depth", depth + 1)
+            try:
+                init(module, *args, **kwargs)
+            finally:
+                object.__setattr__(module, "_z_init_depth", depth)
+            if depth == 0:
+                del module.__dict__["_z_init_depth"]
+                object.__setattr__(module, "_z_stage3", stage3)
+                for name, p in module.named_parameters(recurse=False):
+                    if p not in stage3.params:
+                        stage3.comm.broadcast(p.data, 0, "broadcast(zero.Init parameter)").wait()
+                        stage3.partition(p, name)
+
+        return wrapped
+
+    def _wrap_apply(self, apply: Any) -> Any:
+        stage3 = self.stage3
+        assert stage3 is not None
+
+        def wrapped(module: nn.Module, fn: Any) -> nn.Module:
+            def gathered_fn(m: nn.Module) -> None:
+                own = [p for p in m.parameters(recurse=False) if p in stage3.params]
+                stage3.gather(own, "gather(zero.Init apply)")
+                fn(m)
+                for p in own:
+                    stage3.repartition(p)
+                stage3.release(own)
+
+            return apply(module, gathered_fn)
+
+        return wrapped
+
+
+class GatheredParameters:
+    """Full values of (possibly partitioned) parameters inside the block.
+
+    With ``modifier_rank=r``, edits made on rank ``r`` inside the block are broadcast to
+    every rank and re-partitioned on exit (fp32 master weights of an engine included);
+    with ``modifier_rank=None`` the block is read-only and edits are discarded.
+    Collective: every rank must enter it with the same parameters.
+    """
+
+    def __init__(
+        self,
+        params: nn.Parameter | Iterable[nn.Parameter],
+        modifier_rank: int | None = None,
+        enabled: bool = True,
+    ) -> None:
+        self.params = [params] if isinstance(params, torch.Tensor) else list(params)
+        self.modifier_rank = modifier_rank
+        self.enabled = enabled
+        self.stage3: Stage3Params | None = None
+        for p in self.params:
+            owner = getattr(p, "_z_owner", None)
+            if owner is not None:
+                self.stage3 = owner
+        self._comm: Comm | None = None
+
+    def __enter__(self) -> list[nn.Parameter]:
+        if not self.enabled:
+            return self.params
+        s3 = self.stage3
+        if s3 is not None:
+            s3.gather(self.params, "gather(GatheredParameters)")
+        return self.params
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.enabled:
+            return
+        s3 = self.stage3
+        if self.modifier_rank is not None:
+            comm = s3.comm if s3 is not None else _default_comm()
+            for p in self.params:
+                comm.broadcast(p.data, self.modifier_rank, "broadcast(GatheredParameters)").wait()
+                if s3 is not None and p in s3.params:
+                    s3.repartition(p)
+                else:
+                    for fn in getattr(p, "_z_on_edit", []):
+                        fn(p)
+        if s3 is not None:
+            s3.release(self.params)
+
+
+def _default_comm() -> Comm:
+    groups = ProcessGroups.build(1800.0)
+    return Comm(groups.dp, groups.dp_rank, groups.dp_size, 1800.0)

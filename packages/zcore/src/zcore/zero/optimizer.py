@@ -1,0 +1,231 @@
+"""The partitioned optimizer: fp32 master weights, optimizer state and gradients per rank.
+
+Stage 0 keeps everything whole on every rank (layout cut for one rank, gradients
+all-reduced). Stages 1-3 cut the layout across the data-parallel ranks: each rank steps
+only its slots with an ordinary ``torch.optim`` optimizer built over one flat fp32 tensor
+per parameter group, then the new weights go back to the model (stages 1-2: all-gathered
+into every rank's full parameters; stage 3: into the rank's own shards).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from zcore.comm import Comm
+from zcore.zero.layout import GroupLayout, ParamShard, own_slot
+from zcore.zero.reducer import GradReducer
+from zcore.zero.stage3 import Stage3Params
+
+OptimizerFactory = Callable[[list[dict[str, Any]]], torch.optim.Optimizer]
+
+
+class ZeroOptimizer:
+    """Master weights, gradient partitions and the inner optimizer of one rank."""
+
+    def __init__(
+        self,
+        groups: list[dict[str, Any]],
+        names: dict[nn.Parameter, str],
+        stage: int,
+        comm: Comm,
+        make_optimizer: OptimizerFactory,
+        *,
+        stage3: Stage3Params | None,
+        grad_accum_dtype: torch.dtype,
+        comm_dtype: torch.dtype | None,
+        reduce_bucket_elems: int,
+        allgather_bucket_elems: int,
+        overlap_comm: bool,
+    ) -> None:
+        self.stage = stage
+        self.comm = comm
+        self.stage3 = stage3
+        self.shard_world = comm.size if stage >= 1 else 1
+        self.shard_rank = comm.rank if stage >= 1 else 0
+        self.allgather_bucket_elems = max(1, allgather_bucket_elems)
+        self.params: list[list[nn.Parameter]] = [list(g["params"]) for g in groups]
+        self.layouts = [
+            GroupLayout.build([(names[p], tuple(self._shape(p))) for p in ps], self.shard_world)
+            for ps in self.params
+        ]
+        self.where: dict[nn.Parameter, tuple[int, ParamShard]] = {}
+        for g, (ps, layout) in enumerate(zip(self.params, self.layouts, strict=True)):
+            for p, shard in zip(ps, layout.shards, strict=True):
+                self.where[p] = (g, shard)
+        self.master = [self._initial_master(g) for g in range(len(self.params))]
+        self.grad_accum_dtype = grad_accum_dtype
+        # Gradient partitions exist only while a cycle has gradients (allocated by the first
+        # reduction, dropped after the step), so stage 0-1 never hold them next to the
+        # model-sized gradients they accumulate in.
+        self.grads: list[torch.Tensor | None] = [None] * len(self.master)
+        hyper = [{k: v for k, v in g.items() if k != "params"} for g in groups]
+        self.optimizer = make_optimizer(
+            [{**h, "params": [m]} for h, m in zip(hyper, self.master, strict=True)]
+        )
+        self.reducer = GradReducer(
+            comm,
+            self.partition,
+            self.shard_world,
+            reduce_bucket_elems,
+            overlap_comm,
+            comm_dtype,
+            predivide=float(comm.size),
+        )
+        if stage3 is not None:
+            stage3.on_repartition.append(self._refresh_master)
+        self.last_grad_norm: float | None = None
+
+    # -- construction ---------------------------------------------------------------------
+    def _shape(self, p: nn.Parameter) -> torch.Size:
+        if self.stage3 is not None and p in self.stage3.params:
+            return self.stage3.params[p].shape
+        return p.shape
+
+    def _slot_of(self, p: nn.Parameter) -> torch.Tensor:
+        """This rank's slot of ``p`` as fp32 (from the stage-3 shard or the full value)."""
+        _, shard = self.where[p]
+        if self.stage3 is not None and p in self.stage3.params:
+            return self.stage3.params[p].shard.float()
+        return own_slot(p.data.float(), shard, self.shard_rank)
+
+    def _initial_master(self, g: int) -> torch.Tensor:
+        slots = [self._slot_of(p) for p in self.params[g]]
+        device = slots[0].device if slots else torch.device("cpu")
+        return torch.cat(slots) if slots else torch.zeros(0, device=device)
+
+    def _refresh_master(self, p: nn.Parameter) -> None:
+        g, shard = self.where[p]
+        self.master[g][shard.offset : shard.offset + shard.shard_size].copy_(self._slot_of(p))
+
+    # -- gradients ------------------------------------------------------------------------
+    def partition(self, g: int) -> torch.Tensor:
+        """This rank's gradient partition of group ``g`` (zeros when first asked for)."""
+        t = self.grads[g]
+        if t is None:
+            t = torch.zeros_like(self.master[g], dtype=self.grad_accum_dtype)
+            self.grads[g] = t
+        return t
+
+    def on_grad(self, p: nn.Parameter) -> None:
+        """Move ``p.grad`` into a reduction bucket and drop it from the parameter."""
+        if p.grad is None or p not in self.where:
+            return
+        g, shard = self.where[p]
+        self.reducer.add(g, shard, p.grad)
+        p.grad = None
+
+    def reduce_leftovers(self) -> None:
+        """Reduce gradients still held by parameters (accumulated under ``no_sync``)."""
+        for ps in self.params:
+            for p in ps:
+                if p.grad is not None:
+                    self.on_grad(p)
+        self.reducer.finish()
+
+    def zero_grad(self) -> None:
+        self.grads = [None] * len(self.master)
+        for ps in self.params:
+            for p in ps:
+                p.grad = None
+
+    # -- step -----------------------------------------------------------------------------
+    def grads_overflow(self) -> bool:
+        local = any(
+            t is not None and t.numel() and not bool(torch.isfinite(t).all()) for t in self.grads
+        )
+        return self.comm.max_flag(local, "all_reduce(fp16 overflow flag)")
+
+    def global_grad_norm(self, inv_scale: float) -> float:
+        sq = sum(float(t.float().pow(2).sum()) for t in self.grads if t is not None)
+        if self.shard_world > 1:
+            sq = self.comm.sum_scalar(sq, "all_reduce(gradient norm)")
+        return math.sqrt(sq) * inv_scale
+
+    def step(self, inv_scale: float, clip: float) -> float:
+        """Unscale, clip by the global norm, step the master weights, publish them.
+
+        Returns the global gradient norm before clipping.
+        """
+        norm = self.global_grad_norm(inv_scale)
+        coef = inv_scale
+        if clip > 0 and norm > clip:
+            coef *= clip / (norm + 1e-6)
+        for g, m in enumerate(self.master):
+            gr = self.partition(g)
+            m.grad = gr.float() if gr.dtype != torch.float32 else gr
+            if coef != 1.0:
+                m.grad.mul_(coef)
+        self.optimizer.step()
+        for m in self.master:
+            m.grad = None
+        self.publish()
+        self.last_grad_norm = norm
+        return norm
+
+    def publish(self) -> None:
+        """Write the master weights back into the model's parameters."""
+        if self.stage3 is not None:
+            persistent = []
+            for p, (g, shard) in self.where.items():
+                sp = self.stage3.params.get(p)
+                if sp is None:
+                    continue
+                sp.shard.copy_(self.master[g][shard.offset : shard.offset + shard.shard_size])
+                if sp.persistent:
+                    persistent.append(p)
+            self._all_gather_params(persistent)
+            return
+        for ps in self.params:
+            self._all_gather_params(ps)
+
+    def _all_gather_params(self, params: list[nn.Parameter]) -> None:
+        """Every rank's slots of ``params`` → their full ``.data``, in buckets."""
+        w = self.shard_world
+        if w == 1:
+            for p in params:
+                g, s = self.where[p]
+                p.data.copy_(self.master[g][s.offset : s.offset + s.numel].view(s.shape))
+            return
+        start = 0
+        while start < len(params):
+            end, elems = start, 0
+            while end < len(params) and (end == start or elems < self.allgather_bucket_elems):
+                elems += self.where[params[end]][1].shard_size * w
+                end += 1
+            chunk = params[start:end]
+            start = end
+            dtype = chunk[0].dtype
+            inp = torch.cat(
+                [
+                    self.master[g][s.offset : s.offset + s.shard_size]
+                    for g, s in (self.where[p] for p in chunk)
+                ]
+            ).to(dtype)
+            out = torch.empty(w * inp.numel(), dtype=dtype, device=inp.device)
+            what = f"all_gather(updated parameters, {out.numel()} elems)"
+            self.comm.all_gather(out, inp, what).wait()
+            grid = out.view(w, -1)
+            col = 0
+            for p in chunk:
+                _, s = self.where[p]
+                full = grid[:, col : col + s.shard_size].reshape(-1)[: s.numel].view(s.shape)
+                col += s.shard_size
+                p.data.copy_(full)
+
+    # -- accounting -----------------------------------------------------------------------
+    def optimizer_bytes(self) -> int:
+        """fp32 master weights plus every tensor of optimizer state held by this rank."""
+        total = sum(m.numel() * m.element_size() for m in self.master)
+        for st in self.optimizer.state.values():
+            for v in st.values():
+                if isinstance(v, torch.Tensor):
+                    total += v.numel() * v.element_size()
+        return total
+
+    def grad_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.grads if t is not None)

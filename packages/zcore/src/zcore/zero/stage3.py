@@ -1,0 +1,288 @@
+"""ZeRO stage 3: parameters live as shards and are gathered only around their module's use.
+
+Every parameter keeps its rank's slot (model dtype) and an empty ``.data``. A forward
+pre-hook gathers a module's own parameters (one all-gather per module) and a forward
+hook releases them; outputs are routed through an autograd node that gathers them again
+when their gradient arrives, and the gradient's post-accumulate hook releases them once
+backward is done with them. The order in which modules were gathered is recorded and the
+next pass prefetches upcoming modules asynchronously, bounded by
+``stage3_prefetch_bucket_size`` and ``stage3_max_live_parameters``. Parameters of at most
+``stage3_param_persistence_threshold`` elements stay gathered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from zcore.comm import Comm, Handle
+
+_EMPTY_CACHE: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def _empty(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.empty(0, dtype=dtype, device=device)
+
+
+@dataclass
+class ShardedParam:
+    """Stage-3 bookkeeping of one parameter."""
+
+    name: str
+    shard: torch.Tensor
+    shape: torch.Size
+    numel: int
+    shard_size: int
+    persistent: bool
+    status: str = "released"  # released | inflight | gathered
+    pending: _Gather | None = None
+
+
+@dataclass
+class _Gather:
+    handle: Handle
+    out: torch.Tensor
+    members: list[tuple[nn.Parameter, int]]
+    done: bool = False
+
+
+class Stage3Params:
+    """Owns the shards of every partitioned parameter and gathers/releases their data."""
+
+    def __init__(
+        self,
+        comm: Comm,
+        persistence_threshold: int = 100_000,
+        prefetch_elems: int = 50_000_000,
+        max_live_elems: int = 1_000_000_000,
+    ) -> None:
+        self.comm = comm
+        self.persistence_threshold = persistence_threshold
+        self.prefetch_elems = prefetch_elems
+        self.max_live_elems = max_live_elems
+        self.params: dict[nn.Parameter, ShardedParam] = {}
+        self.live_elems = 0
+        self.peak_live_elems = 0
+        self.on_repartition: list[Callable[[nn.Parameter], None]] = []
+        self._fwd_trace: list[nn.Module] = []
+        self._bwd_trace: list[nn.Module] = []
+        self._fwd_now: list[nn.Module] = []
+        self._bwd_now: list[nn.Module] = []
+        self._hooks: list[Any] = []
+
+    # -- partitioning -------------------------------------------------------------------
+    def partition(self, p: nn.Parameter, name: str) -> None:
+        """Keep only this rank's slot of ``p`` (its full value must be identical on all ranks)."""
+        if p in self.params:
+            return
+        w, r = self.comm.size, self.comm.rank
+        numel = p.numel()
+        size = -(-numel // w)
+        shard = torch.zeros(size, dtype=p.dtype, device=p.device)
+        start = min(r * size, numel)
+        end = min(start + size, numel)
+        shard[: end - start].copy_(p.data.reshape(-1)[start:end])
+        persistent = numel <= self.persistence_threshold
+        sp = ShardedParam(name, shard, p.shape, numel, size, persistent)
+        self.params[p] = sp
+        p.z_shape = p.shape  # type: ignore[attr-defined]
+        p.z_numel = numel  # type: ignore[attr-defined]
+        p._z_owner = self  # type: ignore[attr-defined]
+        if persistent:
+            sp.status = "gathered"
+        else:
+            p.data = _empty(p.dtype, p.device)
+
+    def repartition(self, p: nn.Parameter) -> None:
+        """Take this rank's slot of ``p``'s current full value (after an edit) into its shard."""
+        sp = self.params[p]
+        start = min(self.comm.rank * sp.shard_size, sp.numel)
+        end = min(start + sp.shard_size, sp.numel)
+        sp.shard.zero_()
+        sp.shard[: end - start].copy_(p.data.reshape(-1)[start:end])
+        for fn in self.on_repartition:
+            fn(p)
+
+    def cast_(self, dtype: torch.dtype) -> None:
+        """Convert every shard (and persistent full value) to ``dtype``."""
+        for p, sp in self.params.items():
+            sp.shard = sp.shard.to(dtype)
+            p.data = p.data.to(dtype) if sp.status == "gathered" else _empty(dtype, p.device)
+
+    # -- gather / release ---------------------------------------------------------------
+    def fetch(self, params: Iterable[nn.Parameter], what: str) -> None:
+        """Issue one all-gather for those of ``params`` not yet gathered or in flight."""
+        todo = [p for p in params if p in self.params and self.params[p].status == "released"]
+        if not todo:
+            return
+        w = self.comm.size
+        cols = sum(self.params[p].shard_size for p in todo)
+        inp = torch.cat([self.params[p].shard for p in todo])
+        out = torch.empty(w * cols, dtype=inp.dtype, device=inp.device)
+        handle = self.comm.all_gather(out, inp, f"all_gather({what}, {w * cols} elems)")
+        members, col = [], 0
+        gather = _Gather(handle, out, members)
+        for p in todo:
+            sp = self.params[p]
+            members.append((p, col))
+            col += sp.shard_size
+            sp.status, sp.pending = "inflight", gather
+            self.live_elems += sp.numel
+        self.peak_live_elems = max(self.peak_live_elems, self.live_elems)
+
+    def _complete(self, gather: _Gather) -> None:
+        if gather.done:
+            return
+        gather.handle.wait()
+        gather.done = True
+        w = self.comm.size
+        grid = gather.out.view(w, -1)
+        for p, col in gather.members:
+            sp = self.params[p]
+            if sp.status != "inflight" or sp.pending is not gather:
+                continue
+            full = grid[:, col : col + sp.shard_size].reshape(-1)[: sp.numel]
+            p.data = full.view(sp.shape)
+            sp.status, sp.pending = "gathered", None
+
+    def gather(self, params: Iterable[nn.Parameter], what: str) -> None:
+        """Make the full data of ``params`` available (blocking)."""
+        params = list(params)
+        self.fetch(params, what)
+        for p in params:
+            sp = self.params.get(p)
+            if sp is not None and sp.status == "inflight":
+                assert sp.pending is not None
+                self._complete(sp.pending)
+
+    def release(self, params: Iterable[nn.Parameter]) -> None:
+        for p in params:
+            sp = self.params.get(p)
+            if sp is None or sp.persistent or sp.status == "released":
+                continue
+            if sp.status == "inflight":
+                assert sp.pending is not None
+                self._complete(sp.pending)
+            p.data = _empty(sp.shard.dtype, sp.shard.device)
+            sp.status = "released"
+            self.live_elems -= sp.numel
+
+    def release_all(self) -> None:
+        self.release(list(self.params))
+
+    # -- hooks --------------------------------------------------------------------------
+    def install(self, module: nn.Module) -> None:
+        for m in module.modules():
+            if any(p in self.params for p in m.parameters(recurse=False)):
+                self._hooks.append(m.register_forward_pre_hook(self._pre_forward))
+                self._hooks.append(m.register_forward_hook(self._post_forward))
+        self._hooks.append(module.register_forward_pre_hook(self._root_pre_forward))
+        self._hooks.append(module.register_forward_hook(self._root_post_forward))
+
+    def remove_hooks(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+
+    def _own(self, m: nn.Module) -> list[nn.Parameter]:
+        return [p for p in m.parameters(recurse=False) if p in self.params]
+
+    def _prefetch(self, trace: list[nn.Module], now: list[nn.Module]) -> None:
+        pos = len(now)
+        if pos > len(trace) or trace[pos - 1] is not now[-1]:
+            return
+        budget = self.prefetch_elems
+        for m in trace[pos:]:
+            todo = [p for p in self._own(m) if self.params[p].status == "released"]
+            need = sum(self.params[p].numel for p in todo)
+            if need > budget or self.live_elems + need > self.max_live_elems:
+                break
+            budget -= need
+            self.fetch(todo, f"prefetch {type(m).__name__}")
+
+    def _root_pre_forward(self, module: nn.Module, args: Any) -> None:
+        self._fwd_now = []
+
+    def _root_post_forward(self, module: nn.Module, args: Any, out: Any) -> None:
+        self._fwd_trace = self._fwd_now
+        if not (torch.is_grad_enabled() and module.training):
+            self.release_all()
+
+    def _pre_forward(self, m: nn.Module, args: Any) -> None:
+        self._fwd_now.append(m)
+        self.gather(self._own(m), f"forward {type(m).__name__}")
+        if self.prefetch_elems > 0:
+            self._prefetch(self._fwd_trace, self._fwd_now)
+
+    def _post_forward(self, m: nn.Module, args: Any, out: Any) -> Any:
+        self.release(self._own(m))
+        if torch.is_grad_enabled():
+            return _wrap_outputs(out, lambda: self._pre_backward(m))
+        return None
+
+    def _pre_backward(self, m: nn.Module) -> None:
+        self._bwd_now.append(m)
+        self.gather(self._own(m), f"backward {type(m).__name__}")
+        if self.prefetch_elems > 0:
+            self._prefetch(self._bwd_trace, self._bwd_now)
+
+    def end_backward(self) -> None:
+        """After a backward pass: remember its module order and release what is still live."""
+        if self._bwd_now:
+            self._bwd_trace = self._bwd_now
+        self._bwd_now = []
+        self.release_all()
+
+
+class _PreBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, fn: Callable[[], None], *tensors: torch.Tensor) -> Any:
+        ctx.fn = fn
+        ctx.mark_non_differentiable(*[t for t in tensors if not t.requires_grad])
+        return tensors if len(tensors) > 1 else tensors[0]
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:
+        if ctx.fn is not None:
+            ctx.fn()
+            ctx.fn = None
+        return (None, *grads)
+
+
+def _wrap_outputs(out: Any, fn: Callable[[], None]) -> Any:
+    """Route every grad-requiring tensor in ``out`` through one node that calls ``fn`` first."""
+    flat: list[torch.Tensor] = []
+
+    def collect(x: Any) -> None:
+        if isinstance(x, torch.Tensor) and x.requires_grad:
+            flat.append(x)
+        elif isinstance(x, (tuple, list)):
+            for y in x:
+                collect(y)
+        elif isinstance(x, dict):
+            for y in x.values():
+                collect(y)
+
+    collect(out)
+    if not flat:
+        return None
+    wrapped = _PreBackward.apply(fn, *flat)
+    wrapped = wrapped if isinstance(wrapped, tuple) else (wrapped,)
+    it = iter(wrapped)
+
+    def rebuild(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.requires_grad:
+            return next(it)
+        if isinstance(x, tuple) and hasattr(x, "_fields"):
+            return type(x)(*[rebuild(y) for y in x])
+        if isinstance(x, (tuple, list)):
+            return type(x)(rebuild(y) for y in x)
+        if isinstance(x, dict):
+            return type(x)((k, rebuild(v)) for k, v in x.items())
+        return x
+
+    return rebuild(out)

@@ -1,0 +1,42 @@
+"""Session-wide real corpus, tokenizer and encoded splits (built once, ~8 s)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from zstack.recipes.data import ShakespeareData, load_plays
+from zstack.recipes.tokenizer import Tokenizer, train_or_load
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """These models are tiny: with OpenMP threads spinning on a busy 2-core machine the
+    overfit loop ran 10x slower than on one thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def plays() -> list[tuple[str, str]]:
+    return load_plays()
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("recipe-cache")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(plays: list[tuple[str, str]], cache_dir: Path) -> Tokenizer:
+    return train_or_load(cache_dir, 2048, plays)
+
+
+@pytest.fixture(scope="session")
+def data(tokenizer: Tokenizer, plays: list[tuple[str, str]], cache_dir: Path) -> ShakespeareData:
+    return ShakespeareData.load(tokenizer, cache_dir, plays)
