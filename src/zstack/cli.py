@@ -94,6 +94,21 @@ def bench_adam(
     )
 
 
+@bench_app.command("zero")
+def bench_zero(
+    world_size: int = typer.Option(4, "--world-size", min=1, help="gloo ranks to spawn."),
+    preset: str = typer.Option("small", "--preset", help="`z train` GPT size."),
+    stages: str = typer.Option("0,1,2,3", "--stages", help="Comma-separated ZeRO stages."),
+    json_out: bool = typer.Option(False, "--json", help="Print only the JSON object."),
+) -> None:
+    """Measured ZeRO model-state bytes per rank (stages 0-3) next to the 16Ψ/N-style formula."""
+    from zstack.bench import run_benchmark
+
+    raise typer.Exit(
+        run_benchmark("zero", json_out, world_size=world_size, preset=preset, stages=stages)
+    )
+
+
 # cmd_memory imports only typer at load time (zcore.memory loads when the command runs).
 from zstack.cmd_memory import estimate_memory  # noqa: E402
 

@@ -1,0 +1,165 @@
+"""ZeRO model-state memory per rank, measured against the paper's formula.
+
+Builds the `z train` GPT (default preset "small") on N real gloo ranks for stages
+0-3 in mixed precision (bf16 parameters and gradients, fp32 master weights and Adam
+state) and counts, on every rank, the bytes of the tensors the engine actually holds
+(`engine.model_state_bytes()`): parameters, gradients, optimizer state. Stage 3 builds
+the model under `zcore.zero.Init`, so the whole model never exists on one rank.
+
+Measured mid-accumulation (after the first micro-batch's backward of a 2-micro-batch
+step): the state that persists across micro-steps. That is what the formula counts:
+Ψ parameters, N ranks, stage 0: 16Ψ; 1: 4Ψ + 12Ψ/N; 2: 2Ψ + 14Ψ/N; 3: 16Ψ/N.
+
+Run: ``z bench zero --world-size 4 --json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rank(rank: int, world: int, port: int, preset: str, stages: list[int], out: str) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world)
+    )
+    torch.set_num_threads(1)
+    import zcore
+    from zcore.zero import Init
+    from zstack.recipes.gpt import GPT, GPTConfig
+
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    cfg_model = GPTConfig.preset(preset, vocab_size=2048)
+    seq, mb = 64, 2
+    rows = []
+    for stage in stages:
+        config = {
+            "train_micro_batch_size_per_gpu": mb,
+            "gradient_accumulation_steps": 2,
+            "bf16": {"enabled": True},
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+            "zero_optimization": {"stage": stage},
+        }
+        with Init(enabled=stage == 3):
+            model = GPT(cfg_model)
+        engine, *_ = zcore.initialize(model, config=config)
+        psi = sum(p.z_numel if hasattr(p, "z_numel") else p.numel() for _, p in _unique(model))
+        g = torch.Generator().manual_seed(rank)
+        x = torch.randint(0, 2048, (mb, seq), generator=g)
+        for _ in range(2):  # one full step so optimizer state exists
+            engine.backward(engine(x, x)[1])
+            engine.step()
+        engine.backward(engine(x, x)[1])  # first micro-batch of the next step
+        measured = engine.model_state_bytes()
+        engine.step()
+        engine.destroy()
+        rows.append(
+            {
+                "stage": stage,
+                "params": psi,
+                "param_bytes": measured["params"],
+                "grads": measured["grads"],
+                "optimizer": measured["optimizer"],
+            }
+        )
+        del engine, model
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(rows, f)
+    dist.destroy_process_group()
+
+
+def _unique(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    seen: set[int] = set()
+    out = []
+    for n, p in model.named_parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            out.append((n, p))
+    return out
+
+
+def run(world_size: int = 4, preset: str = "small", stages: str = "0,1,2,3") -> dict[str, Any]:
+    from zcore.memory import formula_bytes
+
+    [int(s) for s in stages.split(",")]  # validate early
+    port = _free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rows.json")
+        procs = [
+            subprocess.Popen(
+                [sys.executable, __file__, str(r), str(world_size), str(port), preset, stages, out]
+            )
+            for r in range(world_size)
+        ]
+        codes = [p.wait(timeout=1800) for p in procs]
+        if any(codes):
+            raise RuntimeError(f"benchmark ranks exited with codes {codes}")
+        with open(out) as f:
+            rows = json.load(f)
+    report_rows = []
+    for row in rows:
+        psi = row["params"]
+        formula = formula_bytes(psi, world_size, row["stage"])
+        measured_total = row["param_bytes"] + row["grads"] + row["optimizer"]
+        report_rows.append(
+            {
+                "stage": row["stage"],
+                "measured": {
+                    "params": row["param_bytes"],
+                    "grads": row["grads"],
+                    "optimizer": row["optimizer"],
+                    "total": measured_total,
+                },
+                "formula_total": formula,
+                "ratio": measured_total / formula,
+                "within_10pct": abs(measured_total / formula - 1) <= 0.10,
+            }
+        )
+    return {
+        "benchmark": "zero",
+        "world_size": world_size,
+        "preset": preset,
+        "params": rows[0]["params"],
+        "precision": "bf16 params/grads, fp32 master + AdamW state",
+        "stages": report_rows,
+        "max_abs_deviation": max(abs(r["ratio"] - 1) for r in report_rows),
+        "median_ratio": statistics.median(r["ratio"] for r in report_rows),
+    }
+
+
+def report(result: dict[str, Any]) -> str:
+    mib = 2**20
+    lines = [
+        f"ZeRO model states per rank: {result['params']:,} params, {result['world_size']} ranks, "
+        f"{result['precision']}",
+        "stage   params MiB   grads MiB   optim MiB   total MiB   formula MiB   ratio",
+    ]
+    for r in result["stages"]:
+        m = r["measured"]
+        lines.append(
+            f"{r['stage']:>5} {m['params'] / mib:12.1f} {m['grads'] / mib:11.1f} "
+            f"{m['optimizer'] / mib:11.1f} {m['total'] / mib:11.1f} "
+            f"{r['formula_total'] / mib:13.1f} {r['ratio']:7.3f}"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # one rank, started by run()
+    r, w, port, preset, stages, out = sys.argv[1:]
+    _rank(int(r), int(w), int(port), preset, [int(s) for s in stages.split(",")], out)
