@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -72,6 +73,7 @@ class ZEngine:
         self.skipped_steps = 0
         self._no_sync = False
         self._sync = True
+        self._times = {"forward": 0.0, "backward": 0.0, "step": 0.0}
 
         named = unique_named_parameters(model)
         names = {p: n for n, p in named}
@@ -188,7 +190,10 @@ class ZEngine:
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Run the model; floating-point tensor inputs are cast to the model's dtype."""
         cast = self._cast_input
-        return self.module(*[cast(a) for a in args], **{k: cast(v) for k, v in kwargs.items()})
+        start = time.perf_counter()
+        out = self.module(*[cast(a) for a in args], **{k: cast(v) for k, v in kwargs.items()})
+        self._times["forward"] += time.perf_counter() - start
+        return out
 
     def _cast_input(self, x: Any) -> Any:
         if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != self.dtype:
@@ -209,11 +214,13 @@ class ZEngine:
         self._sync = not self._no_sync and (self.stage >= 2 or boundary)
         self.comm.step = self.global_steps
         scale = (self.scaler.scale if self.scaler else 1.0) / self.batch.gradient_accumulation_steps
+        start = time.perf_counter()
         (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
         if self._sync:
             self.zopt.reducer.finish()
         if self.stage3 is not None:
             self.stage3.end_backward()
+        self._times["backward"] += time.perf_counter() - start
 
     def _on_grad(self, p: torch.Tensor) -> None:
         if self._sync:
@@ -241,6 +248,7 @@ class ZEngine:
         if self.micro_steps % self.batch.gradient_accumulation_steps:
             return
         self.comm.step = self.global_steps
+        start = time.perf_counter()
         self.zopt.reduce_leftovers()
         overflow = self.scaler is not None and self.zopt.grads_overflow()
         if overflow:
@@ -263,7 +271,26 @@ class ZEngine:
         self.zopt.zero_grad()
         self.global_steps += 1
         self.comm.step = self.global_steps
+        self._times["step"] += time.perf_counter() - start
         self._write_monitor()
+        if self.global_steps % self.config.steps_per_print == 0:
+            self._print_progress()
+
+    def _print_progress(self) -> None:
+        """DeepSpeed-style periodic line (rank 0), with the time breakdown if configured."""
+        if self.rank != 0:
+            return
+        norm = self.zopt.last_grad_norm
+        parts = [f"step {self.global_steps}", f"lr {self.get_lr()[0]:.3g}"]
+        if norm is not None:
+            parts.append(f"grad_norm {norm:.4g}")
+        if self.scaler is not None:
+            parts.append(f"loss_scale {self.scaler.scale:g} (skipped {self.skipped_steps})")
+        if self.config.wall_clock_breakdown:
+            n = self.config.steps_per_print
+            parts += [f"{k} {1000 * v / n:.1f} ms/step" for k, v in self._times.items()]
+        log.info(" | ".join(parts))
+        self._times = dict.fromkeys(self._times, 0.0)
 
     def _write_monitor(self) -> None:
         events = [("Train/Samples/lr", self.get_lr()[0], self.global_samples)]
