@@ -57,7 +57,9 @@ class ZEngine:
     ) -> None:
         self.config = config
         zc = config.zero_optimization
-        self.groups = ProcessGroups.build(config.comm_timeout_s)
+        first = next(iter(model.parameters()), None)
+        device = first.device if first is not None else torch.device("cpu")
+        self.groups = ProcessGroups.build(config.comm_timeout_s, device)
         self.comm = Comm(
             self.groups.dp, self.groups.dp_rank, self.groups.dp_size, config.comm_timeout_s
         )

@@ -44,9 +44,13 @@ class ProcessGroups:
     extra: dict[str, dist.ProcessGroup] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, timeout_s: float) -> ProcessGroups:
-        """Data-parallel over the whole world (or a single process)."""
-        if not init_distributed(timeout_s):
+    def build(cls, timeout_s: float, device: torch.device | None = None) -> ProcessGroups:
+        """Data-parallel over the whole world (or a single process).
+
+        A group created here uses NCCL for a model on a CUDA device and gloo otherwise.
+        """
+        backend = None if device is None else "nccl" if device.type == "cuda" else "gloo"
+        if not init_distributed(timeout_s, backend):
             return cls(dp=None, dp_rank=0, dp_size=1)
         group = dist.group.WORLD
         return cls(dp=group, dp_rank=dist.get_rank(group), dp_size=dist.get_world_size(group))
