@@ -52,7 +52,8 @@ $(STAMP)/corpus: $(STAMP)/venv
 
 demo: setup
 	$(BIN)/z doctor
-	$(BIN)/z bench adam --numel $(NUMEL)
+	$(BIN)/z train
+	$(BIN)/z generate --checkpoint runs/shakespeare --prompt "ROMEO:" --max-new-tokens 120
 
 test: setup test-rust lint stubtest test-python
 

@@ -109,10 +109,52 @@ def bench_zero(
     )
 
 
+@bench_app.command("zero-step")
+def bench_zero_step(
+    preset: str = typer.Option("medium", "--preset", help="`z train` GPT size."),
+    stages: str = typer.Option("1,2,3", "--stages", help="Comma-separated ZeRO stages."),
+    steps: int = typer.Option(5, "--steps", min=1, help="Timed steps per run (median reported)."),
+    warmup: int = typer.Option(2, "--warmup", min=0),
+    rounds: int = typer.Option(1, "--rounds", min=1, help="Alternating ours/DeepSpeed runs."),
+    micro_batch: int = typer.Option(4, "--micro-batch", min=1),
+    seq: int = typer.Option(256, "--seq", min=1, help="Tokens per sequence."),
+    world_size: int = typer.Option(2, "--world-size", min=1, help="gloo ranks to spawn."),
+    no_ds: bool = typer.Option(False, "--no-ds", help="Time zcore only."),
+    profile: bool = typer.Option(False, "--profile", help="cProfile rank 0's timed steps."),
+    json_out: bool = typer.Option(False, "--json", help="Print only the JSON object."),
+) -> None:
+    """ZeRO step time and peak RSS of zcore next to `deepspeed.initialize` (if importable)."""
+    from zstack.bench import run_benchmark
+
+    raise typer.Exit(
+        run_benchmark(
+            "zero_step",
+            json_out,
+            preset=preset,
+            stages=stages,
+            steps=steps,
+            warmup=warmup,
+            rounds=rounds,
+            micro_batch=micro_batch,
+            seq=seq,
+            world_size=world_size,
+            deepspeed=not no_ds,
+            profile=profile,
+        )
+    )
+
+
 # cmd_memory imports only typer at load time (zcore.memory loads when the command runs).
 from zstack.cmd_memory import estimate_memory  # noqa: E402
 
 app.command("estimate-memory")(estimate_memory)
+
+# cmd_train imports only typer and the standard library at load time (torch loads when run).
+from zstack.cmd_train import checkpoint_app, generate, train  # noqa: E402
+
+app.command("train")(train)
+app.command("generate")(generate)
+app.add_typer(checkpoint_app, name="checkpoint")
 
 
 def main() -> None:

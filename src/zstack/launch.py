@@ -148,10 +148,14 @@ def main(
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
-    from torch.distributed.run import main as torchrun
+    from torch.distributed.run import get_args_parser, run
 
+    # torchrun's own parser would take a script option that abbreviates one of its options
+    # (`--nproc`, `--log`) as its own; only exact torchrun options belong to torchrun here.
+    parser = get_args_parser()
+    parser.allow_abbrev = False
     try:
-        torchrun(argv)
+        run(parser.parse_args(argv))
     except ChildFailedError as exc:
         print(f"error: {_summarize(script, exc.failures)}", file=sys.stderr)
         return 1

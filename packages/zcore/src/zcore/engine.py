@@ -88,7 +88,9 @@ class ZEngine:
                 max_live_elems=int(zc.stage3_max_live_parameters),
             )
             for n, p in named:
-                self.stage3.partition(p, n)
+                if p not in self.stage3.params:  # zero.Init broadcast its own already
+                    self._broadcast([p.data])
+                    self.stage3.partition(p, n)
             self.stage3.cast_(self.dtype)
             self._cast_buffers()
             self._broadcast(list(model.buffers()))
