@@ -127,3 +127,40 @@ def test_train_eval_and_accumulation_boundaries() -> None:
         engine.step()
     assert boundaries == [False, False, True, False, False, True]
     assert engine.global_steps == 2 and engine.micro_steps == 6
+
+
+def _reduce_scatter_off(rank: int, world: int) -> dict:
+    cfg = config(2, zero_optimization={"reduce_scatter": False})
+    engine, *_ = zcore.initialize(make_model(), config=cfg)
+    train(engine, STEPS)
+    return full_params(engine)
+
+
+def test_reduce_scatter_false_all_reduces_with_the_same_result() -> None:
+    ref = _reference(lambda ps: torch.optim.AdamW(ps, lr=3e-3, weight_decay=0.01))
+    for got in run_ranks(_reduce_scatter_off, 2):
+        for name, value in ref.items():
+            torch.testing.assert_close(got[name], value, atol=1e-4, rtol=0, msg=name)
+
+
+def _save_16bit(rank: int, world: int, out: str, gather: bool) -> str:
+    cfg = config(3, bf16={"enabled": True},
+                 zero_optimization={"stage3_gather_16bit_weights_on_model_save": gather})  # fmt: skip
+    engine, *_ = zcore.initialize(make_model(), config=cfg)
+    try:
+        engine.save_16bit_model(out)
+    except ValueError as err:
+        return str(err)
+    return "saved"
+
+
+def test_save_16bit_model_at_stage3(tmp_path: Path) -> None:
+    refused = run_ranks(_save_16bit, 2, args=(str(tmp_path), False))
+    assert all("stage3_gather_16bit_weights_on_model_save" in r for r in refused)
+    assert run_ranks(_save_16bit, 2, args=(str(tmp_path), True)) == ["saved", "saved"]
+    state = torch.load(tmp_path / "pytorch_model.bin", weights_only=True)
+    model = make_model()
+    assert state["blocks.0.fc.weight"].dtype == torch.bfloat16
+    model.load_state_dict({k: v.float() for k, v in state.items()})
+    torch.testing.assert_close(model.blocks[0].fc.weight, make_model().blocks[0].fc.weight,
+                               atol=1e-2, rtol=0)  # fmt: skip

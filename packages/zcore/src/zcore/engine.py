@@ -114,6 +114,7 @@ class ZEngine:
             reduce_bucket_elems=int(zc.reduce_bucket_size),
             allgather_bucket_elems=int(zc.allgather_bucket_size),
             overlap_comm=zc.effective_overlap_comm,
+            reduce_scatter=zc.reduce_scatter,
         )
         self.optimizer = self.zopt.optimizer
         for ps in self.zopt.params:
@@ -361,6 +362,33 @@ class ZEngine:
         self.monitor.close()
 
     # -- checkpoints ----------------------------------------------------------------------
+    def save_16bit_model(self, save_dir: str, save_filename: str = "pytorch_model.bin") -> bool:
+        """Rank 0 writes the full model in its training dtype as one plain ``state_dict``.
+
+        Collective. At stage 3 the parameters must be gathered, which the config has to
+        allow with ``zero_optimization.stage3_gather_16bit_weights_on_model_save: true``
+        (as in DeepSpeed); without it this raises instead of writing nothing.
+        """
+        from pathlib import Path
+
+        from zcore.checkpoint.files import save_torch
+        from zcore.zero import GatheredParameters
+
+        zc = self.config.zero_optimization
+        if self.stage == 3 and not zc.stage3_gather_16bit_weights_on_model_save:
+            raise ValueError(
+                "save_16bit_model at ZeRO stage 3 gathers every parameter; set "
+                "`zero_optimization.stage3_gather_16bit_weights_on_model_save: true`, or use "
+                "save_checkpoint + `z checkpoint consolidate`"
+            )
+        with GatheredParameters(list(self.module.parameters()), enabled=self.stage3 is not None):
+            state = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+        if self.rank == 0:
+            Path(save_dir).mkdir(parents=True, exist_ok=True)
+            save_torch(state, Path(save_dir) / save_filename)
+        self.comm.barrier("barrier(save_16bit_model)")
+        return True
+
     def save_checkpoint(
         self, save_dir: str, tag: str | None = None, client_state: dict | None = None,
         save_latest: bool = True,

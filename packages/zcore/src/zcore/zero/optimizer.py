@@ -41,6 +41,7 @@ class ZeroOptimizer:
         reduce_bucket_elems: int,
         allgather_bucket_elems: int,
         overlap_comm: bool,
+        reduce_scatter: bool = True,
     ) -> None:
         self.stage = stage
         self.comm = comm
@@ -75,6 +76,7 @@ class ZeroOptimizer:
             overlap_comm,
             comm_dtype,
             predivide=float(comm.size),
+            reduce_scatter=reduce_scatter,
         )
         if stage3 is not None:
             stage3.on_repartition.append(self._refresh_master)

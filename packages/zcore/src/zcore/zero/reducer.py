@@ -53,6 +53,7 @@ class GradReducer:
         overlap: bool,
         comm_dtype: torch.dtype | None,
         predivide: float,
+        reduce_scatter: bool = True,
     ) -> None:
         self.comm = comm
         self.partition = partition
@@ -61,6 +62,7 @@ class GradReducer:
         self.overlap = overlap
         self.comm_dtype = comm_dtype
         self.predivide = predivide
+        self.reduce_scatter = reduce_scatter
         self._bucket = _Bucket()
         self._pending: list[_Pending] = []
         self.peak_bucket_bytes = 0
@@ -90,9 +92,12 @@ class GradReducer:
             buf.div_(self.predivide)
         self.peak_bucket_bytes = max(self.peak_bucket_bytes, 2 * buf.numel() * buf.element_size())
         what = f"{'reduce_scatter' if w > 1 else 'all_reduce'}(gradient bucket, {cols * w} elems)"
-        if w > 1:
+        if w > 1 and self.reduce_scatter:
             out = torch.empty(cols, dtype=dtype, device=buf.device)
             handle = self.comm.reduce_scatter(out, buf.view(-1), what)
+        elif w > 1:  # `reduce_scatter: false`: all-reduce the bucket, keep this rank's row
+            handle = self.comm.all_reduce(buf, what.replace("reduce_scatter", "all_reduce"))
+            out = buf[self.comm.rank]
         else:
             out = buf.view(-1)
             handle = self.comm.all_reduce(out, what)
