@@ -114,7 +114,10 @@ class ZEngine:
             reduce_bucket_elems=int(zc.reduce_bucket_size),
             allgather_bucket_elems=int(zc.allgather_bucket_size),
             overlap_comm=zc.effective_overlap_comm,
-            reduce_scatter=zc.reduce_scatter,
+            # gloo's reduce_scatter is about 2x slower than its all_reduce of the same bucket
+            # (240 vs 115 ms for 26.8M fp32 elements on 2 ranks here), so on gloo the bucket
+            # is all-reduced and each rank keeps its row, as `reduce_scatter: false` does.
+            reduce_scatter=zc.reduce_scatter and self._backend() != "gloo",
         )
         self.optimizer = self.zopt.optimizer
         for ps in self.zopt.params:
@@ -127,6 +130,11 @@ class ZEngine:
         )
 
     # -- construction helpers -------------------------------------------------------------
+    def _backend(self) -> str:
+        if self.groups.dp is None:
+            return "none"
+        return str(torch.distributed.get_backend(self.groups.dp))
+
     def _broadcast(self, tensors: list[torch.Tensor]) -> None:
         """Start every rank from rank 0's values (as DistributedDataParallel does)."""
         for t in tensors:
