@@ -49,6 +49,23 @@ def test_bench_zero_step_tiny_two_ranks() -> None:
         assert row["step_time_ratio_ours_over_ds"] > 0
 
 
+def test_summary_takes_the_slowest_rank_per_step() -> None:
+    bench = load("zero_step")
+
+    def rank(total: list[float], peak: float) -> dict:
+        times = {k: total for k in ("forward", "backward", "step", "total", "cpu")}
+        side = {"times": times, "losses": [7.0, 6.0], "optimizer": "o", "zero_optimizer": "z",
+                "profile": None}  # fmt: skip
+        process = {"peak_rss_mb": peak, "rss_before_init_mb": 1.0, "rss_after_init_mb": 2.0,
+                   "torch_threads": 1}  # fmt: skip
+        return {"process": process, "sides": {"ours": side}}
+
+    run = [rank([1.0, 3.0], 10.0), rank([2.0, 1.0], 20.0)]
+    s = bench._summary([run], [run], "ours")
+    assert s["step_s"] == [2.0, 3.0] and s["median_step_s"] == 2.5
+    assert s["peak_rss_mb"] == [10.0, 20.0] and s["final_loss"] == 6.0
+
+
 def test_bench_zero_step_rejects_bad_stage() -> None:
     with pytest.raises(ValueError, match="'1,5'"):
         load("zero_step").run(stages="1,5")
