@@ -99,6 +99,16 @@ def own_slot(full: torch.Tensor, shard: ParamShard, rank: int) -> torch.Tensor:
     return out
 
 
+def from_slots(grid: torch.Tensor, col: int, shard: ParamShard) -> torch.Tensor:
+    """A parameter's full flat value from an all-gather result.
+
+    ``grid`` is ``(world, cols)``: row ``r`` is rank ``r``'s input, in which the
+    parameter's slot occupies columns ``[col, col + shard_size)``. A view when the
+    parameter is the whole grid, a copy otherwise.
+    """
+    return grid[:, col : col + shard.shard_size].reshape(-1)[: shard.numel]
+
+
 def copy_ranges(
     dst: torch.Tensor,
     dst_layout: GroupLayout,

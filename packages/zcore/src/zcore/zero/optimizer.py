@@ -9,6 +9,7 @@ into every rank's full parameters; stage 3: into the rank's own shards).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -17,7 +18,7 @@ import torch
 from torch import nn
 
 from zcore.comm import Comm
-from zcore.zero.layout import GroupLayout, ParamShard, own_slot
+from zcore.zero.layout import GroupLayout, ParamShard, from_slots, own_slot
 from zcore.zero.reducer import GradReducer
 from zcore.zero.stage3 import Stage3Params
 
@@ -60,10 +61,12 @@ class ZeroOptimizer:
                 self.where[p] = (g, shard)
         self.master = [self._initial_master(g) for g in range(len(self.params))]
         self.grad_accum_dtype = grad_accum_dtype
-        # Gradient partitions exist only while a cycle has gradients (allocated by the first
-        # reduction, dropped after the step), so stage 0-1 never hold them next to the
-        # model-sized gradients they accumulate in.
+        # Stage 0-1 accumulate model-sized gradients, so their partitions exist only while
+        # a cycle has gradients (allocated by the first reduction, dropped after the step).
+        # Stage 2-3 hold no model-sized gradient; their partitions are kept and zeroed.
         self.grads: list[torch.Tensor | None] = [None] * len(self.master)
+        self._kept: list[torch.Tensor | None] = [None] * len(self.master)
+        self._gather_out: dict[torch.dtype, torch.Tensor] = {}
         hyper = [{k: v for k, v in g.items() if k != "params"} for g in groups]
         self.optimizer = make_optimizer(
             [{**h, "params": [m]} for h, m in zip(hyper, self.master, strict=True)]
@@ -77,6 +80,7 @@ class ZeroOptimizer:
             comm_dtype,
             predivide=float(comm.size),
             reduce_scatter=reduce_scatter,
+            total_elems=sum(layout.numel for layout in self.layouts) * self.shard_world,
         )
         if stage3 is not None:
             stage3.on_repartition.append(self._refresh_master)
@@ -109,7 +113,13 @@ class ZeroOptimizer:
         """This rank's gradient partition of group ``g`` (zeros when first asked for)."""
         t = self.grads[g]
         if t is None:
-            t = torch.zeros_like(self.master[g], dtype=self.grad_accum_dtype)
+            t = self._kept[g]
+            if t is None:
+                t = torch.zeros_like(self.master[g], dtype=self.grad_accum_dtype)
+                if self.stage >= 2:
+                    self._kept[g] = t
+            else:
+                t.zero_()
             self.grads[g] = t
         return t
 
@@ -207,23 +217,41 @@ class ZeroOptimizer:
                 end += 1
             chunk = params[start:end]
             start = end
-            dtype = chunk[0].dtype
-            inp = torch.cat(
-                [
-                    self.master[g][s.offset : s.offset + s.shard_size]
-                    for g, s in (self.where[p] for p in chunk)
-                ]
-            ).to(dtype)
-            out = torch.empty(w * inp.numel(), dtype=dtype, device=inp.device)
+            inp = self._gather_input(chunk)
+            out = self._gather_out.get(inp.dtype)
+            if out is None or out.numel() < w * inp.numel():
+                out = self._gather_out[inp.dtype] = torch.empty(
+                    w * inp.numel(), dtype=inp.dtype, device=inp.device
+                )
+            out = out[: w * inp.numel()]
             what = f"all_gather(updated parameters, {out.numel()} elems)"
             self.comm.all_gather(out, inp, what).wait()
             grid = out.view(w, -1)
             col = 0
             for p in chunk:
                 _, s = self.where[p]
-                full = grid[:, col : col + s.shard_size].reshape(-1)[: s.numel].view(s.shape)
+                p.data.copy_(from_slots(grid, col, s).view(s.shape))
                 col += s.shard_size
-                p.data.copy_(full)
+
+    def _gather_input(self, chunk: list[nn.Parameter]) -> torch.Tensor:
+        """This rank's slots of ``chunk`` in the parameters' dtype, one flat tensor.
+
+        A slice of the master weights when they are adjacent there and already in that
+        dtype (fp32 training), a concatenated copy otherwise.
+        """
+        dtype = chunk[0].dtype
+        at = [self.where[p] for p in chunk]
+        g0, first = at[0]
+        last = at[-1][1]
+        adjacent = all(
+            g == g0 and s.offset == prev.offset + prev.shard_size
+            for (_, prev), (g, s) in itertools.pairwise(at)
+        )
+        if adjacent and self.master[g0].dtype == dtype:
+            return self.master[g0][first.offset : last.offset + last.shard_size]
+        return torch.cat([self.master[g][s.offset : s.offset + s.shard_size] for g, s in at]).to(
+            dtype
+        )
 
     # -- accounting -----------------------------------------------------------------------
     def optimizer_bytes(self) -> int:

@@ -1,12 +1,21 @@
 """Gradient reduction into each rank's flat partition, in buckets, during backward.
 
 Every parameter's gradient is cut into ``world`` slots (see :mod:`zcore.zero.layout`).
-When a gradient is ready (a post-accumulate-grad hook) it is copied into the current
-bucket, a ``(world, S)`` buffer whose row ``r`` holds rank ``r``'s slots of every bucket
-member; the model-sized gradient is dropped at once. A full bucket is reduce-scattered
-asynchronously (``overlap_comm``) so communication runs while backward goes on, and each
-rank receives only its own row: the averaged gradient of its partition. Stage 0 uses the
-same path with ``world = 1`` and an all-reduce.
+When a gradient is ready (a post-accumulate-grad hook) it is divided by the data-parallel
+size and copied straight into the current bucket, so the caller can drop the model-sized
+gradient at once. A full bucket's collective is issued asynchronously (``overlap_comm``)
+and runs while backward goes on; when it completes, each rank adds its own slots into its
+gradient partition. Bucket buffers are reused: at most two exist (one filling, one in
+flight), each of ``min(reduce_bucket_size, model size)`` elements, and a parameter bigger
+than a bucket gets a buffer of its own.
+
+Two bucket layouts, one per collective:
+
+* ``reduce_scatter`` — a ``(world, cols)`` buffer whose row ``r`` holds rank ``r``'s slots
+  of every member; rank ``r`` receives row ``r`` summed over ranks.
+* ``all_reduce`` (stage 0, ``reduce_scatter: false`` and gloo, where it is ~2x faster) —
+  members one after another, each as its ``(world, shard_size)`` slot grid; the whole
+  used prefix is summed and each rank reads its own slot of every member.
 """
 
 from __future__ import annotations
@@ -21,27 +30,33 @@ from zcore.zero.layout import ParamShard, slot_view
 
 
 @dataclass
-class _Pending:
-    handle: Handle
-    out: torch.Tensor
-    members: list[tuple[int, ParamShard, int]]  # (group, shard, column in bucket)
+class _Bucket:
+    buf: torch.Tensor  # flat, `capacity` elements (or one oversized member's)
+    pooled: bool
+    members: list[tuple[int, ParamShard, int]] = field(default_factory=list)
+    used: int = 0  # elements (all-reduce layout) or columns (reduce-scatter layout)
 
 
 @dataclass
-class _Bucket:
-    grads: list[tuple[int, ParamShard, torch.Tensor]] = field(default_factory=list)
-    elems: int = 0
+class _Pending:
+    handle: Handle
+    bucket: _Bucket
+    out: torch.Tensor | None  # reduce-scatter output (this rank's row)
 
 
 class GradReducer:
-    """Reduce gradients into ``partitions`` (one flat buffer per parameter group).
+    """Reduce gradients into ``partition(g)`` (one flat buffer per parameter group).
 
     Args:
         partition: returns this rank's gradient partition of a group (allocating it on
             first use), accumulated into across micro-steps.
         shard_world: ranks the layout is cut for (1 at stage 0, where grads are all-reduced).
+        bucket_elems: ``reduce_bucket_size``: elements per bucket, padding included.
+        total_elems: elements of every reduced gradient, padding included; bounds the
+            bucket buffers for models smaller than a bucket.
         comm_dtype: dtype on the wire; ``None`` keeps the gradient's dtype.
         predivide: every gradient is divided by this before it is summed across ranks.
+        reduce_scatter: ``False`` all-reduces the buckets (each rank keeps its slots).
     """
 
     def __init__(
@@ -54,64 +69,133 @@ class GradReducer:
         comm_dtype: torch.dtype | None,
         predivide: float,
         reduce_scatter: bool = True,
+        total_elems: int | None = None,
     ) -> None:
         self.comm = comm
         self.partition = partition
         self.shard_world = shard_world
-        self.bucket_elems = max(1, bucket_elems)
+        w = shard_world
+        capacity = max(1, bucket_elems)
+        if total_elems is not None:
+            capacity = max(1, min(capacity, total_elems))
+        self.cols = -(-capacity // w)  # columns of a reduce-scatter bucket
+        self.capacity = self.cols * w
         self.overlap = overlap
         self.comm_dtype = comm_dtype
         self.predivide = predivide
-        self.reduce_scatter = reduce_scatter
-        self._bucket = _Bucket()
+        self.scatter = reduce_scatter and w > 1
+        self._bucket: _Bucket | None = None
         self._pending: list[_Pending] = []
+        self._free: dict[torch.dtype, list[torch.Tensor]] = {}
+        self._pooled: dict[torch.dtype, int] = {}
         self.peak_bucket_bytes = 0
+        """Bytes of bucket buffers (and reduce-scatter outputs) alive at once, at most."""
+        self._live_bytes = 0
 
+    # -- buffers --------------------------------------------------------------------------
+    def _take(self, dtype: torch.dtype, device: torch.device, elems: int) -> _Bucket:
+        if elems > self.capacity:  # an oversized parameter: a buffer of its own
+            buf = torch.empty(elems, dtype=dtype, device=device)
+            self._account(buf)
+            return _Bucket(buf, pooled=False)
+        free = self._free.setdefault(dtype, [])
+        while not free and self._pooled.get(dtype, 0) >= 2 and self._pending:
+            self._drain_one()  # both buffers busy: finish the oldest collective
+        if free:
+            return _Bucket(free.pop(), pooled=True)
+        self._pooled[dtype] = self._pooled.get(dtype, 0) + 1
+        buf = torch.empty(self.capacity, dtype=dtype, device=device)
+        self._account(buf)
+        return _Bucket(buf, pooled=True)
+
+    def _account(self, t: torch.Tensor, sign: int = 1) -> None:
+        self._live_bytes += sign * t.numel() * t.element_size()
+        self.peak_bucket_bytes = max(self.peak_bucket_bytes, self._live_bytes)
+
+    def _give_back(self, bucket: _Bucket) -> None:
+        if bucket.pooled:
+            self._free.setdefault(bucket.buf.dtype, []).append(bucket.buf)
+        else:
+            self._account(bucket.buf, -1)
+
+    # -- filling --------------------------------------------------------------------------
     def add(self, group: int, shard: ParamShard, grad: torch.Tensor) -> None:
-        """Queue one parameter's full gradient; the caller may drop its reference afterwards."""
-        self._bucket.grads.append((group, shard, grad))
-        self._bucket.elems += shard.shard_size * self.shard_world
-        if self._bucket.elems >= self.bucket_elems:
+        """Copy one parameter's full gradient into a bucket; the caller may drop it then."""
+        w = self.shard_world
+        size = shard.shard_size
+        dtype = self.comm_dtype or grad.dtype
+        b = self._bucket
+        fits = (
+            b is not None
+            and b.buf.dtype == dtype
+            and (
+                b.used + size <= self.cols
+                if self.scatter and b.pooled
+                else b.used + size * w <= b.buf.numel()
+            )
+        )
+        if b is not None and not fits:
             self.flush()
+            b = None
+        if b is None:
+            b = self._bucket = self._take(dtype, grad.device, size * w)
+        flat = grad.reshape(-1)
+        if self.scatter:
+            cols = self.cols if b.pooled else size
+            dst = b.buf[: w * cols].view(w, cols)[:, b.used : b.used + size]
+            src = slot_view(flat, shard, w)
+            b.members.append((group, shard, b.used))
+            b.used += size
+        else:
+            block = b.buf[b.used : b.used + w * size]
+            block[shard.numel :].zero_()
+            dst, src = block[: shard.numel], flat
+            b.members.append((group, shard, b.used))
+            b.used += w * size
+        if self.predivide != 1.0:
+            torch.div(src, self.predivide, out=dst)
+        else:
+            dst.copy_(src)
 
     def flush(self) -> None:
         """Issue the current bucket's collective."""
-        bucket, self._bucket = self._bucket, _Bucket()
-        if not bucket.grads:
+        b, self._bucket = self._bucket, None
+        if b is None or not b.members:
             return
         w = self.shard_world
-        cols = sum(s.shard_size for _, s, _ in bucket.grads)
-        dtype = self.comm_dtype or bucket.grads[0][2].dtype
-        buf = torch.empty(w, cols, dtype=dtype, device=bucket.grads[0][2].device)
-        members, col = [], 0
-        for group, shard, grad in bucket.grads:
-            buf[:, col : col + shard.shard_size].copy_(slot_view(grad.reshape(-1), shard, w))
-            members.append((group, shard, col))
-            col += shard.shard_size
-        if self.predivide != 1.0:
-            buf.div_(self.predivide)
-        self.peak_bucket_bytes = max(self.peak_bucket_bytes, 2 * buf.numel() * buf.element_size())
-        what = f"{'reduce_scatter' if w > 1 else 'all_reduce'}(gradient bucket, {cols * w} elems)"
-        if w > 1 and self.reduce_scatter:
-            out = torch.empty(cols, dtype=dtype, device=buf.device)
-            handle = self.comm.reduce_scatter(out, buf.view(-1), what)
-        elif w > 1:  # `reduce_scatter: false`: all-reduce the bucket, keep this rank's row
-            handle = self.comm.all_reduce(buf, what.replace("reduce_scatter", "all_reduce"))
-            out = buf[self.comm.rank]
+        if self.scatter:
+            cols = self.cols if b.pooled else b.used
+            grid = b.buf[: w * cols].view(w, cols)[:, : b.used]
+            inp = grid if grid.is_contiguous() else grid.contiguous()
+            out = torch.empty(b.used, dtype=inp.dtype, device=inp.device)
+            what = f"reduce_scatter(gradient bucket, {inp.numel()} elems)"
+            handle = self.comm.reduce_scatter(out, inp.view(-1), what)
+            self._pending.append(_Pending(handle, b, out))
         else:
-            out = buf.view(-1)
-            handle = self.comm.all_reduce(out, what)
-        self._pending.append(_Pending(handle, out, members))
+            what = f"all_reduce(gradient bucket, {b.used} elems)"
+            handle = self.comm.all_reduce(b.buf[: b.used], what)
+            self._pending.append(_Pending(handle, b, None))
         if not self.overlap:
             self._drain()
 
+    # -- completion -----------------------------------------------------------------------
+    def _drain_one(self) -> None:
+        p = self._pending.pop(0)
+        p.handle.wait()
+        b = p.bucket
+        rank = self.comm.rank if self.shard_world > 1 else 0
+        for group, shard, at in b.members:
+            size = shard.shard_size
+            if p.out is not None:
+                src = p.out[at : at + size]
+            else:
+                src = b.buf[at + rank * size : at + (rank + 1) * size]
+            self.partition(group)[shard.offset : shard.offset + size].add_(src)
+        self._give_back(b)
+
     def _drain(self) -> None:
-        for p in self._pending:
-            p.handle.wait()
-            for group, shard, col in p.members:
-                dst = self.partition(group)[shard.offset : shard.offset + shard.shard_size]
-                dst.add_(p.out[col : col + shard.shard_size])
-        self._pending.clear()
+        while self._pending:
+            self._drain_one()
 
     def finish(self) -> None:
         """Flush the last bucket and wait for every collective; partitions are then complete."""

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from zcore.comm import Comm, Handle
+from zcore.zero.layout import ParamShard, from_slots, own_slot
 
 _EMPTY_CACHE: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
 
@@ -40,6 +41,11 @@ class ShardedParam:
     persistent: bool
     status: str = "released"  # released | inflight | gathered
     pending: _Gather | None = None
+
+    @property
+    def slots(self) -> ParamShard:
+        """Where this parameter's slots lie in a rank's buffer of it alone."""
+        return ParamShard(self.name, tuple(self.shape), self.numel, self.shard_size, 0)
 
 
 @dataclass
@@ -72,6 +78,8 @@ class Stage3Params:
         self._bwd_trace: list[nn.Module] = []
         self._fwd_now: list[nn.Module] = []
         self._bwd_now: list[nn.Module] = []
+        self._ahead = 0  # trace index up to which the current pass has issued prefetches
+        self._own_params: dict[nn.Module, list[nn.Parameter]] = {}
         self._hooks: list[Any] = []
 
     # -- partitioning -------------------------------------------------------------------
@@ -79,15 +87,11 @@ class Stage3Params:
         """Keep only this rank's slot of ``p`` (its full value must be identical on all ranks)."""
         if p in self.params:
             return
-        w, r = self.comm.size, self.comm.rank
         numel = p.numel()
-        size = -(-numel // w)
-        shard = torch.zeros(size, dtype=p.dtype, device=p.device)
-        start = min(r * size, numel)
-        end = min(start + size, numel)
-        shard[: end - start].copy_(p.data.reshape(-1)[start:end])
+        size = -(-numel // self.comm.size)
         persistent = numel <= self.persistence_threshold
-        sp = ShardedParam(name, shard, p.shape, numel, size, persistent)
+        sp = ShardedParam(name, torch.empty(0), p.shape, numel, size, persistent)
+        sp.shard = own_slot(p.data, sp.slots, self.comm.rank)
         self.params[p] = sp
         p.z_shape = p.shape  # type: ignore[attr-defined]
         p.z_numel = numel  # type: ignore[attr-defined]
@@ -100,10 +104,7 @@ class Stage3Params:
     def repartition(self, p: nn.Parameter) -> None:
         """Take this rank's slot of ``p``'s current full value (after an edit) into its shard."""
         sp = self.params[p]
-        start = min(self.comm.rank * sp.shard_size, sp.numel)
-        end = min(start + sp.shard_size, sp.numel)
-        sp.shard.zero_()
-        sp.shard[: end - start].copy_(p.data.reshape(-1)[start:end])
+        sp.shard.copy_(own_slot(p.data, sp.slots, self.comm.rank))
         for fn in self.on_repartition:
             fn(p)
 
@@ -145,8 +146,7 @@ class Stage3Params:
             sp = self.params[p]
             if sp.status != "inflight" or sp.pending is not gather:
                 continue
-            full = grid[:, col : col + sp.shard_size].reshape(-1)[: sp.numel]
-            p.data = full.view(sp.shape)
+            p.data = from_slots(grid, col, sp.slots).view(sp.shape)
             sp.status, sp.pending = "gathered", None
 
     def gather(self, params: Iterable[nn.Parameter], what: str) -> None:
@@ -189,26 +189,50 @@ class Stage3Params:
         self._hooks.clear()
 
     def _own(self, m: nn.Module) -> list[nn.Parameter]:
-        return [p for p in m.parameters(recurse=False) if p in self.params]
+        own = self._own_params.get(m)
+        if own is None:
+            own = self._own_params[m] = [p for p in m.parameters(recurse=False) if p in self.params]
+        return own
 
     def _prefetch(self, trace: list[nn.Module], now: list[nn.Module]) -> None:
+        """Fetch the modules after the current one in ``trace`` within the prefetch budget.
+
+        ``_ahead`` remembers how far this pass has fetched, so each module is scanned once
+        per pass rather than once per preceding module. The budget counts elements gathered
+        ahead of use: those between the current module and ``_ahead``.
+        """
         pos = len(now)
         if pos > len(trace) or trace[pos - 1] is not now[-1]:
             return
-        budget = self.prefetch_elems
-        for m in trace[pos:]:
+        self._ahead = max(self._ahead, pos)
+        ahead = (
+            sum(
+                self.params[p].numel
+                for m in trace[pos : self._ahead]
+                for p in self._own(m)
+                if self.params[p].status == "inflight"
+            )
+            if self._ahead > pos
+            else 0
+        )
+        budget = self.prefetch_elems - ahead
+        while self._ahead < len(trace):
+            m = trace[self._ahead]
             todo = [p for p in self._own(m) if self.params[p].status == "released"]
             need = sum(self.params[p].numel for p in todo)
             if need > budget or self.live_elems + need > self.max_live_elems:
                 break
             budget -= need
             self.fetch(todo, f"prefetch {type(m).__name__}")
+            self._ahead += 1
 
     def _root_pre_forward(self, module: nn.Module, args: Any) -> None:
         self._fwd_now = []
+        self._ahead = 0
 
     def _root_post_forward(self, module: nn.Module, args: Any, out: Any) -> None:
         self._fwd_trace = self._fwd_now
+        self._ahead = 0  # backward starts a new pass
         if not (torch.is_grad_enabled() and module.training):
             self.release_all()
 
@@ -235,6 +259,7 @@ class Stage3Params:
         if self._bwd_now:
             self._bwd_trace = self._bwd_now
         self._bwd_now = []
+        self._ahead = 0
         self.release_all()
 
 
