@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -215,28 +214,6 @@ def generate(
     typer.echo(text)
 
 
-def _write_atomic(out: Path, write: Any) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp made it 0600; the result is an ordinary file
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(out.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 @checkpoint_app.command("consolidate")
 def consolidate(
     ckpt_dir: Path = typer.Argument(..., help="The checkpoint directory (`OUT/checkpoints`)."),
@@ -248,7 +225,7 @@ def consolidate(
     """Write the full fp32 state_dict of a sharded checkpoint to one file."""
     import torch
 
-    from zcore.checkpoint import CheckpointError
+    from zcore.checkpoint import CheckpointError, atomic_path
     from zcore.checkpoint import consolidate as merge
 
     if not ckpt_dir.is_dir():
@@ -270,9 +247,11 @@ def consolidate(
     if out.suffix == ".safetensors":
         from safetensors.torch import save_file
 
-        _write_atomic(out, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
+        with atomic_path(out) as tmp:
+            save_file(state, str(tmp), metadata={"format": "pt"})
     else:
-        _write_atomic(out, lambda tmp: torch.save(state, tmp))
+        with atomic_path(out) as tmp:
+            torch.save(state, tmp)
     size = out.stat().st_size
     typer.echo(
         f"wrote `{out}`: {len(state)} tensors, {params:,} parameters, {size / 2**20:.1f} MiB"

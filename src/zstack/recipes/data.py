@@ -15,13 +15,14 @@ import hashlib
 import importlib.util
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
+
+from zcore.checkpoint import atomic_write
 
 if TYPE_CHECKING:
     from zstack.recipes.tokenizer import Tokenizer
@@ -126,21 +127,6 @@ def corpus_hash(plays: list[tuple[str, str]]) -> str:
     return h.hexdigest()[:16]
 
 
-def _save_npy_atomic(path: Path, array: np.ndarray) -> None:
-    # Ranks may build the cache at the same time: each writes its own temp file
-    # and the identical results replace one another.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.save(f, array)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _encode_plays(tokenizer: Tokenizer, plays: list[tuple[str, str]]) -> np.ndarray:
     """All plays as one id stream, each followed by `<|endoftext|>`; uint16 (vocab <= 65536)."""
     ids: list[int] = []
@@ -242,7 +228,9 @@ class ShakespeareData:
             return cls(*(np.load(paths[s]) for s in ("train", "val")))
         train, val = (_encode_plays(tokenizer, part) for part in split_plays(plays))
         for split, array in (("train", train), ("val", val)):
-            _save_npy_atomic(paths[split], array)
+            # Ranks may build the cache at once: each writes its own temporary file and
+            # the identical results replace one another.
+            atomic_write(paths[split], lambda f, a=array: np.save(f, a))
         return cls(train, val)
 
     def stream(self, split: Split, seq_len: int, seed: int = 0) -> TokenStream:

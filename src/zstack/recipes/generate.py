@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from zcore.checkpoint.files import fsync_dir
 from zstack.recipes.gpt import GPT, GPTConfig
 from zstack.recipes.tokenizer import Tokenizer
 
@@ -101,14 +102,6 @@ def _weights_for_export(
     return {k: v.clone() for k, v in out.items()}
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def export_dir(
     model_state_dict: Mapping[str, torch.Tensor],
     gpt_config: GPTConfig,
@@ -131,13 +124,13 @@ def export_dir(
         for name in (MODEL_JSON, WEIGHTS):
             with open(tmp / name, "rb") as f:
                 os.fsync(f.fileno())
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         old = None
         if out.exists():
             old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".old"))
             os.replace(out, old / out.name)
         os.replace(tmp, out)
-        _fsync_dir(out.parent)
+        fsync_dir(out.parent)
         if old is not None:
             shutil.rmtree(old)
     except BaseException:

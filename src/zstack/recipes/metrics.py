@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+from zcore.checkpoint import atomic_write
 
 
 class JsonlWriter:
@@ -100,15 +101,5 @@ def plot_loss_curve(
     fig.tight_layout()
 
     png = Path(png_path)
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=png.parent, prefix=f".{png.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, png)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(png, lambda f: fig.savefig(f, format="png"))
     return png

@@ -7,12 +7,13 @@ Byte-level: every string encodes (no unknown token) and decode(encode(s)) == s.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
+
+from zcore.checkpoint import atomic_write
 
 EOT = "<|endoftext|>"
 DEFAULT_VOCAB_SIZE = 2048
@@ -51,7 +52,7 @@ class Tokenizer:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write `tokenizer.json` atomically."""
-        _write_text_atomic(Path(path), self.to_str())
+        atomic_write(path, lambda f: f.write(self.to_str().encode()))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Tokenizer:
@@ -103,17 +104,3 @@ def train_or_load(
     cache.mkdir(parents=True, exist_ok=True)
     tokenizer.save(path)
     return tokenizer
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

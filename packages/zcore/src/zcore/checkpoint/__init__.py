@@ -13,7 +13,7 @@ point leaves the previous checkpoint, and ``latest``, as they were.
 """
 
 from zcore.checkpoint.consolidate import consolidate
-from zcore.checkpoint.files import CheckpointError
+from zcore.checkpoint.files import CheckpointError, atomic_path, atomic_write
 from zcore.checkpoint.sharded import load, save
 
-__all__ = ["CheckpointError", "consolidate", "load", "save"]
+__all__ = ["CheckpointError", "atomic_path", "atomic_write", "consolidate", "load", "save"]

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -14,7 +18,8 @@ class CheckpointError(OSError):
     """A checkpoint could not be written or read; the message names the path and the fix."""
 
 
-def fsync_dir(path: Path) -> None:
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Make a rename or a new entry in directory ``path`` durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -22,31 +27,71 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _atomic(path: Path, write: Any) -> None:
-    tmp = path.with_name(f".{path.name}.part-{os.getpid()}")
+@contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path beside ``path`` for the caller to write; publish it on success.
+
+    On a clean exit the temporary file is fsynced, given the mode an ordinary new file
+    would get (``0666 & ~umask``), renamed over ``path`` and the directory fsynced, so
+    readers see either the old file or the complete new one. On an exception (a full disk,
+    a crash in the writer) the temporary file is removed and ``path`` is left as it was.
+    Concurrent writers (ranks, threads) each get their own temporary name.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
+    os.close(fd)
+    tmp = Path(name)
     try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
+        yield tmp
+        os.chmod(tmp, 0o666 & ~_umask())
+        with open(tmp, "rb") as f:
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    fsync_dir(target.parent)
+
+
+def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> None:
+    """Call ``write`` with a binary file whose content replaces ``path`` atomically.
+
+    See :func:`atomic_path` for the guarantees.
+    """
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        write(f)
+
+
+_UMASK_LOCK = threading.Lock()
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where Linux reports it."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    with _UMASK_LOCK:  # os.umask can only be read by setting it
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
 
 
 def save_torch(obj: Any, path: Path) -> None:
     """``torch.save`` that leaves either the old file or the complete new one."""
-    _atomic(path, lambda f: torch.save(obj, f))
+    atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def save_json(obj: Any, path: Path) -> None:
-    _atomic(path, lambda f: f.write(json.dumps(obj, indent=2, sort_keys=True).encode()))
+    atomic_write(path, lambda f: f.write(json.dumps(obj, indent=2, sort_keys=True).encode()))
 
 
 def save_text(text: str, path: Path) -> None:
-    _atomic(path, lambda f: f.write(text.encode()))
+    atomic_write(path, lambda f: f.write(text.encode()))
 
 
 def load_torch(path: Path) -> Any:
