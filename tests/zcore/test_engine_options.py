@@ -129,16 +129,26 @@ def test_train_eval_and_accumulation_boundaries() -> None:
     assert engine.global_steps == 2 and engine.micro_steps == 6
 
 
-def _reduce_scatter_off(rank: int, world: int) -> dict:
-    cfg = config(2, zero_optimization={"reduce_scatter": False})
+def _stage2_with(rank: int, world: int, extra: dict[str, Any]) -> dict:
+    cfg = config(2, **extra)
     engine, *_ = zcore.initialize(make_model(), config=cfg)
     train(engine, STEPS)
     return full_params(engine)
 
 
-def test_reduce_scatter_false_all_reduces_with_the_same_result() -> None:
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"zero_optimization": {"reduce_scatter": False}},
+        # divide by 4 before the sum and multiply by 4/2 after: the same average
+        {"prescale_gradients": True, "gradient_predivide_factor": 4.0},
+        {"zero_optimization": {"allgather_partitions": False}},
+    ],
+    ids=["reduce_scatter_false", "prescale_gradients", "allgather_partitions_false"],
+)
+def test_reduction_options_give_the_same_result(extra: dict[str, Any]) -> None:
     ref = _reference(lambda ps: torch.optim.AdamW(ps, lr=3e-3, weight_decay=0.01))
-    for got in run_ranks(_reduce_scatter_off, 2):
+    for got in run_ranks(_stage2_with, 2, args=(extra,)):
         for name, value in ref.items():
             torch.testing.assert_close(got[name], value, atol=1e-4, rtol=0, msg=name)
 

@@ -118,6 +118,10 @@ class ZEngine:
             # (240 vs 115 ms for 26.8M fp32 elements on 2 ranks here), so on gloo the bucket
             # is all-reduced and each rank keeps its row, as `reduce_scatter: false` does.
             reduce_scatter=zc.reduce_scatter and self._backend() != "gloo",
+            # DeepSpeed's ZeRO divides by the world size before summing; with
+            # `prescale_gradients` by `gradient_predivide_factor`, the rest after.
+            predivide=config.gradient_predivide_factor if config.prescale_gradients else None,
+            allgather_partitions=zc.allgather_partitions,
         )
         self.optimizer = self.zopt.optimizer
         for ps in self.zopt.params:

@@ -43,6 +43,8 @@ class ZeroOptimizer:
         allgather_bucket_elems: int,
         overlap_comm: bool,
         reduce_scatter: bool = True,
+        predivide: float | None = None,
+        allgather_partitions: bool = True,
     ) -> None:
         self.stage = stage
         self.comm = comm
@@ -50,6 +52,7 @@ class ZeroOptimizer:
         self.shard_world = comm.size if stage >= 1 else 1
         self.shard_rank = comm.rank if stage >= 1 else 0
         self.allgather_bucket_elems = max(1, allgather_bucket_elems)
+        self.allgather_partitions = allgather_partitions
         self.params: list[list[nn.Parameter]] = [list(g["params"]) for g in groups]
         self.layouts = [
             GroupLayout.build([(names[p], tuple(self._shape(p))) for p in ps], self.shard_world)
@@ -78,7 +81,8 @@ class ZeroOptimizer:
             reduce_bucket_elems,
             overlap_comm,
             comm_dtype,
-            predivide=float(comm.size),
+            predivide=float(comm.size if predivide is None else predivide),
+            postscale=1.0 if predivide is None else predivide / comm.size,
             reduce_scatter=reduce_scatter,
             total_elems=sum(layout.numel for layout in self.layouts) * self.shard_world,
         )
@@ -224,9 +228,15 @@ class ZeroOptimizer:
                     w * inp.numel(), dtype=inp.dtype, device=inp.device
                 )
             out = out[: w * inp.numel()]
-            what = f"all_gather(updated parameters, {out.numel()} elems)"
-            self.comm.all_gather(out, inp, what).wait()
             grid = out.view(w, -1)
+            if self.allgather_partitions:
+                what = f"all_gather(updated parameters, {out.numel()} elems)"
+                self.comm.all_gather(out, inp, what).wait()
+            else:  # `allgather_partitions: false`: each rank broadcasts its slots
+                grid[self.shard_rank].copy_(inp)
+                for r in range(w):
+                    what = f"broadcast(updated parameters of rank {r}, {inp.numel()} elems)"
+                    self.comm.broadcast(grid[r], r, what).wait()
             col = 0
             for p in chunk:
                 _, s = self.where[p]

@@ -56,6 +56,7 @@ class GradReducer:
             bucket buffers for models smaller than a bucket.
         comm_dtype: dtype on the wire; ``None`` keeps the gradient's dtype.
         predivide: every gradient is divided by this before it is summed across ranks.
+        postscale: the sums are multiplied by this as they are added to the partitions.
         reduce_scatter: ``False`` all-reduces the buckets (each rank keeps its slots).
     """
 
@@ -70,6 +71,7 @@ class GradReducer:
         predivide: float,
         reduce_scatter: bool = True,
         total_elems: int | None = None,
+        postscale: float = 1.0,
     ) -> None:
         self.comm = comm
         self.partition = partition
@@ -83,6 +85,7 @@ class GradReducer:
         self.overlap = overlap
         self.comm_dtype = comm_dtype
         self.predivide = predivide
+        self.postscale = postscale
         self.scatter = reduce_scatter and w > 1
         self._bucket: _Bucket | None = None
         self._pending: list[_Pending] = []
@@ -190,7 +193,11 @@ class GradReducer:
                 src = p.out[at : at + size]
             else:
                 src = b.buf[at + rank * size : at + (rank + 1) * size]
-            self.partition(group)[shard.offset : shard.offset + size].add_(src)
+            dst = self.partition(group)[shard.offset : shard.offset + size]
+            if self.postscale != 1.0:
+                dst.add_(src, alpha=self.postscale)
+            else:
+                dst.add_(src)
         self._give_back(b)
 
     def _drain(self) -> None:
