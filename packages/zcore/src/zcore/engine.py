@@ -82,11 +82,12 @@ class ZEngine:
         self.stage3: Stage3Params | None = None
         if self.stage == 3:
             self.stage3 = getattr(model, "_z_stage3", None) or Stage3Params(
-                self.comm,
-                persistence_threshold=int(zc.stage3_param_persistence_threshold),
-                prefetch_elems=int(zc.stage3_prefetch_bucket_size),
-                max_live_elems=int(zc.stage3_max_live_parameters),
+                self.comm, persistence_threshold=int(zc.stage3_param_persistence_threshold)
             )
+            # also when zero.Init built it: its fetch policy comes from this config
+            self.stage3.prefetch_elems = int(zc.stage3_prefetch_bucket_size)
+            self.stage3.max_live_elems = int(zc.stage3_max_live_parameters)
+            self.stage3.max_reuse_elems = int(zc.stage3_max_reuse_distance)
             for n, p in named:
                 if p not in self.stage3.params:  # zero.Init broadcast its own already
                     self._broadcast([p.data])

@@ -7,7 +7,10 @@ when their gradient arrives, and the gradient's post-accumulate hook releases th
 backward is done with them. The order in which modules were gathered is recorded and the
 next pass prefetches upcoming modules asynchronously, bounded by
 ``stage3_prefetch_bucket_size`` and ``stage3_max_live_parameters``. Parameters of at most
-``stage3_param_persistence_threshold`` elements stay gathered.
+``stage3_param_persistence_threshold`` elements stay gathered. After a forward, a module's
+parameters stay gathered when the recorded forward+backward order uses them again within
+``stage3_max_reuse_distance`` elements of other parameters (as DeepSpeed does), as long as
+``stage3_max_live_parameters`` allows; backward releases as it goes.
 """
 
 from __future__ import annotations
@@ -65,11 +68,14 @@ class Stage3Params:
         persistence_threshold: int = 100_000,
         prefetch_elems: int = 50_000_000,
         max_live_elems: int = 1_000_000_000,
+        max_reuse_elems: int = 0,
     ) -> None:
         self.comm = comm
         self.persistence_threshold = persistence_threshold
         self.prefetch_elems = prefetch_elems
         self.max_live_elems = max_live_elems
+        self.max_reuse_elems = max_reuse_elems
+        self._keep_after_fwd: list[set[nn.Parameter]] = []  # by forward-trace position
         self.params: dict[nn.Parameter, ShardedParam] = {}
         self.live_elems = 0
         self.peak_live_elems = 0
@@ -243,7 +249,12 @@ class Stage3Params:
             self._prefetch(self._fwd_trace, self._fwd_now)
 
     def _post_forward(self, m: nn.Module, args: Any, out: Any) -> Any:
-        self.release(self._own(m))
+        own = self._own(m)
+        pos = len(self._fwd_now) - 1
+        keep = self._keep_after_fwd[pos] if pos < len(self._keep_after_fwd) else ()
+        if keep and self.live_elems <= self.max_live_elems and self._fwd_trace[pos] is m:
+            own = [p for p in own if p not in keep]
+        self.release(own)
         if torch.is_grad_enabled():
             return _wrap_outputs(out, lambda: self._pre_backward(m))
         return None
@@ -258,9 +269,31 @@ class Stage3Params:
         """After a backward pass: remember its module order and release what is still live."""
         if self._bwd_now:
             self._bwd_trace = self._bwd_now
+            self._keep_after_fwd = self._reused_soon(self._fwd_trace + self._bwd_trace)[
+                : len(self._fwd_trace)
+            ]
         self._bwd_now = []
         self._ahead = 0
         self.release_all()
+
+    def _reused_soon(self, order: list[nn.Module]) -> list[set[nn.Parameter]]:
+        """For each position of ``order``: its parameters that are used again within
+        ``max_reuse_elems`` elements of other gathered parameters."""
+        keep: list[set[nn.Parameter]] = [set() for _ in order]
+        if self.max_reuse_elems <= 0:
+            return keep
+        # before[k]: elements gathered by order[:k]
+        before = [0]
+        for m in order:
+            before.append(before[-1] + sum(self.params[p].numel for p in self._own(m)))
+        next_use: dict[nn.Parameter, int] = {}
+        for k in range(len(order) - 1, -1, -1):
+            for p in self._own(order[k]):
+                j = next_use.get(p)
+                if j is not None and before[j] - before[k + 1] <= self.max_reuse_elems:
+                    keep[k].add(p)
+                next_use[p] = k
+        return keep
 
 
 class _PreBackward(torch.autograd.Function):
