@@ -79,7 +79,9 @@ class ZeroConfig(ZModel):
     """Overlap gradient reduction with backward; None means DeepSpeed's default (on for
     stage 3 only), see :attr:`effective_overlap_comm`."""
     contiguous_gradients: Bool = True
-    """Copy gradients into one contiguous buffer as they are produced."""
+    """Copy gradients into one contiguous buffer as they are produced. zcore always does
+    (each gradient is copied into a reused bucket buffer and dropped), so ``false`` reads
+    the same; the key is accepted for DeepSpeed configs."""
     reduce_bucket_size: Int = Field(500_000_000, gt=0)
     """Elements reduced per collective."""
     allgather_bucket_size: Int = Field(500_000_000, gt=0)
@@ -100,7 +102,8 @@ class ZeroConfig(ZModel):
     """Gather the full 16-bit weights when saving the model (stage 3); DeepSpeed's old name
     ``stage3_gather_fp16_weights_on_model_save`` is read too."""
     sub_group_size: Int = Field(1_000_000_000, gt=0)
-    """Elements per optimizer-step sub-group (bounds the step's temporary memory)."""
+    """Elements per optimizer-step sub-group: the tile the step walks when optimizer state
+    is on NVMe (zoffload). An in-memory step has no per-tile temporaries to bound."""
     offload_optimizer: OffloadOptimizerConfig | None = None
     """Optimizer-state offload (provided by zoffload)."""
     offload_param: OffloadParamConfig | None = None
