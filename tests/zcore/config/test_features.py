@@ -15,10 +15,12 @@ from zcore.config import (
 )
 from zcore.config.features import GATED
 
-OFFLOAD_MESSAGE = (
-    'offload is provided by the zoffload package and is not built yet; set device to "none" '
-    "or remove the block"
-)
+OFFLOAD_MESSAGE = {
+    "offload_optimizer": "offload is provided by the zoffload package, which is not installed: "
+    '`pip install zoffload`, or set device to "none" or remove the block',
+    "offload_param": "offload is provided by the zoffload package and is not built yet; "
+    'set device to "none" or remove the block',
+}
 
 
 @pytest.fixture(autouse=True)
@@ -26,6 +28,7 @@ def empty_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test starts with nothing registered (as zcore alone is) and leaves the session's
     registry as it found it, whatever other packages registered at import."""
     monkeypatch.setattr(features, "_registered", set())
+    monkeypatch.setattr(features, "_loaded", True)  # installed extensions stay unloaded
 
 
 def nested(path: str, value: object) -> dict:
@@ -105,7 +108,9 @@ def test_offload_devices_are_not_built(block: str, device: str) -> None:
     config = stage3()
     config["zero_optimization"][block] = {"device": device, "nvme_path": "/local_nvme"}
     (problem,) = load_error(config).problems
-    assert problem.message == (f'zero_optimization.{block}.device = "{device}": {OFFLOAD_MESSAGE}')
+    assert problem.message == (
+        f'zero_optimization.{block}.device = "{device}": {OFFLOAD_MESSAGE[block]}'
+    )
 
 
 def test_registering_unlocks_offload() -> None:

@@ -25,7 +25,7 @@ from zcore.config import ZConfig
 from zcore.monitor import MonitorMaster
 from zcore.optim_factory import build_inner_optimizer
 from zcore.precision import LossScaler, model_dtype
-from zcore.zero.optimizer import ZeroOptimizer
+from zcore.zero.backends import optimizer_backend
 from zcore.zero.stage3 import Stage3Params
 
 log = logging.getLogger("zcore")
@@ -103,7 +103,10 @@ class ZEngine:
         groups = self._param_groups(named, optimizer, model_parameters)
         accum = config.data_types.grad_accum_dtype
         comm_dtype = config.communication_data_type
-        self.zopt = ZeroOptimizer(
+        offload = zc.offload_optimizer
+        make_zopt = optimizer_backend(offload.device if offload else "none")
+        self.zopt = make_zopt(
+            config,
             groups,
             names,
             self.stage,

@@ -81,8 +81,8 @@ def save(engine: ZEngine, save_dir: str, tag: str | None, client_state: dict, la
     try:
         if writes_shard:
             shard = {
-                "master": [m.detach() for m in zopt.master],
-                "optimizer": zopt.optimizer.state_dict()["state"],
+                "master": zopt.master_for_save(),
+                "optimizer": zopt.optimizer_state_for_save(),
             }
             save_torch(shard, tmp / rank_file(zopt.shard_rank))
         if engine.rank == 0:
@@ -183,12 +183,13 @@ def load(
             )
     inner = zopt.optimizer
     state = inner.state_dict()
-    for g in range(len(zopt.master)):
+    masters = zopt.master_for_load()
+    for g in range(len(masters)):
         state["state"].setdefault(g, {})
     for src_rank in range(int(manifest["shard_world"])):
         shard = load_torch(path / rank_file(src_rank))
         for g, (old, new) in enumerate(zip(old_layouts, zopt.layouts, strict=True)):
-            copy_ranges(zopt.master[g], new, zopt.shard_rank, shard["master"][g], old, src_rank)
+            copy_ranges(masters[g], new, zopt.shard_rank, shard["master"][g], old, src_rank)
             if not load_optimizer:
                 continue
             saved = shard["optimizer"].get(g, {})
@@ -209,7 +210,7 @@ def load(
             {**saved, "params": mine["params"]}
             for saved, mine in zip(common["param_groups"], state["param_groups"], strict=True)
         ]
-        inner.load_state_dict(state)
+    zopt.finish_load(masters, state if load_optimizer else None)
     zopt.publish()
     _load_frozen_and_buffers(engine, common)
     if load_scheduler and engine.lr_scheduler is not None and common["lr_scheduler"] is not None:

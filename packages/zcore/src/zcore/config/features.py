@@ -69,10 +69,14 @@ class Feature:
     def problem(self, value: Any) -> ConfigProblem:
         if self.key.endswith((".offload_optimizer", ".offload_param")):
             device = value.get("device") if isinstance(value, dict) else value
+            if self.key.endswith(".offload_optimizer"):
+                why = f", which is not installed: `pip install {self.owner}`, or"
+            else:
+                why = " and is not built yet;"
             return ConfigProblem.at(
                 join_path(self.key, "device"),
                 device,
-                f"offload is provided by the {self.owner} package and is not built yet; "
+                f"offload is provided by the {self.owner} package{why} "
                 'set device to "none" or remove the block',
             )
         owner = (
@@ -167,4 +171,24 @@ def gate(key_path: str, value: Any) -> ConfigProblem | None:
     feature = GATED.get(key_path)
     if feature is None or key_path in _registered or feature.inert(value):
         return None
+    load_extensions()  # an installed package that builds it registers on import
+    if key_path in _registered:
+        return None
     return feature.problem(value)
+
+
+EXTENSIONS_GROUP = "zcore.extensions"
+_loaded = False
+
+
+def load_extensions() -> None:
+    """Import every installed package that extends zcore (entry-point group
+    ``zcore.extensions``, e.g. zoffload), once; importing one registers its features."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=EXTENSIONS_GROUP):
+        ep.load()

@@ -45,6 +45,8 @@ class ZeroOptimizer:
         reduce_scatter: bool = True,
         predivide: float | None = None,
         allgather_partitions: bool = True,
+        master_device: torch.device | None = None,
+        pin_memory: bool = False,
     ) -> None:
         self.stage = stage
         self.comm = comm
@@ -58,6 +60,8 @@ class ZeroOptimizer:
             GroupLayout.build([(names[p], tuple(self._shape(p))) for p in ps], self.shard_world)
             for ps in self.params
         ]
+        self.master_device = master_device
+        self.pin_memory = pin_memory and torch.cuda.is_available()
         self.where: dict[nn.Parameter, tuple[int, ParamShard]] = {}
         for g, (ps, layout) in enumerate(zip(self.params, self.layouts, strict=True)):
             for p, shard in zip(ps, layout.shards, strict=True):
@@ -105,8 +109,9 @@ class ZeroOptimizer:
 
     def _initial_master(self, g: int) -> torch.Tensor:
         slots = [self._slot_of(p) for p in self.params[g]]
-        device = slots[0].device if slots else torch.device("cpu")
-        return torch.cat(slots) if slots else torch.zeros(0, device=device)
+        device = self.master_device or (slots[0].device if slots else torch.device("cpu"))
+        master = torch.cat(slots).to(device) if slots else torch.zeros(0, device=device)
+        return master.pin_memory() if self.pin_memory and device.type == "cpu" else master
 
     def _refresh_master(self, p: nn.Parameter) -> None:
         g, shard = self.where[p]
@@ -257,11 +262,31 @@ class ZeroOptimizer:
             g == g0 and s.offset == prev.offset + prev.shard_size
             for (_, prev), (g, s) in itertools.pairwise(at)
         )
-        if adjacent and self.master[g0].dtype == dtype:
+        device = chunk[0].device
+        if adjacent and self.master[g0].dtype == dtype and self.master[g0].device == device:
             return self.master[g0][first.offset : last.offset + last.shard_size]
+        # offloaded master weights travel to the parameters' device here
         return torch.cat([self.master[g][s.offset : s.offset + s.shard_size] for g, s in at]).to(
-            dtype
+            device=device, dtype=dtype
         )
+
+    # -- checkpoints (overridden where master and state live off-memory) ---------------------
+    def master_for_save(self) -> list[torch.Tensor]:
+        """This rank's fp32 master partition of every group."""
+        return [m.detach() for m in self.master]
+
+    def optimizer_state_for_save(self) -> dict[int, dict[str, Any]]:
+        """The inner optimizer's per-group state (``state_dict()["state"]``)."""
+        return self.optimizer.state_dict()["state"]
+
+    def master_for_load(self) -> list[torch.Tensor]:
+        """The tensors a checkpoint's master values are copied into (then :meth:`finish_load`)."""
+        return self.master
+
+    def finish_load(self, masters: list[torch.Tensor], state: dict[str, Any] | None) -> None:
+        """Adopt loaded master values and, unless ``None``, an optimizer ``state_dict``."""
+        if state is not None:
+            self.optimizer.load_state_dict(state)
 
     # -- accounting -----------------------------------------------------------------------
     def optimizer_bytes(self) -> int:

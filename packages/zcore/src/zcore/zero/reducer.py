@@ -194,6 +194,8 @@ class GradReducer:
             else:
                 src = b.buf[at + rank * size : at + (rank + 1) * size]
             dst = self.partition(group)[shard.offset : shard.offset + size]
+            if src.device != dst.device:  # an offloaded partition: the copy out of the device
+                src = src.to(dst.device)
             if self.postscale != 1.0:
                 dst.add_(src, alpha=self.postscale)
             else:

@@ -1,0 +1,12 @@
+"""What zoffload adds to zcore, registered on import (zcore loads it through the
+``zcore.extensions`` entry point when a config asks for offload)."""
+
+from __future__ import annotations
+
+from zcore.config import register_feature
+from zcore.zero.backends import register_optimizer_backend
+
+from zoffload.cpu_offload import cpu_optimizer
+
+register_feature("zero_optimization.offload_optimizer")
+register_optimizer_backend("cpu", cpu_optimizer)
