@@ -144,6 +144,76 @@ def bench_zero_step(
     )
 
 
+@bench_app.command("offload")
+def bench_offload(
+    dir: str | None = typer.Option(
+        None, "--dir", help="Swap directory on the NVMe drive (default: the temp dir)."
+    ),
+    preset: str = typer.Option("medium", "--preset", help="`z train` GPT size."),
+    stage: int = typer.Option(2, "--stage", min=1, max=3, help="ZeRO stage."),
+    steps: int = typer.Option(5, "--steps", min=1, help="Timed steps per mode (median)."),
+    warmup: int = typer.Option(2, "--warmup", min=0),
+    micro_batch: int = typer.Option(2, "--micro-batch", min=1),
+    sub_group_size: int = typer.Option(4_194_304, "--sub-group-size", min=1024),
+    block_size: int = typer.Option(1_048_576, "--block-size", min=4096),
+    queue_depth: int = typer.Option(32, "--queue-depth", min=1),
+    modes: str = typer.Option("none,cpu,nvme,nvme_serial", "--modes"),
+    world_size: int = typer.Option(2, "--world-size", min=1, help="gloo ranks to spawn."),
+    json_out: bool = typer.Option(False, "--json", help="Print only the JSON object."),
+) -> None:
+    """Step time and peak RSS per rank with no offload, CPU offload and NVMe offload."""
+    from zstack.bench import run_benchmark
+
+    raise typer.Exit(
+        run_benchmark(
+            "offload",
+            json_out,
+            world_size=world_size,
+            preset=preset,
+            stage=stage,
+            dir=dir,
+            steps=steps,
+            warmup=warmup,
+            micro_batch=micro_batch,
+            sub_group_size=sub_group_size,
+            block_size=block_size,
+            queue_depth=queue_depth,
+            modes=modes,
+        )
+    )
+
+
+@bench_app.command("io")
+def bench_io(
+    size: str = typer.Option("1GiB", "--size", help="Bytes per file, e.g. 1GiB, 64MiB."),
+    dir: str | None = typer.Option(
+        None, "--dir", help="Directory on the drive to test (default: tmp)."
+    ),
+    block_size: str = typer.Option("1MiB", "--block-size", help="Bytes per IO request."),
+    queue_depth: int = typer.Option(128, "--queue-depth", min=1, help="IOs in flight per ring."),
+    intra_op: int = typer.Option(1, "--intra-op-parallelism", min=1, help="IO worker threads."),
+    rounds: int = typer.Option(3, "--rounds", min=1, help="Interleaved rounds (median reported)."),
+    no_ds: bool = typer.Option(False, "--no-ds", help="Skip DeepSpeed's aio_handle."),
+    json_out: bool = typer.Option(False, "--json", help="Print only the JSON object."),
+) -> None:
+    """Write/read GB/s of the async IO engine next to Python, torch.save and DeepSpeed aio."""
+    from zstack.bench import run_benchmark
+
+    raise typer.Exit(
+        run_benchmark(
+            "io",
+            json_out,
+            size=size,
+            dir=dir,
+            block_size=block_size,
+            queue_depth=queue_depth,
+            intra_op_parallelism=intra_op,
+            rounds=rounds,
+            deepspeed=not no_ds,
+        )
+    )
+
+
 # cmd_memory imports only typer at load time (zcore.memory loads when the command runs).
 from zstack.cmd_memory import estimate_memory  # noqa: E402
 

@@ -219,6 +219,11 @@ def render(report: dict[str, Any]) -> str:
     rows.append(
         ("io_uring", "available" if ring["available"] else f"unavailable: {ring['reason']}")
     )
+    engine = ring.get("engine") or {}
+    if engine.get("backend"):
+        rows.append(("async io", f"{engine['backend']} backend ({engine['reason']})"))
+    else:
+        rows.append(("async io", f"unavailable: {engine.get('reason', 'not probed')}"))
     if nvrtc["status"] == "ok":
         rows.append(("nvrtc", f"{nvrtc['version']} ({nvrtc['path']})"))
     else:

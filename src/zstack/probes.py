@@ -199,9 +199,21 @@ IO_URING_ERRNO = {
 }
 
 
+def _engine_backend() -> dict[str, Any]:
+    """The backend znative's async IO engine picks with `backend="auto"`, and why."""
+    try:
+        from znative import io_backend_probe
+    except ImportError as e:
+        return {"backend": None, "reason": f"znative without async IO: {e}"}
+    name, reason = io_backend_probe()
+    return {"backend": name, "reason": reason}
+
+
 def io_uring(problems: list[Problem]) -> dict[str, Any]:
-    """Probe by creating (and closing) a 1-entry ring: the only test that sees seccomp too."""
+    """Probe by creating (and closing) a 1-entry ring: the only test that sees seccomp too.
+    `engine` says which backend znative's async IO picks here (io_uring or threads) and why."""
     info: dict[str, Any] = {"available": False, "sysctl_io_uring_disabled": None, "errno": None}
+    info["engine"] = _engine_backend()
     with contextlib.suppress(OSError, ValueError):
         with open("/proc/sys/kernel/io_uring_disabled", encoding="ascii") as f:
             info["sysctl_io_uring_disabled"] = int(f.read().strip())
@@ -234,5 +246,7 @@ def io_uring(problems: list[Problem]) -> dict[str, Any]:
     else:
         fix = f"see `man 2 io_uring_setup` for {info['errno']}"
     message = f"{info['reason']}: NVMe offload IO cannot use io_uring"
+    if info["engine"]["backend"] == "threads":
+        message += " (znative's async IO runs on its thread-pool backend)"
     problems.append(Problem("io_uring", "warning", message, fix))
     return info

@@ -17,14 +17,22 @@ from tests.zcore.zero.common import config, full_params, make_model, train
 
 
 def offload_vs_plain(
-    rank: int, world: int, stage: int, offload: dict[str, Any], ckpt: str, steps: int
+    rank: int,
+    world: int,
+    stage: int,
+    offload: dict[str, Any],
+    ckpt: str,
+    steps: int,
+    zero: dict[str, Any] | None = None,
+    **extra: Any,
 ) -> dict[str, Any]:
+    """``zero``: more ``zero_optimization`` keys; ``extra``: more top-level config keys."""
     plain, *_ = zcore.initialize(make_model(), config=config(stage))
     plain_losses = train(plain, steps)
     plain_params = full_params(plain)
     plain.destroy()
 
-    cfg = config(stage, zero_optimization={"offload_optimizer": offload})
+    cfg = config(stage, zero_optimization={"offload_optimizer": offload, **(zero or {})}, **extra)
     half = steps // 2
     first, *_ = zcore.initialize(make_model(), config=cfg)
     losses = train(first, half)

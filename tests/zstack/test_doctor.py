@@ -231,3 +231,13 @@ def test_io_uring_refused_by_seccomp_is_explained(monkeypatch: pytest.MonkeyPatc
     assert (problem.item, problem.severity) == ("io_uring", "warning")
     if not info["sysctl_io_uring_disabled"]:
         assert "seccomp" in problem.fix
+
+
+def test_io_uring_reports_the_async_io_engine_backend(report: dict[str, Any]) -> None:
+    import znative
+
+    name, reason = znative.io_backend_probe()
+    assert report["io_uring"]["engine"] == {"backend": name, "reason": reason}
+    assert name in {"io_uring", "threads"}
+    if name == "threads":
+        assert reason.startswith("io_uring_setup failed")

@@ -10,6 +10,13 @@ before writing anything, so a rejected call leaves the buffers as they were.
 Errors subclass builtins: :class:`ShapeMismatchError`,
 :class:`HyperparameterError`, :class:`LayoutError` and :class:`SimdError` are
 ``ValueError``; :class:`DTypeError` is a ``TypeError``.
+
+Async file IO (:class:`AioHandle`, :func:`aligned_buffer`,
+:func:`io_backend_probe`) raises :class:`AioError`, an ``OSError`` with
+``errno``, ``path`` and ``offset``; :class:`AioFileNotFoundError` and
+:class:`AioPermissionError` also subclass ``FileNotFoundError`` /
+``PermissionError``, and :class:`AioShortReadError` (``errno`` None) means the
+file ended before the requested range.
 """
 
 from __future__ import annotations
@@ -17,6 +24,12 @@ from __future__ import annotations
 import os as _os
 
 from znative._native import (
+    AioError,
+    AioFileNotFoundError,
+    AioHandle,
+    AioPermissionError,
+    AioShortReadError,
+    AlignedAllocation,
     DTypeError,
     HyperparameterError,
     LayoutError,
@@ -25,7 +38,9 @@ from znative._native import (
     __version__,
     adagrad_step,
     adam_step,
+    aligned_buffer,
     detected_simd_level,
+    io_backend_probe,
     lion_step,
     num_threads,
     set_simd_level,
@@ -34,6 +49,12 @@ from znative._native import (
 )
 
 __all__ = [
+    "AioError",
+    "AioFileNotFoundError",
+    "AioHandle",
+    "AioPermissionError",
+    "AioShortReadError",
+    "AlignedAllocation",
     "DTypeError",
     "HyperparameterError",
     "LayoutError",
@@ -42,7 +63,9 @@ __all__ = [
     "__version__",
     "adagrad_step",
     "adam_step",
+    "aligned_buffer",
     "detected_simd_level",
+    "io_backend_probe",
     "lion_step",
     "num_threads",
     "set_simd_level",

@@ -1,6 +1,7 @@
 //! `znative._native`: the pyo3 binding over `zkernels`. No kernel logic here;
 //! only argument checking, GIL release and error conversion.
 
+mod aio;
 mod arrays;
 mod errors;
 mod optim;
@@ -49,5 +50,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(optim::adagrad_step, m)?)?;
     m.add_function(wrap_pyfunction!(optim::lion_step, m)?)?;
     m.add_function(wrap_pyfunction!(optim::stream_4r3w, m)?)?;
+    errors::register_aio(m)?;
+    m.add_class::<aio::AioHandle>()?;
+    m.add_class::<aio::AlignedAllocation>()?;
+    m.add_function(wrap_pyfunction!(aio::aligned_buffer, m)?)?;
+    m.add_function(wrap_pyfunction!(aio::io_backend_probe, m)?)?;
     Ok(())
 }

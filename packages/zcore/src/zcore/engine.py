@@ -375,6 +375,7 @@ class ZEngine:
         """Remove hooks and close monitors (the process group stays up)."""
         if self.stage3 is not None:
             self.stage3.remove_hooks()
+        self.zopt.close()
         self.monitor.close()
 
     # -- checkpoints ----------------------------------------------------------------------

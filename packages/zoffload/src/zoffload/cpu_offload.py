@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
 from zcore.config import ZConfig
 from zcore.zero.optimizer import ZeroOptimizer
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from zcore.config import register_feature
 from zcore.zero.backends import register_optimizer_backend
-
 from zoffload.cpu_offload import cpu_optimizer
+from zoffload.nvme_optimizer import nvme_optimizer
 
 register_feature("zero_optimization.offload_optimizer")
+register_feature("aio")  # then validated as zcore.config.aio.AioConfig
 register_optimizer_backend("cpu", cpu_optimizer)
+register_optimizer_backend("nvme", nvme_optimizer)

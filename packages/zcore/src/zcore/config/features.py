@@ -11,7 +11,7 @@ A package that does build a feature unlocks its key at import time::
     from zcore.config import register_feature
     register_feature("zero_optimization.offload_optimizer")
 
-Unlocked keys that are not zcore fields (e.g. ``aio``) are kept as given and
+Unlocked keys that are not zcore fields (e.g. ``compression_training``) are kept as given and
 handed over through :meth:`ZConfig.extension`. :func:`register_feature` also
 accepts new keys zcore has never heard of, for a package's own config block.
 This module is the only place that decides whether a gated key may be used.

@@ -19,6 +19,7 @@ from pydantic import Field, PrivateAttr, ValidationError, ValidationInfo, field_
 from zcore.config._base import Bool, Float, Int, ZModel, empty_block
 from zcore.config._convert import problems_from
 from zcore.config._keys import check_keys
+from zcore.config.aio import AioConfig
 from zcore.config.batch import BatchSizes, resolve_batch_sizes
 from zcore.config.errors import ConfigError, ConfigProblem, problem_at
 from zcore.config.monitor import CSVMonitorConfig, TensorBoardConfig
@@ -76,6 +77,8 @@ class ZConfig(ZModel):
     """The learning-rate schedule; None for a constant learning rate."""
     zero_optimization: ZeroConfig = Field(default_factory=empty_block)
     """ZeRO partitioning and offload."""
+    aio: AioConfig | None = None
+    """Async file IO of NVMe offload (DeepSpeed's block; unlocked by zoffload)."""
     tensorboard: TensorBoardConfig = Field(default_factory=empty_block)
     """TensorBoard monitor."""
     csv_monitor: CSVMonitorConfig = Field(default_factory=empty_block)
@@ -154,7 +157,7 @@ class ZConfig(ZModel):
 
     def extension(self, key_path: str) -> Any:
         """The value given for a key unlocked with ``register_feature`` that zcore has no
-        field for (e.g. ``"aio"``), as written in the config; None when absent."""
+        field for (e.g. ``"compression_training"``), as written in the config; None when absent."""
         return self._extensions.get(key_path)
 
     def to_dict(self) -> dict[str, Any]:

@@ -44,10 +44,12 @@ class OffloadConfig(ZModel):
 class OffloadOptimizerConfig(OffloadConfig):
     """``offload_optimizer``: keep optimizer states (and run the step) off the GPU."""
 
-    pipeline_read: Bool = False
-    """Overlap reading the next sub-group's states from NVMe with the current step."""
-    pipeline_write: Bool = False
-    """Overlap writing updated states to NVMe with the next step."""
+    pipeline_read: Bool = True
+    """Overlap reading the next sub-group's states from NVMe with the current step
+    (DeepSpeed defaults to false; zcore to true, since it never loses)."""
+    pipeline_write: Bool = True
+    """Overlap writing updated states to NVMe with the next step (DeepSpeed defaults to
+    false; zcore to true)."""
     fast_init: Bool = False
     """Initialize NVMe-offloaded states without a full round trip through the drive."""
     ratio: Float = Field(1.0, ge=0, le=1)

@@ -124,13 +124,24 @@ class ZeroOptimizer:
         if t is None:
             t = self._kept[g]
             if t is None:
-                t = torch.zeros_like(self.master[g], dtype=self.grad_accum_dtype)
+                t = torch.zeros(
+                    self.layouts[g].numel, dtype=self.grad_accum_dtype, device=self._grad_device()
+                )
                 if self.stage >= 2:
                     self._kept[g] = t
             else:
                 t.zero_()
             self.grads[g] = t
         return t
+
+    def _grad_device(self) -> torch.device:
+        """Where gradient partitions live: beside the master weights."""
+        return self.master[0].device if self.master else torch.device("cpu")
+
+    def published(self, g: int) -> torch.Tensor:
+        """The flat tensor the updated weights of group ``g`` are published from (the fp32
+        master here; an offloaded optimizer keeps a copy in memory instead)."""
+        return self.master[g]
 
     def on_grad(self, p: nn.Parameter) -> None:
         """Move ``p.grad`` into a reduction bucket and drop it from the parameter."""
@@ -182,6 +193,13 @@ class ZeroOptimizer:
         coef = inv_scale
         if clip > 0 and norm > clip:
             coef *= clip / (norm + 1e-6)
+        self.update(coef)
+        self.publish()
+        self.last_grad_norm = norm
+        return norm
+
+    def update(self, coef: float) -> None:
+        """Step the master weights with the gradient partitions times ``coef``."""
         for g, m in enumerate(self.master):
             gr = self.partition(g)
             m.grad = gr.float() if gr.dtype != torch.float32 else gr
@@ -190,9 +208,6 @@ class ZeroOptimizer:
         self.optimizer.step()
         for m in self.master:
             m.grad = None
-        self.publish()
-        self.last_grad_norm = norm
-        return norm
 
     def publish(self) -> None:
         """Write the master weights back into the model's parameters."""
@@ -202,7 +217,7 @@ class ZeroOptimizer:
                 sp = self.stage3.params.get(p)
                 if sp is None:
                     continue
-                sp.shard.copy_(self.master[g][shard.offset : shard.offset + shard.shard_size])
+                sp.shard.copy_(self.published(g)[shard.offset : shard.offset + shard.shard_size])
                 if sp.persistent:
                     persistent.append(p)
             self._all_gather_params(persistent)
@@ -216,7 +231,7 @@ class ZeroOptimizer:
         if w == 1:
             for p in params:
                 g, s = self.where[p]
-                p.data.copy_(self.master[g][s.offset : s.offset + s.numel].view(s.shape))
+                p.data.copy_(self.published(g)[s.offset : s.offset + s.numel].view(s.shape))
             return
         start = 0
         while start < len(params):
@@ -263,10 +278,11 @@ class ZeroOptimizer:
             for (_, prev), (g, s) in itertools.pairwise(at)
         )
         device = chunk[0].device
-        if adjacent and self.master[g0].dtype == dtype and self.master[g0].device == device:
-            return self.master[g0][first.offset : last.offset + last.shard_size]
+        src = self.published(g0)
+        if adjacent and src.dtype == dtype and src.device == device:
+            return src[first.offset : last.offset + last.shard_size]
         # offloaded master weights travel to the parameters' device here
-        return torch.cat([self.master[g][s.offset : s.offset + s.shard_size] for g, s in at]).to(
+        return torch.cat([self.published(g)[s.offset : s.offset + s.shard_size] for g, s in at]).to(
             device=device, dtype=dtype
         )
 
@@ -287,6 +303,9 @@ class ZeroOptimizer:
         """Adopt loaded master values and, unless ``None``, an optimizer ``state_dict``."""
         if state is not None:
             self.optimizer.load_state_dict(state)
+
+    def close(self) -> None:
+        """Release what outlives the process group (an offloaded optimizer's swap files)."""
 
     # -- accounting -----------------------------------------------------------------------
     def optimizer_bytes(self) -> int:

@@ -1,0 +1,314 @@
+"""File IO throughput for NVMe offload: zoffload's async IO engine (io_uring
+and thread backends, O_DIRECT, aligned buffers) against plain Python
+``write``+``fsync`` / cold ``readinto``, ``torch.save``/``torch.load``, and
+DeepSpeed's ``aio_handle`` when ``deepspeed`` imports and its AsyncIO op builds.
+
+Every contender writes the same random bytes to a fresh file in ``--dir`` and
+reads them back into memory; the bytes read are compared with the bytes
+written. Writes are timed until durable (ours: ``fdatasync`` inside ``wait``;
+Python and torch: ``fsync``; DeepSpeed: its O_DIRECT write, then ``fdatasync``,
+with the unsynced time reported too). Before every read the file is dropped
+from the page cache (``posix_fadvise(DONTNEED)``), so reads are cold. The
+contenders run in interleaved rounds on the same file system; medians are
+reported.
+
+Run: ``z bench io --size 1GiB --dir D --block-size 1MiB --queue-depth 128 --json``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import re
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import znative
+from zoffload.aio import AioConfig, AioHandle, new_aligned_tensor
+
+_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1 << 10, "m": 1e6, "mb": 1e6}
+_UNITS |= {"mib": 1 << 20, "g": 1e9, "gb": 1e9, "gib": 1 << 30}
+
+
+def parse_size(text: str | int) -> int:
+    """``"1GiB"`` → 1073741824; also ``MiB``, ``KiB``, ``GB``, ``MB``, plain bytes."""
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"size {text!r}: expected a number with an optional unit like 1GiB, 64MiB")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def _drop_cache(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _fs_of(path: Path) -> str:
+    """The file system type and device holding ``path`` (longest mount prefix)."""
+    best = ("", "?", "?")
+    with contextlib.suppress(OSError), open("/proc/mounts", encoding="utf-8") as f:
+        for line in f:
+            dev, mnt, fstype = line.split()[:3]
+            if str(path).startswith(mnt) and len(mnt) > len(best[0]):
+                best = (mnt, fstype, dev)
+    return f"{best[1]} on {best[2]} (mounted at {best[0]})"
+
+
+class _Ours:
+    def __init__(self, backend: str, cfg: AioConfig, dst: torch.Tensor):
+        self.h = AioHandle(cfg.model_copy(update={"backend": backend}))
+        self.dst = dst
+        self.o_direct = True
+
+    def write(self, src: torch.Tensor, path: Path) -> None:
+        self.h.async_pwrite(src, path).wait()
+
+    def read(self, path: Path) -> torch.Tensor:
+        self.h.async_pread(self.dst, path).wait()
+        return self.dst
+
+
+class _Python:
+    o_direct = False
+
+    def __init__(self, dst: torch.Tensor):
+        self.dst = dst
+
+    def write(self, src: torch.Tensor, path: Path) -> None:
+        with open(path, "wb", buffering=0) as f:
+            f.write(memoryview(src.numpy()))
+            os.fsync(f.fileno())
+
+    def read(self, path: Path) -> torch.Tensor:
+        with open(path, "rb", buffering=0) as f:
+            f.readinto(memoryview(self.dst.numpy()))
+        return self.dst
+
+
+class _Torch:
+    o_direct = False
+
+    def write(self, src: torch.Tensor, path: Path) -> None:
+        with open(path, "wb") as f:
+            torch.save(src, f)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def read(self, path: Path) -> torch.Tensor:
+        return torch.load(path, weights_only=True)
+
+
+class _DeepSpeed:
+    o_direct = True
+
+    def __init__(self, handle: Any, dst: torch.Tensor):
+        self.h, self.dst = handle, dst
+        self.unsynced_write_s: list[float] = []
+
+    def write(self, src: torch.Tensor, path: Path) -> None:
+        t0 = time.perf_counter()
+        self.h.sync_pwrite(src, str(path))
+        self.unsynced_write_s.append(time.perf_counter() - t0)
+        fd = os.open(path, os.O_RDONLY)  # its O_DIRECT write is not synced: sync it like ours
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+
+    def read(self, path: Path) -> torch.Tensor:
+        self.h.sync_pread(self.dst, str(path))
+        return self.dst
+
+
+def _deepspeed_handle(cfg: AioConfig) -> tuple[Any | None, str]:
+    """DeepSpeed's aio_handle if deepspeed imports and its AsyncIO op builds (never a dependency)."""
+    try:
+        from deepspeed.ops.op_builder import AsyncIOBuilder  # type: ignore[import-not-found]
+    except Exception as e:
+        return None, f"not importable: {type(e).__name__}: {e}".splitlines()[0][:200]
+    try:
+        builder = AsyncIOBuilder()
+        if not builder.is_compatible(verbose=False):
+            return None, "AsyncIOBuilder is not compatible here (libaio-dev missing?)"
+        op = builder.load(verbose=False)
+        handle = op.aio_handle(
+            cfg.block_size,
+            cfg.queue_depth,
+            cfg.single_submit,
+            cfg.overlap_events,
+            cfg.intra_op_parallelism,
+        )
+    except Exception as e:
+        return None, f"failed to build: {type(e).__name__}: {e}".splitlines()[0][:200]
+    return handle, "ok"
+
+
+def run(
+    size: str | int = "1GiB",
+    dir: str | None = None,
+    block_size: str | int = "1MiB",
+    queue_depth: int = 128,
+    intra_op_parallelism: int = 1,
+    rounds: int = 3,
+    deepspeed: bool = True,
+) -> dict[str, Any]:
+    """Time every contender; returns the JSON-able result."""
+    nbytes, block = parse_size(size), parse_size(block_size)
+    if nbytes < 4096 or rounds < 1:
+        raise ValueError(f"need size >= 4096 bytes and rounds >= 1 (got {nbytes}, {rounds})")
+    cfg = AioConfig(
+        block_size=block, queue_depth=queue_depth, intra_op_parallelism=intra_op_parallelism
+    )
+    base = Path(dir) if dir else Path(tempfile.gettempdir())
+    if not base.is_dir():
+        raise FileNotFoundError(f"--dir {base} is not a directory; create it or pick another")
+    work = Path(tempfile.mkdtemp(prefix="zstack-bench-io-", dir=base))
+
+    src = new_aligned_tensor(nbytes, torch.uint8)
+    g = torch.Generator().manual_seed(0)
+    words = nbytes // 8
+    src[: words * 8].view(torch.int64).copy_(
+        torch.randint(-(2**63), 2**63 - 1, (words,), dtype=torch.int64, generator=g)
+    )
+    src[words * 8 :] = 0xA5
+    dst = new_aligned_tensor(nbytes, torch.uint8)
+
+    probe = znative.io_backend_probe()
+    contenders: dict[str, Any] = {}
+    contenders["zstack_threads"] = _Ours("threads", cfg, dst)
+    if probe[0] == "io_uring":
+        contenders["zstack_io_uring"] = _Ours("io_uring", cfg, dst)
+    contenders["python_write_fsync_readinto"] = _Python(dst)
+    contenders["torch_save_load"] = _Torch()
+    ds_status = "skipped (--no-ds)"
+    if deepspeed:
+        ds_handle, ds_status = _deepspeed_handle(cfg)
+        if ds_handle is not None:
+            contenders["deepspeed_aio"] = _DeepSpeed(ds_handle, dst)
+
+    times: dict[str, dict[str, list[float]]] = {n: {"write": [], "read": []} for n in contenders}
+    verified = dict.fromkeys(contenders, True)
+    try:
+        for _ in range(rounds):
+            for name, c in contenders.items():
+                path = work / f"{name}.bin"
+                t0 = time.perf_counter()
+                c.write(src, path)
+                times[name]["write"].append(time.perf_counter() - t0)
+                _drop_cache(path)
+                dst.zero_()
+                t0 = time.perf_counter()
+                out = c.read(path)
+                times[name]["read"].append(time.perf_counter() - t0)
+                verified[name] &= bool(torch.equal(out, src))
+                path.unlink()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    results: dict[str, dict[str, Any]] = {}
+    for name, c in contenders.items():
+        w, r = statistics.median(times[name]["write"]), statistics.median(times[name]["read"])
+        results[name] = {
+            "write_median_s": w,
+            "read_median_s": r,
+            "write_gb_per_s": nbytes / w / 1e9,
+            "read_gb_per_s": nbytes / r / 1e9,
+            "o_direct": c.o_direct,
+            "verified": verified[name],
+        }
+        if isinstance(c, _DeepSpeed):
+            unsynced = statistics.median(c.unsynced_write_s)
+            results[name]["write_unsynced_median_s"] = unsynced
+            results[name]["write_unsynced_gb_per_s"] = nbytes / unsynced / 1e9
+        if isinstance(c, _Ours):
+            results[name]["stats"] = c.h.stats()
+    ours_name = "zstack_io_uring" if "zstack_io_uring" in results else "zstack_threads"
+    ours = results[ours_name]
+    speedup = {
+        f"vs_{n}": {
+            "write": r["write_median_s"] / ours["write_median_s"],
+            "read": r["read_median_s"] / ours["read_median_s"],
+        }
+        for n, r in results.items()
+        if n != ours_name
+    }
+    ds = results.get("deepspeed_aio")
+    return {
+        "benchmark": "io",
+        "size_bytes": nbytes,
+        "block_size": block,
+        "queue_depth": queue_depth,
+        "intra_op_parallelism": intra_op_parallelism,
+        "rounds": rounds,
+        "dir": str(base),
+        "filesystem": _fs_of(base.resolve()),
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores_usable": len(os.sched_getaffinity(0)),
+            "kernel": platform.release(),
+            "torch": torch.__version__,
+        },
+        "io_backend_probe": {"name": probe[0], "reason": probe[1]},
+        "ours": ours_name,
+        "results": results,
+        "speedup_of_ours": speedup,
+        "ratio_ours_over_deepspeed_gb_per_s": None
+        if ds is None
+        else {
+            "write": ours["write_gb_per_s"] / ds["write_gb_per_s"],
+            "read": ours["read_gb_per_s"] / ds["read_gb_per_s"],
+        },
+        "deepspeed_aio": ds_status,
+    }
+
+
+def report(result: dict[str, Any]) -> str:
+    """A table a person can read; the JSON follows it."""
+    lines = [
+        f"file io, {result['size_bytes'] / 2**20:.0f} MiB, block {result['block_size']}, "
+        f"queue depth {result['queue_depth']}, {result['rounds']} rounds, {result['filesystem']}",
+        f"{'contender':<30} {'write GB/s':>10} {'read GB/s':>10}  o_direct verified",
+    ]
+    for name, r in result["results"].items():
+        lines.append(
+            f"{name:<30} {r['write_gb_per_s']:10.3f} {r['read_gb_per_s']:10.3f}  "
+            f"{r['o_direct']!s:<8} {r['verified']}"
+        )
+    ratio = result["ratio_ours_over_deepspeed_gb_per_s"]
+    if ratio:
+        lines.append(f"{result['ours']} / deepspeed_aio: write {ratio['write']:.2f}x, "
+                     f"read {ratio['read']:.2f}x")  # fmt: skip
+    lines.append(f"deepspeed_aio: {result['deepspeed_aio']}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", default="1GiB")
+    ap.add_argument("--dir", default=None)
+    ap.add_argument("--block-size", default="1MiB")
+    ap.add_argument("--queue-depth", type=int, default=128)
+    ap.add_argument("--intra-op-parallelism", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--no-ds", action="store_true")
+    ns = ap.parse_args()
+    out = run(ns.size, ns.dir, ns.block_size, ns.queue_depth, ns.intra_op_parallelism,
+              ns.rounds, not ns.no_ds)  # fmt: skip
+    print(report(out))
+    print(json.dumps(out))

@@ -1,0 +1,219 @@
+"""ZeRO-Offload and ZeRO-Infinity: step time and peak memory per rank, with and without offload.
+
+The `z train` GPT (default preset "medium", ~26.8M parameters, fp32, AdamW) on N gloo
+ranks at one ZeRO stage, run in fresh rank processes once per mode:
+
+- ``none``: zcore's in-memory optimizer (the baseline);
+- ``cpu``: ``offload_optimizer.device = "cpu"``;
+- ``nvme``: ``offload_optimizer.device = "nvme"`` under ``--dir``, tiles of ``sub_group_size``
+  read ahead and written behind (``pipeline_read``/``pipeline_write``);
+- ``nvme_serial``: the same with both pipelines off, every read and write waited on at once.
+
+Per mode: the median step time (slowest rank), the optimizer step's share, the peak RSS
+(``VmHWM``) per rank, and the bytes of swap files. The fraction of the NVMe IO hidden by
+overlap is ``(serial - pipelined) / (serial - cpu)`` of the optimizer-step times: the IO
+time a serial walk adds over the in-memory step, and how much of it pipelining removes.
+
+Run: ``z bench offload --dir /path/on/nvme --json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+MODES = ("none", "cpu", "nvme", "nvme_serial")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _peak_rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _config(spec: dict[str, Any]) -> dict[str, Any]:
+    zero: dict[str, Any] = {"stage": spec["stage"], "sub_group_size": spec["sub_group_size"]}
+    mode = spec["mode"]
+    if mode == "cpu":
+        zero["offload_optimizer"] = {"device": "cpu"}
+    elif mode.startswith("nvme"):
+        pipe = mode == "nvme"
+        zero["offload_optimizer"] = {
+            "device": "nvme", "nvme_path": spec["dir"],
+            "pipeline_read": pipe, "pipeline_write": pipe,
+        }  # fmt: skip
+    return {
+        "train_micro_batch_size_per_gpu": spec["micro_batch"],
+        "gradient_clipping": 1.0,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+        "zero_optimization": zero,
+        "aio": {"block_size": spec["block_size"], "queue_depth": spec["queue_depth"]},
+        "comm_timeout_s": 600,
+    }
+
+
+def _rank_main(spec: dict[str, Any]) -> None:
+    rank, world = spec["rank"], spec["world"]
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(spec["port"]), RANK=str(rank),
+        WORLD_SIZE=str(world),
+    )  # fmt: skip
+    import torch
+    import torch.distributed as dist
+
+    import zcore
+    from zcore.zero import Init
+    from zstack.recipes.gpt import GPT, GPTConfig
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    cfg = GPTConfig.preset(spec["preset"], vocab_size=2048)
+    with Init(enabled=spec["stage"] == 3):
+        model = GPT(cfg, seed=0)
+    engine, *_ = zcore.initialize(model, config=_config(spec))
+    g = torch.Generator().manual_seed(rank)
+    seq = min(256, cfg.block_size)
+    tok = torch.randint(0, 2048, (spec["warmup"] + spec["steps"], spec["micro_batch"], seq + 1),
+                        generator=g)  # fmt: skip
+    rows, losses = [], []
+    for i in range(len(tok)):
+        x, y = tok[i, :, :-1], tok[i, :, 1:]
+        dist.barrier()
+        t0 = time.perf_counter()
+        loss = engine(x, y)[1]
+        engine.backward(loss)
+        t1 = time.perf_counter()
+        engine.step()
+        t2 = time.perf_counter()
+        losses.append(float(loss))
+        if i >= spec["warmup"]:
+            rows.append({"total": t2 - t0, "step": t2 - t1})
+    nvme = engine.zopt.nvme_bytes() if hasattr(engine.zopt, "nvme_bytes") else 0
+    engine.destroy()
+    out = {"rows": rows, "losses": losses, "peak_rss_mb": _peak_rss_mb(), "nvme_bytes": nvme,
+           "optimizer": type(engine.zopt).__name__}  # fmt: skip
+    with open(spec["out"], "w") as f:
+        json.dump(out, f)
+    dist.destroy_process_group()
+
+
+def _launch(spec: dict[str, Any], tmp: str) -> list[dict[str, Any]]:
+    port = _free_port()
+    procs, outs = [], []
+    for r in range(spec["world"]):
+        out = os.path.join(tmp, f"{spec['mode']}_{r}.json")
+        outs.append(out)
+        rank_spec = {**spec, "rank": r, "port": port, "out": out}
+        procs.append(
+            subprocess.Popen([sys.executable, __file__, json.dumps(rank_spec)],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        )  # fmt: skip
+    logs = [p.communicate(timeout=3600)[0] for p in procs]
+    if any(p.returncode for p in procs):
+        tail = "\n".join(log[-2000:] for log in logs)
+        raise RuntimeError(
+            f"mode {spec['mode']}: ranks exited {[p.returncode for p in procs]}\n{tail}"
+        )
+    results = []
+    for out in outs:
+        with open(out) as f:
+            results.append(json.load(f))
+    return results
+
+
+def _summary(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    steps = len(ranks[0]["rows"])
+    total = [max(r["rows"][i]["total"] for r in ranks) for i in range(steps)]
+    opt = [max(r["rows"][i]["step"] for r in ranks) for i in range(steps)]
+    return {
+        "optimizer": ranks[0]["optimizer"],
+        "median_step_s": statistics.median(total),
+        "median_optimizer_step_s": statistics.median(opt),
+        "peak_rss_mb": [r["peak_rss_mb"] for r in ranks],
+        "nvme_bytes_per_rank": [r["nvme_bytes"] for r in ranks],
+        "losses": ranks[0]["losses"],
+    }
+
+
+def run(
+    world_size: int = 2,
+    preset: str = "medium",
+    stage: int = 2,
+    dir: str | None = None,
+    steps: int = 5,
+    warmup: int = 2,
+    micro_batch: int = 2,
+    sub_group_size: int = 4_194_304,
+    block_size: int = 1_048_576,
+    queue_depth: int = 32,
+    modes: str = ",".join(MODES),
+) -> dict[str, Any]:
+    chosen = [m.strip() for m in modes.split(",") if m.strip()]
+    unknown = set(chosen) - set(MODES)
+    if unknown:
+        raise ValueError(f"unknown modes {sorted(unknown)}; choose from {list(MODES)}")
+    with tempfile.TemporaryDirectory(dir=dir) as swap, tempfile.TemporaryDirectory() as tmp:
+        base = {
+            "world": world_size, "preset": preset, "stage": stage, "dir": swap, "steps": steps,
+            "warmup": warmup, "micro_batch": micro_batch, "sub_group_size": sub_group_size,
+            "block_size": block_size, "queue_depth": queue_depth,
+        }  # fmt: skip
+        results = {m: _summary(_launch({**base, "mode": m}, tmp)) for m in chosen}
+    out: dict[str, Any] = {
+        "benchmark": "offload",
+        "world_size": world_size,
+        "preset": preset,
+        "stage": stage,
+        "swap_dir": dir or tempfile.gettempdir(),
+        "sub_group_size": sub_group_size,
+        "modes": results,
+    }
+    if "none" in results:
+        base_s = results["none"]["median_step_s"]
+        out["step_time_ratio_vs_none"] = {
+            m: r["median_step_s"] / base_s for m, r in results.items()
+        }
+        ref = results["none"]["losses"]
+        out["max_abs_loss_diff_vs_none"] = {
+            m: max(abs(a - b) for a, b in zip(r["losses"], ref, strict=True))
+            for m, r in results.items()
+        }
+    if {"cpu", "nvme", "nvme_serial"} <= set(results):
+        cpu = results["cpu"]["median_optimizer_step_s"]
+        serial = results["nvme_serial"]["median_optimizer_step_s"]
+        piped = results["nvme"]["median_optimizer_step_s"]
+        io = serial - cpu
+        out["nvme_io_hidden_fraction"] = (serial - piped) / io if io > 0 else None
+    return out
+
+
+def report(result: dict[str, Any]) -> str:
+    lines = [f"offload, {result['preset']} GPT, stage {result['stage']}, "
+             f"{result['world_size']} ranks (median step of the slowest rank):"]  # fmt: skip
+    for mode, r in result["modes"].items():
+        lines.append(
+            f"  {mode:12s} step {r['median_step_s']:.3f}s  optimizer {r['median_optimizer_step_s']:.3f}s"
+            f"  peak RSS {max(r['peak_rss_mb']):.0f} MB  swap {max(r['nvme_bytes_per_rank']) / 2**20:.0f} MiB"
+        )
+    if result.get("nvme_io_hidden_fraction") is not None:
+        lines.append(f"  NVMe IO hidden by overlap: {100 * result['nvme_io_hidden_fraction']:.0f}%")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    _rank_main(json.loads(sys.argv[1]))

@@ -1,0 +1,277 @@
+"""ZeRO-Infinity optimizer offload (``offload_optimizer.device = "nvme"``).
+
+Each rank's fp32 master partition and optimizer state (Adam's two moments, Adagrad's sum,
+Lion's momentum) live in swap files under ``nvme_path``; host memory holds the gradient
+partition, the published weights (the parameters' dtype; at stage 3 those are the
+parameter shards) and two sets of tile buffers. The step walks every partition in tiles
+of ``sub_group_size`` elements: while tile *i* is updated by zcore's native CPU kernel, tile
+*i+1* is being read and tile *i-1* written (``pipeline_read`` / ``pipeline_write``, on
+by default; off, each read or write is waited on at once). An IO failure on any rank stops the step on
+every rank before the weights are published, with the file and the fix in the message.
+
+Only zcore's element-wise CPU optimizers (Adam, AdamW, Adagrad, Lion) can be stepped a tile
+at a time; another optimizer is rejected at start.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from zcore.config import ZConfig
+from zcore.optim._base import NativeOptimizer
+from zcore.zero.optimizer import ZeroOptimizer
+from zoffload.aio import AioConfig, AioHandle, new_aligned_tensor
+from zoffload.swap import SwapError, SwapIO, SwapSpace
+
+_ALIGN = 1024  # elements per 4 KiB of fp32: tiles start on O_DIRECT boundaries
+
+
+class _Tile:
+    """One set of tile buffers: the master values, each state tensor, a gradient copy."""
+
+    def __init__(self, numel: int, keys: tuple[str, ...]) -> None:
+        self.master = new_aligned_tensor(numel, torch.float32)
+        self.state = {k: new_aligned_tensor(numel, torch.float32) for k in keys}
+        self.grad = torch.empty(numel, dtype=torch.float32)
+        self.writes: list[SwapIO] = []
+
+    def finish_writes(self) -> None:
+        writes, self.writes = self.writes, []
+        for w in writes:
+            w.wait()
+
+
+class NvmeZeroOptimizer(ZeroOptimizer):
+    """A :class:`ZeroOptimizer` whose master weights and optimizer state are on NVMe."""
+
+    def __init__(self, config: ZConfig, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs, master_device=torch.device("cpu"))
+        offload = config.zero_optimization.offload_optimizer
+        assert offload is not None and offload.nvme_path
+        inner = self.optimizer
+        if not isinstance(inner, NativeOptimizer):
+            raise ValueError(
+                'zero_optimization.offload_optimizer.device = "nvme" steps the optimizer a '
+                f"tile at a time, which needs zcore's CPU optimizers (Adam, AdamW, Adagrad, "
+                f"Lion); got {type(inner).__name__}: set optimizer.type to one of those"
+            )
+        self.keys = tuple(inner.state_keys)
+        self.numels = [int(m.numel()) for m in self.master]
+        largest = max(self.numels, default=0)
+        size = min(int(config.zero_optimization.sub_group_size), max(largest, 1))
+        self.tile = max(_ALIGN, -(-size // _ALIGN) * _ALIGN)
+        aio = AioHandle(config.aio or AioConfig())
+        self.swap = SwapSpace.create(offload.nvme_path, self.comm.rank, aio)
+        self.pipeline_read = bool(offload.pipeline_read)
+        self.pipeline_write = bool(offload.pipeline_write)
+        self.steps = [0] * len(self.master)
+        self._tiles = [_Tile(min(self.tile, max(largest, 1)), self.keys) for _ in range(2)]
+        # the weights published after each step, in the parameters' dtype (stage 3: the shards)
+        self.public: list[torch.Tensor | None] = [None] * len(self.master)
+        for g, m in enumerate(self.master):
+            if self.stage3 is None:
+                dtype = self.params[g][0].dtype if self.params[g] else torch.float32
+                self.public[g] = m.to(dtype) if dtype != torch.float32 else m.clone()
+            self._write_group(g, m, zero_state=True)
+        # the master lives on NVMe now; the inner optimizer keeps only its hyperparameters
+        for group in inner.param_groups:
+            group["params"] = [torch.empty(0)]
+        self.master = [torch.empty(0) for _ in self.master]
+
+    # -- swap files -------------------------------------------------------------------------
+    def _ranges(self, g: int) -> list[tuple[int, int]]:
+        n = self.numels[g]
+        return [(a, min(a + self.tile, n)) for a in range(0, n, self.tile)]
+
+    def _write_group(self, g: int, master: torch.Tensor, zero_state: bool = False,
+                     state: dict[str, torch.Tensor] | None = None) -> None:  # fmt: skip
+        """Write a whole group's master (and state, or zeros) to its files, tile by tile."""
+        for i, (a, b) in enumerate(self._ranges(g)):
+            t = self._tiles[i % 2]
+            t.finish_writes()
+            n = b - a
+            t.master[:n].copy_(master[a:b])
+            t.writes.append(self.swap.write(f"g{g}.master", t.master[:n], a))
+            for k in self.keys:
+                if state is not None and k in state:
+                    t.state[k][:n].copy_(state[k][a:b])
+                elif zero_state or state is not None:
+                    t.state[k][:n].zero_()
+                t.writes.append(self.swap.write(f"g{g}.{k}", t.state[k][:n], a))
+        for t in self._tiles:
+            t.finish_writes()
+
+    def _read_group(self, g: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """A whole group's master and state from its files (for checkpoints)."""
+        master = torch.empty(self.numels[g], dtype=torch.float32)
+        state = {k: torch.empty(self.numels[g], dtype=torch.float32) for k in self.keys}
+        for a, b in self._ranges(g):
+            ios = [self.swap.read(f"g{g}.master", master[a:b], a)]
+            ios += [self.swap.read(f"g{g}.{k}", state[k][a:b], a) for k in self.keys]
+            for io in ios:
+                io.wait()
+        return master, state
+
+    def _read_tile(self, g: int, a: int, b: int, t: _Tile) -> list[SwapIO]:
+        t.finish_writes()  # the buffers are about to be overwritten
+        n = b - a
+        ios = [self.swap.read(f"g{g}.master", t.master[:n], a)]
+        ios += [self.swap.read(f"g{g}.{k}", t.state[k][:n], a) for k in self.keys]
+        return ios
+
+    # -- the step ---------------------------------------------------------------------------
+    def update(self, coef: float) -> None:
+        failure: BaseException | None = None
+        try:
+            for g in range(len(self.numels)):
+                self._update_group(g, coef)
+        except SwapError as err:
+            failure = err
+        finally:
+            for t in self._tiles:
+                try:
+                    t.finish_writes()
+                except SwapError as err:
+                    failure = failure or err
+        # every rank learns of a failure before any publishes (no rank hangs in the gather)
+        if self.comm.max_flag(failure is not None, "all_reduce(nvme step failed)"):
+            if failure is not None:
+                raise failure
+            raise SwapError(
+                5, "another rank's NVMe swap failed during the step; see that rank's error"
+            )
+
+    def _update_group(self, g: int, coef: float) -> None:
+        inner: NativeOptimizer = self.optimizer  # type: ignore[assignment]
+        group = inner.param_groups[g]
+        inner._check_group(group, f"param_groups[{g}]")
+        self.steps[g] += 1
+        grads = self.partition(g)
+        ranges = self._ranges(g)
+        ahead = self.pipeline_read
+        pending = self._read_tile(g, *ranges[0], self._tiles[0]) if ranges and ahead else []
+        for i, (a, b) in enumerate(ranges):
+            t, n = self._tiles[i % 2], b - a
+            if not ahead:
+                pending = self._read_tile(g, a, b, t)
+            for io in pending:
+                io.wait()
+            if ahead and i + 1 < len(ranges):
+                pending = self._read_tile(g, *ranges[i + 1], self._tiles[(i + 1) % 2])
+            torch.mul(grads[a:b], coef, out=t.grad[:n])
+            state = {k: v[:n] for k, v in t.state.items()}
+            inner._kernel(t.master[:n], t.grad[:n], state, group, self.steps[g])
+            self._publish_tile(g, a, b, t.master[:n])
+            t.writes.append(self.swap.write(f"g{g}.master", t.master[:n], a))
+            t.writes += [self.swap.write(f"g{g}.{k}", state[k], a) for k in self.keys]
+            if not self.pipeline_write:
+                t.finish_writes()
+
+    def _publish_tile(self, g: int, a: int, b: int, values: torch.Tensor) -> None:
+        public = self.public[g]
+        if public is not None:
+            public[a:b].copy_(values)
+            return
+        assert self.stage3 is not None
+        for p, shard in zip(self.params[g], self.layouts[g].shards, strict=True):
+            lo, hi = max(a, shard.offset), min(b, shard.offset + shard.shard_size)
+            if lo < hi:
+                sp = self.stage3.params[p]
+                sp.shard[lo - shard.offset : hi - shard.offset].copy_(values[lo - a : hi - a])
+
+    # -- what the base class reads from the master ---------------------------------------
+    def _grad_device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def published(self, g: int) -> torch.Tensor:
+        public = self.public[g]
+        assert public is not None, "stage 3 publishes from the parameter shards"
+        return public
+
+    def _gather_input(self, chunk: list[torch.nn.Parameter]) -> torch.Tensor:
+        if self.stage3 is None:
+            return super()._gather_input(chunk)
+        shards = [self.stage3.params[p].shard for p in chunk]  # stage 3: the shards are current
+        return torch.cat(shards).to(chunk[0].dtype)
+
+    def publish(self) -> None:
+        if self.stage3 is None:
+            super().publish()
+            return
+        persistent = [
+            p for p, sp in self.stage3.params.items() if sp.persistent and p in self.where
+        ]
+        self._all_gather_params(persistent)
+
+    def _refresh_master(self, p: torch.nn.Parameter) -> None:
+        """A full value edited under GatheredParameters: rewrite the tiles it touches."""
+        g, shard = self.where[p]
+        slot = self._slot_of(p)
+        lo, hi = shard.offset, shard.offset + shard.shard_size
+        for a, b in self._ranges(g):
+            if b <= lo or a >= hi:
+                continue
+            t = self._tiles[0]
+            t.finish_writes()
+            self.swap.read(f"g{g}.master", t.master[: b - a], a).wait()
+            s, e = max(a, lo), min(b, hi)
+            t.master[s - a : e - a].copy_(slot[s - lo : e - lo])
+            t.writes.append(self.swap.write(f"g{g}.master", t.master[: b - a], a))
+            t.finish_writes()
+        if self.public[g] is not None:
+            self.public[g][lo:hi].copy_(slot)  # type: ignore[index]
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def master_for_save(self) -> list[torch.Tensor]:
+        return [self._read_group(g)[0] for g in range(len(self.numels))]
+
+    def optimizer_state_for_save(self) -> dict[int, dict[str, Any]]:
+        out: dict[int, dict[str, Any]] = {}
+        for g in range(len(self.numels)):
+            if self.steps[g]:
+                _, state = self._read_group(g)
+                out[g] = {"step": torch.tensor(float(self.steps[g])), **state}
+        return out
+
+    def master_for_load(self) -> list[torch.Tensor]:
+        return [torch.zeros(n, dtype=torch.float32) for n in self.numels]
+
+    def finish_load(self, masters: list[torch.Tensor], state: dict[str, Any] | None) -> None:
+        for g, m in enumerate(masters):
+            saved = (state or {}).get("state", {}).get(g, {})
+            if state is not None:
+                self.steps[g] = int(float(saved.get("step", 0)))
+                group = state["param_groups"][g]
+                self.optimizer.param_groups[g].update(
+                    {k: v for k, v in group.items() if k != "params"}
+                )
+            tensors = {k: saved[k] for k in self.keys if k in saved}
+            self._write_group(g, m, zero_state=state is not None, state=tensors)
+            public = self.public[g]
+            if public is not None:
+                public.copy_(m)
+            else:
+                self._publish_tile(g, 0, self.numels[g], m)
+
+    # -- accounting -------------------------------------------------------------------------
+    def optimizer_bytes(self) -> int:
+        """Host bytes of the optimizer side: tile buffers (the master and state are on NVMe)."""
+        t = self._tiles[0]
+        per_set = (t.master.numel() + t.grad.numel()) * 4 + sum(
+            v.numel() * 4 for v in t.state.values()
+        )
+        return 2 * per_set
+
+    def nvme_bytes(self) -> int:
+        """Bytes of this rank's swap files."""
+        return self.swap.bytes_on_disk()
+
+    def close(self) -> None:
+        self.swap.close()
+
+
+def nvme_optimizer(config: ZConfig, *args: Any, **kwargs: Any) -> ZeroOptimizer:
+    """The :mod:`zcore.zero.backends` factory for ``device = "nvme"``."""
+    return NvmeZeroOptimizer(config, *args, **kwargs)

@@ -1,0 +1,152 @@
+"""One rank's swap space on NVMe: named flat files read and written in tiles.
+
+Every file is a flat array of one dtype under a directory of its own
+(``<nvme_path>/zoffload-<pid>-<id>/rank<r>/``), created at start and removed when the
+engine is destroyed or the process exits. Reads and writes go through the native async-IO
+engine (:mod:`zoffload.aio`: io_uring or a thread pool, ``O_DIRECT``) into caller
+buffers; they are issued, then waited on, so the next tile's read and the previous tile's
+write overlap the current tile's compute.
+
+What was written is checked when it is read back: every tile's CRC-32 is kept in memory
+when it is written and compared after the read, and a short file fails the read, so a
+truncated or corrupted swap file is detected and never trained on.
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import os
+import shutil
+import uuid
+import zlib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zoffload.aio import AioHandle
+
+
+class SwapError(OSError):
+    """A swap file could not be written or read back intact; names the file and the fix."""
+
+
+class SwapIO:
+    """An issued tile read or write; :meth:`wait` finishes it (and checks a read)."""
+
+    def __init__(self, space: SwapSpace, handle: Any, key: tuple[str, int], buf: torch.Tensor,
+                 read: bool) -> None:  # fmt: skip
+        self._space, self._handle, self._key, self._buf, self._read = space, handle, key, buf, read
+
+    def wait(self) -> None:
+        if self._handle is None:
+            return
+        handle, self._handle = self._handle, None
+        name, offset = self._key
+        path = self._space.path(name)
+        try:
+            handle.wait()
+        except OSError as err:
+            raise self._space.error(path, offset * self._buf.element_size(), err) from err
+        if self._read:
+            self._space.verify(self._key, self._buf)
+
+
+class SwapSpace:
+    """Named flat swap files of one rank under ``root``."""
+
+    def __init__(self, root: Path, aio: AioHandle) -> None:
+        self.root = root
+        self.aio = aio
+        self._crc: dict[tuple[str, int], tuple[int, int]] = {}
+        atexit.register(self.close)
+
+    @classmethod
+    def create(cls, nvme_path: str | os.PathLike[str], rank: int, aio: AioHandle) -> SwapSpace:
+        """A fresh swap directory under ``nvme_path`` (which must exist and be writable)."""
+        base = Path(nvme_path)
+        what = "offload nvme_path"
+        if not base.is_dir():
+            raise SwapError(
+                errno.ENOENT,
+                f"{what} `{base}` does not exist or is not a directory; create it on a local "
+                "NVMe drive or point nvme_path at one",
+            )
+        if not os.access(base, os.W_OK | os.X_OK):
+            raise SwapError(
+                errno.EACCES,
+                f"{what} `{base}` is not writable by this process; fix its permissions or "
+                "choose another nvme_path",
+            )
+        root = base / f"zoffload-{os.getpid()}-{uuid.uuid4().hex[:8]}" / f"rank{rank}"
+        try:
+            root.mkdir(parents=True)
+        except OSError as err:
+            raise SwapError(err.errno, f"cannot create swap directory `{root}`: {err}") from err
+        return cls(root, aio)
+
+    def path(self, name: str) -> Path:
+        return self.root / f"{name}.swp"
+
+    def write(self, name: str, buf: torch.Tensor, offset: int) -> SwapIO:
+        """Write ``buf`` (flat) at element ``offset`` of file ``name``; ``buf`` must stay
+        untouched until the returned write is waited on."""
+        key = (name, offset)
+        self._crc[key] = (buf.numel(), zlib.crc32(_bytes(buf)))
+        try:
+            handle = self.aio.async_pwrite(buf, str(self.path(name)), offset * buf.element_size())
+        except OSError as err:
+            raise self.error(self.path(name), offset * buf.element_size(), err) from err
+        return SwapIO(self, handle, key, buf, read=False)
+
+    def read(self, name: str, buf: torch.Tensor, offset: int) -> SwapIO:
+        """Read ``buf.numel()`` elements at element ``offset`` of file ``name`` into ``buf``."""
+        key = (name, offset)
+        if key not in self._crc:
+            raise SwapError(
+                errno.ENOENT,
+                f"swap file `{self.path(name)}` has no tile at element {offset} (never written)",
+            )
+        try:
+            handle = self.aio.async_pread(buf, str(self.path(name)), offset * buf.element_size())
+        except OSError as err:
+            raise self.error(self.path(name), offset * buf.element_size(), err) from err
+        return SwapIO(self, handle, key, buf, read=True)
+
+    def verify(self, key: tuple[str, int], buf: torch.Tensor) -> None:
+        numel, crc = self._crc[key]
+        if buf.numel() != numel or zlib.crc32(_bytes(buf)) != crc:
+            name, offset = key
+            raise SwapError(
+                errno.EIO,
+                f"swap file `{self.path(name)}` is corrupt: the tile at element {offset} "
+                f"({numel} elements) does not read back as written; the drive or another "
+                "process changed it. Training stopped before using it: restart from the last "
+                "checkpoint",
+            )
+
+    def error(self, path: Path, offset: int, err: OSError) -> SwapError:
+        code = err.errno or errno.EIO
+        if code in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            fix = "free space on that drive, or point nvme_path at a larger one"
+        elif code in (errno.ENOENT,):
+            fix = "the swap file was removed while training; restart from the last checkpoint"
+        else:
+            fix = "check the drive (dmesg) and restart from the last checkpoint"
+        return SwapError(code, f"swap IO on `{path}` at byte {offset} failed: {err}; {fix}")
+
+    def bytes_on_disk(self) -> int:
+        return sum(p.stat().st_size for p in self.root.glob("*.swp"))
+
+    def close(self) -> None:
+        """Remove the swap directory (and its per-job parent when empty)."""
+        shutil.rmtree(self.root, ignore_errors=True)
+        try:
+            self.root.parent.rmdir()
+        except OSError:
+            pass
+
+
+def _bytes(t: torch.Tensor) -> memoryview:
+    return memoryview(t.detach().view(torch.uint8).numpy())

@@ -1,0 +1,163 @@
+"""ZeRO-Infinity optimizer offload to NVMe: same training as without offload, swap files
+that come and go with the engine, and IO faults that stop training cleanly."""
+
+from __future__ import annotations
+
+import resource
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import zcore
+from tests.utils.distributed import run_ranks
+from tests.zcore.zero.common import config, full_params, make_model, train
+from tests.zoffload.equivalence import assert_matches, offload_vs_plain
+
+TILE = 2048  # elements: each rank's ~4k-element partition walks two tiles
+
+
+def nvme(path: Path) -> dict[str, Any]:
+    path.mkdir(parents=True, exist_ok=True)
+    return {"device": "nvme", "nvme_path": str(path)}
+
+
+def nvme_config(stage: int, path: Path, **extra: Any) -> dict[str, Any]:
+    return config(
+        stage,
+        zero_optimization={"offload_optimizer": nvme(path), "sub_group_size": TILE},
+        aio={"block_size": 4096, "queue_depth": 8},
+        **extra,
+    )
+
+
+@pytest.mark.parametrize(
+    ("stage", "pipeline"), [(2, True), (3, True), (2, False)], ids=["2", "3", "2-serial"]
+)
+def test_nvme_offload_matches_plain_training(stage: int, pipeline: bool, tmp_path: Path) -> None:
+    offload = {**nvme(tmp_path / "nvme"), "pipeline_read": pipeline, "pipeline_write": pipeline}
+    args = (stage, offload, str(tmp_path / "ckpt"), 10, {"sub_group_size": TILE})
+    results = run_ranks(offload_vs_plain, 2, args=args, timeout=300)
+    for got in results:
+        assert got["zopt"] == "NvmeZeroOptimizer"
+        assert_matches(got)
+    assert list((tmp_path / "nvme").iterdir()) == []  # swap files removed with the engines
+
+
+def _swap_state(rank: int, world: int, root: str) -> dict[str, Any]:
+    engine, *_ = zcore.initialize(make_model(), config=nvme_config(2, Path(root)))
+    train(engine, 2)
+    zopt = engine.zopt
+    files = sorted(p.name for p in zopt.swap.root.iterdir())
+    out = {
+        "files": files,
+        "nvme_bytes": zopt.nvme_bytes(),
+        "host_optimizer_bytes": zopt.optimizer_bytes(),
+        "partition": sum(zopt.numels),
+        "tile": zopt.tile,
+    }
+    engine.destroy()
+    out["left_after_destroy"] = zopt.swap.root.parent.exists()
+    return out
+
+
+def test_master_and_adam_state_live_in_swap_files(tmp_path: Path) -> None:
+    for got in run_ranks(_swap_state, 2, args=(str(tmp_path / "nvme"),)):
+        assert got["files"] == ["g0.exp_avg.swp", "g0.exp_avg_sq.swp", "g0.master.swp"]
+        assert got["nvme_bytes"] == 3 * 4 * got["partition"]
+        # host memory: two tile sets (master, two moments, a gradient copy), not the partition
+        assert got["host_optimizer_bytes"] == 2 * 4 * 4 * got["tile"]
+        assert not got["left_after_destroy"]
+
+
+def _start(rank: int, world: int, path: str) -> str:
+    cfg = config(2, zero_optimization={"offload_optimizer": {"device": "nvme", "nvme_path": path}})
+    try:
+        zcore.initialize(make_model(), config=cfg)
+    except OSError as err:
+        return str(err)
+    return "started"
+
+
+def test_missing_or_bad_nvme_path_fails_at_start(tmp_path: Path) -> None:
+    missing = tmp_path / "no" / "such" / "dir"
+    for message in run_ranks(_start, 2, args=(str(missing),)):
+        assert str(missing) in message and "does not exist" in message
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    for message in run_ranks(_start, 2, args=(str(a_file),)):
+        assert str(a_file) in message and "not a directory" in message
+
+
+def _fault(rank: int, world: int, root: str, ckpt: str, kind: str) -> dict[str, Any]:
+    engine, *_ = zcore.initialize(make_model(), config=nvme_config(2, Path(root)))
+    train(engine, 2)
+    engine.save_checkpoint(ckpt)
+    train(engine, 1, start=2)
+    swap = engine.zopt.swap.path("g0.exp_avg")
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if rank == 0 and kind == "corrupt":
+        with open(swap, "r+b") as f:  # flip bytes inside the second tile
+            f.seek(TILE * 4 + 100)
+            f.write(b"\xff" * 64)
+    if rank == 0 and kind == "file_size_limit":  # as a full disk would: writes fail (EFBIG)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, limit[1]))
+    error = ""
+    try:
+        train(engine, 1, start=3)
+    except OSError as err:
+        error = str(err)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+    engine.destroy()
+    # the last checkpoint still loads and trains
+    fresh, *_ = zcore.initialize(make_model(seed=3), config=nvme_config(2, Path(root)))
+    fresh.load_checkpoint(ckpt)
+    losses = train(fresh, 1, start=2)
+    params = full_params(fresh)
+    fresh.destroy()
+    return {"error": error, "swap": str(swap), "losses": losses, "params": params}
+
+
+@pytest.mark.parametrize("kind", ["corrupt", "file_size_limit"])
+def test_swap_faults_stop_every_rank_and_the_checkpoint_still_loads(
+    kind: str, tmp_path: Path
+) -> None:
+    ckpt = str(tmp_path / "ckpt")
+    got = run_ranks(_fault, 2, args=(str(tmp_path / "nvme"), ckpt, kind), timeout=300)
+    first, other = got
+    assert first["swap"] in first["error"] or "swap" in first["error"]
+    if kind == "corrupt":
+        assert "corrupt" in first["error"] and first["swap"] in first["error"]
+    else:
+        assert "File too large" in first["error"] or "EFBIG" in first["error"]
+        assert "free space" in first["error"]
+    assert "another rank" in other["error"]
+    # both ranks resumed from the checkpoint to the same state
+    assert first["losses"] == other["losses"]
+    for name, value in first["params"].items():
+        torch.testing.assert_close(other["params"][name], value, atol=0, rtol=0)
+
+
+def _edit(rank: int, world: int, root: str, offloaded: bool) -> dict[str, torch.Tensor]:
+    from zcore.zero import GatheredParameters
+
+    cfg = nvme_config(3, Path(root)) if offloaded else config(3)
+    engine, *_ = zcore.initialize(make_model(), config=cfg)
+    train(engine, 1)
+    fc = engine.module.blocks[0].fc.weight
+    with GatheredParameters([fc], modifier_rank=0):
+        if rank == 0:
+            fc.data.mul_(0.5)  # an edit the master weights (on NVMe) must take in
+    train(engine, 2, start=1)
+    params = full_params(engine)
+    engine.destroy()
+    return params
+
+
+def test_gathered_parameters_edits_reach_the_swapped_master(tmp_path: Path) -> None:
+    want = run_ranks(_edit, 2, args=(str(tmp_path / "nvme"), False))[0]
+    for got in run_ranks(_edit, 2, args=(str(tmp_path / "nvme"), True)):
+        for name, value in want.items():
+            torch.testing.assert_close(got[name], value, atol=1e-5, rtol=0, msg=name)

@@ -1,0 +1,52 @@
+"""`z bench io` end to end at 8 MiB: one JSON object last, every contender
+measured on the same file system with its read-back verified, and the
+DeepSpeed entry either measured or explained. Timings are not asserted."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import znative
+
+Z = str(Path(sys.executable).parent / "z")
+
+
+def test_bench_io_json_shape_and_verified_reads(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [Z, "bench", "io", "--size", "8MiB", "--dir", str(tmp_path), "--block-size", "256KiB",
+         "--queue-depth", "16", "--rounds", "1", "--json"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["benchmark"] == "io" and r["size_bytes"] == 8 << 20
+    assert (r["block_size"], r["queue_depth"], r["rounds"]) == (256 << 10, 16, 1)
+    assert r["dir"] == str(tmp_path) and r["filesystem"]
+    names = {"zstack_threads", "python_write_fsync_readinto", "torch_save_load"}
+    if znative.io_backend_probe()[0] == "io_uring":
+        names.add("zstack_io_uring")
+    assert names <= set(r["results"])
+    for name, c in r["results"].items():
+        assert c["verified"] is True, name
+        assert c["write_gb_per_s"] > 0 and c["read_gb_per_s"] > 0, name
+    for name in ("zstack_threads", "zstack_io_uring"):
+        if name in r["results"]:
+            stats = r["results"][name]["stats"]
+            assert stats["direct"] == stats["requests"] > 0 and stats["bounced"] == 0
+    assert r["ours"] in r["results"]
+    if "deepspeed_aio" in r["results"]:
+        assert r["deepspeed_aio"] == "ok" and r["ratio_ours_over_deepspeed_gb_per_s"]
+    else:
+        assert r["deepspeed_aio"] and r["ratio_ours_over_deepspeed_gb_per_s"] is None
+    assert list(tmp_path.iterdir()) == [], "benchmark files are removed"
+
+
+def test_bench_io_rejects_bad_size(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [Z, "bench", "io", "--size", "lots", "--dir", str(tmp_path), "--no-ds"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode != 0 and "1GiB" in out.stderr + out.stdout
