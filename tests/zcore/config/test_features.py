@@ -15,12 +15,11 @@ from zcore.config import (
 )
 from zcore.config.features import GATED
 
-OFFLOAD_MESSAGE = {
-    "offload_optimizer": "offload is provided by the zoffload package, which is not installed: "
-    '`pip install zoffload`, or set device to "none" or remove the block',
-    "offload_param": "offload is provided by the zoffload package and is not built yet; "
-    'set device to "none" or remove the block',
-}
+_NOT_INSTALLED = (
+    "offload is provided by the zoffload package, which is not installed: "
+    '`pip install zoffload`, or set device to "none" or remove the block'
+)
+OFFLOAD_MESSAGE = {"offload_optimizer": _NOT_INSTALLED, "offload_param": _NOT_INSTALLED}
 
 
 @pytest.fixture(autouse=True)

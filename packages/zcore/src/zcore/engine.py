@@ -25,7 +25,7 @@ from zcore.config import ZConfig
 from zcore.monitor import MonitorMaster
 from zcore.optim_factory import build_inner_optimizer
 from zcore.precision import LossScaler, model_dtype
-from zcore.zero.backends import optimizer_backend
+from zcore.zero.backends import optimizer_backend, param_backend
 from zcore.zero.stage3 import Stage3Params
 
 log = logging.getLogger("zcore")
@@ -93,6 +93,9 @@ class ZEngine:
                     self._broadcast([p.data])
                     self.stage3.partition(p, n)
             self.stage3.cast_(self.dtype)
+            off_param = zc.offload_param
+            if off_param is not None and off_param.device != "none":
+                self.stage3.store = param_backend(off_param.device)(config, self.stage3)
             self._cast_buffers()
             self._broadcast(list(model.buffers()))
             self.stage3.install(model)
@@ -375,6 +378,7 @@ class ZEngine:
         """Remove hooks and close monitors (the process group stays up)."""
         if self.stage3 is not None:
             self.stage3.remove_hooks()
+            self.stage3.store.close()
         self.zopt.close()
         self.monitor.close()
 

@@ -9,7 +9,9 @@ Moves model states off the accelerator, chosen by zcore config:
   master weights and optimizer state in swap files, stepped in ``sub_group_size`` tiles
   with read-ahead and write-behind through the native async-IO engine.
 
-Parameter offload (``offload_param``) is not built yet; its config key stays an error.
+- ``offload_param.device = "cpu" | "nvme"`` (ZeRO stage 3, :mod:`zoffload.param_store`):
+  parameter shards in host memory or a swap file, read ahead from stage 3's module trace.
+
 zcore finds this package through the ``zcore.extensions`` entry point
 (:mod:`zoffload.extension` registers the devices), so a config is all a user writes.
 

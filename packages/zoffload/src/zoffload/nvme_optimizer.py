@@ -178,8 +178,7 @@ class NvmeZeroOptimizer(ZeroOptimizer):
         for p, shard in zip(self.params[g], self.layouts[g].shards, strict=True):
             lo, hi = max(a, shard.offset), min(b, shard.offset + shard.shard_size)
             if lo < hi:
-                sp = self.stage3.params[p]
-                sp.shard[lo - shard.offset : hi - shard.offset].copy_(values[lo - a : hi - a])
+                self.stage3.write_shard(p, values[lo - a : hi - a], lo - shard.offset)
 
     # -- what the base class reads from the master ---------------------------------------
     def _grad_device(self) -> torch.device:
@@ -193,7 +192,7 @@ class NvmeZeroOptimizer(ZeroOptimizer):
     def _gather_input(self, chunk: list[torch.nn.Parameter]) -> torch.Tensor:
         if self.stage3 is None:
             return super()._gather_input(chunk)
-        shards = [self.stage3.params[p].shard for p in chunk]  # stage 3: the shards are current
+        shards = [self.stage3.shard_of(p) for p in chunk]  # stage 3: the shards are current
         return torch.cat(shards).to(chunk[0].dtype)
 
     def publish(self) -> None:

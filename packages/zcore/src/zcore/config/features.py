@@ -69,15 +69,11 @@ class Feature:
     def problem(self, value: Any) -> ConfigProblem:
         if self.key.endswith((".offload_optimizer", ".offload_param")):
             device = value.get("device") if isinstance(value, dict) else value
-            if self.key.endswith(".offload_optimizer"):
-                why = f", which is not installed: `pip install {self.owner}`, or"
-            else:
-                why = " and is not built yet;"
             return ConfigProblem.at(
                 join_path(self.key, "device"),
                 device,
-                f"offload is provided by the {self.owner} package{why} "
-                'set device to "none" or remove the block',
+                f"offload is provided by the {self.owner} package, which is not installed: "
+                f'`pip install {self.owner}`, or set device to "none" or remove the block',
             )
         owner = (
             f"it will come with the {self.owner} package"

@@ -20,6 +20,30 @@ OptimizerBackend = Callable[..., ZeroOptimizer]
 
 _BACKENDS: dict[str, OptimizerBackend] = {}
 
+#: ``factory(config, stage3)`` → the :class:`~zcore.zero.stage3.ShardStore` that takes over
+#: the stage-3 shards for ``offload_param.device``.
+ParamBackend = Callable[..., Any]
+
+_PARAM_BACKENDS: dict[str, ParamBackend] = {}
+
+
+def register_param_backend(device: str, factory: ParamBackend) -> None:
+    """Make ``offload_param.device = device`` keep stage-3 shards in ``factory``'s store."""
+    _PARAM_BACKENDS[device] = factory
+
+
+def param_backend(device: str) -> ParamBackend:
+    """The store factory for ``offload_param.device`` (not ``"none"``)."""
+    if device not in _PARAM_BACKENDS:
+        load_extensions()
+    try:
+        return _PARAM_BACKENDS[device]
+    except KeyError:
+        raise ValueError(
+            f'zero_optimization.offload_param.device = "{device}" is built by the zoffload '
+            'package, which is not installed: `pip install zoffload`, or set device to "none"'
+        ) from None
+
 
 def register_optimizer_backend(device: str, factory: OptimizerBackend) -> None:
     """Make ``offload_optimizer.device = device`` build its optimizer with ``factory``."""

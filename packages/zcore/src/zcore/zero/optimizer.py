@@ -104,7 +104,7 @@ class ZeroOptimizer:
         """This rank's slot of ``p`` as fp32 (from the stage-3 shard or the full value)."""
         _, shard = self.where[p]
         if self.stage3 is not None and p in self.stage3.params:
-            return self.stage3.params[p].shard.float()
+            return self.stage3.shard_of(p).float()
         return own_slot(p.data.float(), shard, self.shard_rank)
 
     def _initial_master(self, g: int) -> torch.Tensor:
@@ -217,7 +217,9 @@ class ZeroOptimizer:
                 sp = self.stage3.params.get(p)
                 if sp is None:
                     continue
-                sp.shard.copy_(self.published(g)[shard.offset : shard.offset + shard.shard_size])
+                self.stage3.write_shard(
+                    p, self.published(g)[shard.offset : shard.offset + shard.shard_size]
+                )
                 if sp.persistent:
                     persistent.append(p)
             self._all_gather_params(persistent)

@@ -59,6 +59,29 @@ class _Gather:
     done: bool = False
 
 
+class ShardStore:
+    """Where the shards of partitioned parameters live between uses.
+
+    This one keeps each in memory (``ShardedParam.shard``); zoffload's stores keep them in
+    host memory or swap files (``offload_param``) and leave ``shard`` empty for the
+    parameters they hold.
+    """
+
+    def read(self, p: nn.Parameter, sp: ShardedParam) -> torch.Tensor:
+        """This rank's shard of ``p`` (``shard_size`` elements, the parameter's dtype)."""
+        return sp.shard
+
+    def write(self, p: nn.Parameter, sp: ShardedParam, values: torch.Tensor, start: int) -> None:
+        """Set elements ``[start, start + len(values))`` of ``p``'s shard."""
+        sp.shard[start : start + values.numel()].copy_(values)
+
+    def prefetch(self, params: list[nn.Parameter]) -> None:
+        """A hint that ``params`` will be read soon (stores that swap start reading)."""
+
+    def close(self) -> None:
+        """Release files and buffers (the engine is being destroyed)."""
+
+
 class Stage3Params:
     """Owns the shards of every partitioned parameter and gathers/releases their data."""
 
@@ -77,6 +100,7 @@ class Stage3Params:
         self.max_reuse_elems = max_reuse_elems
         self._keep_after_fwd: list[set[nn.Parameter]] = []  # by forward-trace position
         self.params: dict[nn.Parameter, ShardedParam] = {}
+        self.store = ShardStore()
         self.live_elems = 0
         self.peak_live_elems = 0
         self.on_repartition: list[Callable[[nn.Parameter], None]] = []
@@ -110,7 +134,7 @@ class Stage3Params:
     def repartition(self, p: nn.Parameter) -> None:
         """Take this rank's slot of ``p``'s current full value (after an edit) into its shard."""
         sp = self.params[p]
-        sp.shard.copy_(own_slot(p.data, sp.slots, self.comm.rank))
+        self.store.write(p, sp, own_slot(p.data, sp.slots, self.comm.rank), 0)
         for fn in self.on_repartition:
             fn(p)
 
@@ -128,8 +152,9 @@ class Stage3Params:
             return
         w = self.comm.size
         cols = sum(self.params[p].shard_size for p in todo)
-        inp = torch.cat([self.params[p].shard for p in todo])
-        out = torch.empty(w * cols, dtype=inp.dtype, device=inp.device)
+        device = todo[0].device  # the shards may be offloaded; the gather runs here
+        inp = torch.cat([self.shard_of(p) for p in todo]).to(device)
+        out = torch.empty(w * cols, dtype=inp.dtype, device=device)
         handle = self.comm.all_gather(out, inp, f"all_gather({what}, {w * cols} elems)")
         members, col = [], 0
         gather = _Gather(handle, out, members)
@@ -140,6 +165,14 @@ class Stage3Params:
             sp.status, sp.pending = "inflight", gather
             self.live_elems += sp.numel
         self.peak_live_elems = max(self.peak_live_elems, self.live_elems)
+
+    def shard_of(self, p: nn.Parameter) -> torch.Tensor:
+        """This rank's current shard of ``p``, wherever the store keeps it."""
+        return self.store.read(p, self.params[p])
+
+    def write_shard(self, p: nn.Parameter, values: torch.Tensor, start: int = 0) -> None:
+        """Update elements ``[start, start + len(values))`` of ``p``'s shard."""
+        self.store.write(p, self.params[p], values, start)
 
     def _complete(self, gather: _Gather) -> None:
         if gather.done:
@@ -173,7 +206,7 @@ class Stage3Params:
             if sp.status == "inflight":
                 assert sp.pending is not None
                 self._complete(sp.pending)
-            p.data = _empty(sp.shard.dtype, sp.shard.device)
+            p.data = _empty(p.dtype, p.device)
             sp.status = "released"
             self.live_elems -= sp.numel
 
@@ -231,6 +264,12 @@ class Stage3Params:
             budget -= need
             self.fetch(todo, f"prefetch {type(m).__name__}")
             self._ahead += 1
+        # beyond the gather window, let a swapping store start reading the next shards
+        later: list[nn.Parameter] = []
+        for m in trace[self._ahead : self._ahead + 4]:
+            later += [p for p in self._own(m) if self.params[p].status == "released"]
+        if later:
+            self.store.prefetch(later)
 
     def _root_pre_forward(self, module: nn.Module, args: Any) -> None:
         self._fwd_now = []
