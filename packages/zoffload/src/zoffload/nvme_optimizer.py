@@ -1,9 +1,13 @@
 """ZeRO-Infinity optimizer offload (``offload_optimizer.device = "nvme"``).
 
-Each rank's fp32 master partition and optimizer state (Adam's two moments, Adagrad's sum,
-Lion's momentum) live in swap files under ``nvme_path``; host memory holds the gradient
-partition, the published weights (the parameters' dtype; at stage 3 those are the
-parameter shards) and two sets of tile buffers. The step walks every partition in tiles
+Each rank's fp32 master partition, optimizer state (Adam's two moments, Adagrad's sum,
+Lion's momentum) and fp32 gradient partition live in swap files under ``nvme_path``; host
+memory holds the published weights at stages 1-2 (the parameters' dtype; at stage 3 the
+parameter shards, themselves offloadable with ``offload_param``) and two sets of tile
+buffers. Each reduced gradient slot is written out as its bucket completes (read, added
+and rewritten when micro-steps accumulate), with its squared norm and finiteness noted,
+so the global norm needs no pass over the file. The master is built and written a tile at
+a time at start, so the whole partition is never in memory. The step walks every partition in tiles
 of ``sub_group_size`` elements: while tile *i* is updated by zcore's native CPU kernel, tile
 *i+1* is being read and tile *i-1* written (``pipeline_read`` / ``pipeline_write``, on
 by default; off, each read or write is waited on at once). An IO failure on any rank stops the step on
@@ -15,12 +19,14 @@ at a time; another optimizer is rejected at start.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
 from zcore.config import ZConfig
 from zcore.optim._base import NativeOptimizer
+from zcore.zero.layout import ParamShard
 from zcore.zero.optimizer import ZeroOptimizer
 from zoffload.aio import AioConfig, AioHandle, new_aligned_tensor
 from zoffload.swap import SwapError, SwapIO, SwapSpace
@@ -34,7 +40,7 @@ class _Tile:
     def __init__(self, numel: int, keys: tuple[str, ...]) -> None:
         self.master = new_aligned_tensor(numel, torch.float32)
         self.state = {k: new_aligned_tensor(numel, torch.float32) for k in keys}
-        self.grad = torch.empty(numel, dtype=torch.float32)
+        self.grad = new_aligned_tensor(numel, torch.float32)
         self.writes: list[SwapIO] = []
 
     def finish_writes(self) -> None:
@@ -58,7 +64,7 @@ class NvmeZeroOptimizer(ZeroOptimizer):
                 f"Lion); got {type(inner).__name__}: set optimizer.type to one of those"
             )
         self.keys = tuple(inner.state_keys)
-        self.numels = [int(m.numel()) for m in self.master]
+        self.numels = [layout.numel for layout in self.layouts]
         largest = max(self.numels, default=0)
         size = min(int(config.zero_optimization.sub_group_size), max(largest, 1))
         self.tile = max(_ALIGN, -(-size // _ALIGN) * _ALIGN)
@@ -66,19 +72,113 @@ class NvmeZeroOptimizer(ZeroOptimizer):
         self.swap = SwapSpace.create(offload.nvme_path, self.comm.rank, aio)
         self.pipeline_read = bool(offload.pipeline_read)
         self.pipeline_write = bool(offload.pipeline_write)
-        self.steps = [0] * len(self.master)
+        self.steps = [0] * len(self.numels)
         self._tiles = [_Tile(min(self.tile, max(largest, 1)), self.keys) for _ in range(2)]
+        self._written: dict[tuple[int, int], float] = {}  # gradient slots of this cycle: sq
+        self._nonfinite = False
+        self._grad_writes: list[SwapIO] = []
+        # a gradient swap failure inside backward is raised at the step, on every rank at
+        # once, rather than in one rank's hook (which would leave the others in a collective)
+        self._grad_failure: SwapError | None = None
+        self._grad_write_elems = 0
         # the weights published after each step, in the parameters' dtype (stage 3: the shards)
-        self.public: list[torch.Tensor | None] = [None] * len(self.master)
-        for g, m in enumerate(self.master):
+        self.public: list[torch.Tensor | None] = [None] * len(self.numels)
+        for g in range(len(self.numels)):
             if self.stage3 is None:
                 dtype = self.params[g][0].dtype if self.params[g] else torch.float32
-                self.public[g] = m.to(dtype) if dtype != torch.float32 else m.clone()
-            self._write_group(g, m, zero_state=True)
-        # the master lives on NVMe now; the inner optimizer keeps only its hyperparameters
+                self.public[g] = torch.zeros(self.numels[g], dtype=dtype)
+            self._write_initial(g)
+        # the master lives on NVMe; the inner optimizer keeps only its hyperparameters
         for group in inner.param_groups:
             group["params"] = [torch.empty(0)]
-        self.master = [torch.empty(0) for _ in self.master]
+
+    def _initial_master(self, g: int) -> torch.Tensor:
+        return torch.empty(0)  # built tile by tile into the swap file by _write_initial
+
+    def _write_initial(self, g: int) -> None:
+        """Master (from the parameters), zero state and zero gradients, a tile at a time."""
+        shards = list(zip(self.params[g], self.layouts[g].shards, strict=True))
+        for i, (a, b) in enumerate(self._ranges(g)):
+            t = self._tiles[i % 2]
+            t.finish_writes()
+            n = b - a
+            t.master[:n].zero_()
+            for p, shard in shards:
+                lo, hi = max(a, shard.offset), min(b, shard.offset + shard.shard_size)
+                if lo < hi:
+                    slot = self._slot_of(p)
+                    t.master[lo - a : hi - a].copy_(slot[lo - shard.offset : hi - shard.offset])
+            if self.public[g] is not None:
+                self.public[g][a:b].copy_(t.master[:n])  # type: ignore[index]
+            t.writes.append(self.swap.write(f"g{g}.master", t.master[:n], a))
+            t.grad[:n].zero_()
+            t.writes.append(self.swap.write(f"g{g}.grad", t.grad[:n], a, check=False))
+            for k in self.keys:
+                t.state[k][:n].zero_()
+                t.writes.append(self.swap.write(f"g{g}.{k}", t.state[k][:n], a))
+        for t in self._tiles:
+            t.finish_writes()
+
+    # -- gradients on NVMe ------------------------------------------------------------------
+    def accumulate(self, g: int, shard: ParamShard, values: torch.Tensor, alpha: float) -> None:
+        if self._grad_failure is not None:
+            return  # this step is lost already; it fails at update
+        try:
+            self._accumulate(g, shard, values, alpha)
+        except SwapError as err:
+            self._grad_failure = err
+
+    def _accumulate(self, g: int, shard: ParamShard, values: torch.Tensor, alpha: float) -> None:
+        key = (g, shard.offset)
+        buf = new_aligned_tensor(shard.shard_size, torch.float32)
+        torch.mul(values.to(buf.device), alpha, out=buf)
+        if key in self._written:  # accumulating micro-steps: add what is on the file
+            self._finish_grad_writes()
+            old = torch.empty_like(buf)
+            self.swap.read(f"g{g}.grad", old, shard.offset, check=False).wait()
+            buf.add_(old)
+        sq = float(torch.linalg.vector_norm(buf)) ** 2
+        self._nonfinite |= not math.isfinite(sq)
+        self._written[key] = sq
+        self._grad_writes.append(self.swap.write(f"g{g}.grad", buf, shard.offset, check=False))
+        self._grad_write_elems += buf.numel()
+        if self._grad_write_elems > 4 * self.tile:  # bound the copies held by writes in flight
+            self._finish_grad_writes()
+
+    def _finish_grad_writes(self) -> None:
+        writes, self._grad_writes, self._grad_write_elems = self._grad_writes, [], 0
+        for w in writes:
+            try:
+                w.wait()
+            except SwapError as err:
+                self._grad_failure = self._grad_failure or err
+
+    def global_grad_norm(self, inv_scale: float) -> float:
+        self._finish_grad_writes()
+        sq = sum(self._written.values())
+        if self.shard_world > 1:
+            sq = self.comm.sum_scalar(sq, "all_reduce(gradient norm)")
+        return math.sqrt(sq) * inv_scale
+
+    def grads_overflow(self) -> bool:
+        self._finish_grad_writes()
+        return self.comm.max_flag(self._nonfinite, "all_reduce(fp16 overflow flag)")
+
+    def zero_grad(self) -> None:
+        super().zero_grad()
+        self._finish_grad_writes()
+        self._written.clear()
+        self._nonfinite = False
+
+    def grad_bytes(self) -> int:
+        return 0  # on NVMe
+
+    def _zero_unwritten(self, g: int, a: int, b: int, grad: torch.Tensor) -> None:
+        """Zero the parts of a gradient tile whose slots got no gradient this cycle."""
+        for shard in self.layouts[g].shards:
+            lo, hi = max(a, shard.offset), min(b, shard.offset + shard.shard_size)
+            if lo < hi and (g, shard.offset) not in self._written:
+                grad[lo - a : hi - a].zero_()
 
     # -- swap files -------------------------------------------------------------------------
     def _ranges(self, g: int) -> list[tuple[int, int]]:
@@ -119,14 +219,18 @@ class NvmeZeroOptimizer(ZeroOptimizer):
         n = b - a
         ios = [self.swap.read(f"g{g}.master", t.master[:n], a)]
         ios += [self.swap.read(f"g{g}.{k}", t.state[k][:n], a) for k in self.keys]
+        ios.append(self.swap.read(f"g{g}.grad", t.grad[:n], a, check=False))
         return ios
 
     # -- the step ---------------------------------------------------------------------------
     def update(self, coef: float) -> None:
-        failure: BaseException | None = None
+        # a gradient write that failed during backward was kept for here
+        failure: BaseException | None = self._grad_failure
+        self._grad_failure = None
         try:
-            for g in range(len(self.numels)):
-                self._update_group(g, coef)
+            if failure is None:
+                for g in range(len(self.numels)):
+                    self._update_group(g, coef)
         except SwapError as err:
             failure = err
         finally:
@@ -148,7 +252,7 @@ class NvmeZeroOptimizer(ZeroOptimizer):
         group = inner.param_groups[g]
         inner._check_group(group, f"param_groups[{g}]")
         self.steps[g] += 1
-        grads = self.partition(g)
+        self._finish_grad_writes()
         ranges = self._ranges(g)
         ahead = self.pipeline_read
         pending = self._read_tile(g, *ranges[0], self._tiles[0]) if ranges and ahead else []
@@ -160,7 +264,9 @@ class NvmeZeroOptimizer(ZeroOptimizer):
                 io.wait()
             if ahead and i + 1 < len(ranges):
                 pending = self._read_tile(g, *ranges[i + 1], self._tiles[(i + 1) % 2])
-            torch.mul(grads[a:b], coef, out=t.grad[:n])
+            self._zero_unwritten(g, a, b, t.grad[:n])
+            if coef != 1.0:
+                t.grad[:n].mul_(coef)
             state = {k: v[:n] for k, v in t.state.items()}
             inner._kernel(t.master[:n], t.grad[:n], state, group, self.steps[g])
             self._publish_tile(g, a, b, t.master[:n])

@@ -89,21 +89,25 @@ class SwapSpace:
     def path(self, name: str) -> Path:
         return self.root / f"{name}.swp"
 
-    def write(self, name: str, buf: torch.Tensor, offset: int) -> SwapIO:
+    def write(self, name: str, buf: torch.Tensor, offset: int, check: bool = True) -> SwapIO:
         """Write ``buf`` (flat) at element ``offset`` of file ``name``; ``buf`` must stay
-        untouched until the returned write is waited on."""
+        untouched until the returned write is waited on. ``check=False``: no checksum (for
+        data read back in other pieces than written, such as gradient slots read as tiles;
+        such data lives one step and a short file still fails its read)."""
         key = (name, offset)
-        self._crc[key] = (buf.numel(), zlib.crc32(_bytes(buf)))
+        if check:
+            self._crc[key] = (buf.numel(), zlib.crc32(_bytes(buf)))
         try:
             handle = self.aio.async_pwrite(buf, str(self.path(name)), offset * buf.element_size())
         except OSError as err:
             raise self.error(self.path(name), offset * buf.element_size(), err) from err
         return SwapIO(self, handle, key, buf, read=False)
 
-    def read(self, name: str, buf: torch.Tensor, offset: int) -> SwapIO:
-        """Read ``buf.numel()`` elements at element ``offset`` of file ``name`` into ``buf``."""
+    def read(self, name: str, buf: torch.Tensor, offset: int, check: bool = True) -> SwapIO:
+        """Read ``buf.numel()`` elements at element ``offset`` of file ``name`` into ``buf``
+        (``check=False``: data written without a checksum)."""
         key = (name, offset)
-        if key not in self._crc:
+        if check and key not in self._crc:
             raise SwapError(
                 errno.ENOENT,
                 f"swap file `{self.path(name)}` has no tile at element {offset} (never written)",
@@ -112,7 +116,7 @@ class SwapSpace:
             handle = self.aio.async_pread(buf, str(self.path(name)), offset * buf.element_size())
         except OSError as err:
             raise self.error(self.path(name), offset * buf.element_size(), err) from err
-        return SwapIO(self, handle, key, buf, read=True)
+        return SwapIO(self, handle, key, buf, read=check)
 
     def verify(self, key: tuple[str, int], buf: torch.Tensor) -> None:
         numel, crc = self._crc[key]

@@ -80,7 +80,7 @@ class ZeroOptimizer:
         )
         self.reducer = GradReducer(
             comm,
-            self.partition,
+            self.accumulate,
             self.shard_world,
             reduce_bucket_elems,
             overlap_comm,
@@ -133,6 +133,16 @@ class ZeroOptimizer:
                 t.zero_()
             self.grads[g] = t
         return t
+
+    def accumulate(self, g: int, shard: ParamShard, values: torch.Tensor, alpha: float) -> None:
+        """Add ``alpha * values`` (a reduced slot) into ``shard``'s part of partition ``g``."""
+        dst = self.partition(g)[shard.offset : shard.offset + shard.shard_size]
+        if values.device != dst.device:  # an offloaded partition: the copy out of the device
+            values = values.to(dst.device)
+        if alpha != 1.0:
+            dst.add_(values, alpha=alpha)
+        else:
+            dst.add_(values)
 
     def _grad_device(self) -> torch.device:
         """Where gradient partitions live: beside the master weights."""

@@ -45,11 +45,11 @@ class _Pending:
 
 
 class GradReducer:
-    """Reduce gradients into ``partition(g)`` (one flat buffer per parameter group).
+    """Reduce gradients into each rank's gradient partitions (one per parameter group).
 
     Args:
-        partition: returns this rank's gradient partition of a group (allocating it on
-            first use), accumulated into across micro-steps.
+        accumulate: ``accumulate(group, shard, values, alpha)`` adds ``alpha * values``
+            (this rank's reduced slot of one parameter) into its gradient partition.
         shard_world: ranks the layout is cut for (1 at stage 0, where grads are all-reduced).
         bucket_elems: ``reduce_bucket_size``: elements per bucket, padding included.
         total_elems: elements of every reduced gradient, padding included; bounds the
@@ -63,7 +63,7 @@ class GradReducer:
     def __init__(
         self,
         comm: Comm,
-        partition: Callable[[int], torch.Tensor],
+        accumulate: Callable[[int, ParamShard, torch.Tensor, float], None],
         shard_world: int,
         bucket_elems: int,
         overlap: bool,
@@ -74,7 +74,7 @@ class GradReducer:
         postscale: float = 1.0,
     ) -> None:
         self.comm = comm
-        self.partition = partition
+        self.accumulate = accumulate
         self.shard_world = shard_world
         w = shard_world
         capacity = max(1, bucket_elems)
@@ -193,13 +193,7 @@ class GradReducer:
                 src = p.out[at : at + size]
             else:
                 src = b.buf[at + rank * size : at + (rank + 1) * size]
-            dst = self.partition(group)[shard.offset : shard.offset + size]
-            if src.device != dst.device:  # an offloaded partition: the copy out of the device
-                src = src.to(dst.device)
-            if self.postscale != 1.0:
-                dst.add_(src, alpha=self.postscale)
-            else:
-                dst.add_(src)
+            self.accumulate(group, shard, src, self.postscale)
         self._give_back(b)
 
     def _drain(self) -> None:
