@@ -74,3 +74,36 @@ def test_buffer_smaller_than_a_shard_fails_at_start(tmp_path: Path) -> None:
     (tmp_path / "p").mkdir()
     for message in run_ranks(_small_buffers, 2, args=(str(tmp_path / "p"),)):
         assert "offload_param.buffer_size = 64" in message and "raise buffer_size" in message
+
+
+def _built_offloaded(rank: int, world: int, root: str) -> dict[str, Any]:
+    from tests.zcore.zero.common import full_params
+    from zcore.zero import Init
+
+    cfg = config(3, zero_optimization={"offload_param": _offload("nvme", Path(root))})
+    with Init(config=cfg) as init:
+        model = make_model()
+    s3 = init.stage3
+    assert s3 is not None
+    in_memory = sum(sp.shard.numel() for sp in s3.params.values())
+    persistent = sum(sp.shard_size for sp in s3.params.values() if sp.persistent)
+    engine, *_ = zcore.initialize(model, config=cfg)
+    same_store = engine.stage3.store is s3.store
+    train(engine, 3)
+    got = full_params(engine)
+    engine.destroy()
+    plain, *_ = zcore.initialize(make_model(), config=config(3))
+    train(plain, 3)
+    want = full_params(plain)
+    plain.destroy()
+    return {"in_memory": in_memory, "persistent": persistent, "same_store": same_store,
+            "got": got, "want": want}  # fmt: skip
+
+
+def test_zero_init_swaps_shards_out_as_the_model_is_built(tmp_path: Path) -> None:
+    import torch
+
+    for r in run_ranks(_built_offloaded, 2, args=(str(tmp_path / "p"),)):
+        assert r["in_memory"] == r["persistent"] and r["same_store"]
+        for name, value in r["want"].items():
+            torch.testing.assert_close(r["got"][name], value, atol=1e-5, rtol=0, msg=name)

@@ -26,7 +26,7 @@ from zcore.monitor import MonitorMaster
 from zcore.optim_factory import build_inner_optimizer
 from zcore.precision import LossScaler, model_dtype
 from zcore.zero.backends import optimizer_backend, param_backend
-from zcore.zero.stage3 import Stage3Params
+from zcore.zero.stage3 import ShardStore, Stage3Params
 
 log = logging.getLogger("zcore")
 
@@ -94,7 +94,8 @@ class ZEngine:
                     self.stage3.partition(p, n)
             self.stage3.cast_(self.dtype)
             off_param = zc.offload_param
-            if off_param is not None and off_param.device != "none":
+            offloading = off_param is not None and off_param.device != "none"
+            if offloading and type(self.stage3.store) is ShardStore:  # not by zero.Init already
                 self.stage3.store = param_backend(off_param.device)(config, self.stage3)
             self._cast_buffers()
             self._broadcast(list(model.buffers()))

@@ -29,12 +29,15 @@ class HostShards(ShardStore):
 
     def __init__(self, config: ZConfig, stage3: Stage3Params) -> None:
         off = config.zero_optimization.offload_param
-        pin = bool(off and off.pin_memory) and torch.cuda.is_available()
-        for sp in stage3.params.values():
-            if not sp.persistent:
-                sp.shard = sp.shard.to("cpu")
-                if pin:
-                    sp.shard = sp.shard.pin_memory()
+        self.pin = bool(off and off.pin_memory) and torch.cuda.is_available()
+        for p, sp in stage3.params.items():
+            self.adopt(p, sp)
+
+    def adopt(self, p: nn.Parameter, sp: ShardedParam) -> None:
+        if not sp.persistent:
+            sp.shard = sp.shard.to("cpu")
+            if self.pin:
+                sp.shard = sp.shard.pin_memory()
 
 
 class NvmeShards(ShardStore):
@@ -50,24 +53,29 @@ class NvmeShards(ShardStore):
         self.swap = SwapSpace.create(off.nvme_path, stage3.comm.rank, aio)
         self.budget = int(off.buffer_count) * int(off.buffer_size)
         self.offsets: dict[nn.Parameter, int] = {}
+        self.dtypes: dict[nn.Parameter, torch.dtype] = {}  # as in the file
         self._pending: dict[nn.Parameter, tuple[torch.Tensor, SwapIO]] = {}
         self._pending_elems = 0
-        offset = 0
-        held = [(p, sp) for p, sp in stage3.params.items() if not sp.persistent]
-        largest = max((sp.shard_size for _, sp in held), default=0)
-        if largest > int(off.buffer_size):
-            name = next(sp.name for _, sp in held if sp.shard_size == largest)
+        self.buffer_size = int(off.buffer_size)
+        self._end = 0  # next free element of the swap file
+        for p, sp in stage3.params.items():
+            self.adopt(p, sp)
+
+    def adopt(self, p: nn.Parameter, sp: ShardedParam) -> None:
+        if sp.persistent or p in self.offsets:
+            return
+        if sp.shard_size > self.buffer_size:
             raise ValueError(
-                f"zero_optimization.offload_param.buffer_size = {off.buffer_size} elements is "
-                f"smaller than the largest parameter shard ({name}: {largest} elements); "
-                f"raise buffer_size to at least {largest}"
+                f"zero_optimization.offload_param.buffer_size = {self.buffer_size} elements is "
+                f"smaller than the shard of {sp.name} ({sp.shard_size} elements); raise "
+                f"buffer_size to at least {sp.shard_size}"
             )
-        for p, sp in held:
-            align = _ALIGN_BYTES // sp.shard.element_size()
-            self.offsets[p] = offset
-            self._write(p, sp, sp.shard)
-            offset += -(-sp.shard_size // align) * align
-            sp.shard = torch.empty(0, dtype=sp.shard.dtype, device=sp.shard.device)
+        align = _ALIGN_BYTES // sp.shard.element_size()
+        self.offsets[p] = self._end
+        self._end += -(-sp.shard_size // align) * align
+        self.dtypes[p] = sp.shard.dtype
+        self._write(p, sp, sp.shard)
+        sp.shard = torch.empty(0, dtype=sp.shard.dtype, device=sp.shard.device)
 
     # -- the store ------------------------------------------------------------------------
     def read(self, p: nn.Parameter, sp: ShardedParam) -> torch.Tensor:
@@ -78,10 +86,10 @@ class NvmeShards(ShardStore):
             buf, io = pending
             self._pending_elems -= buf.numel()
             io.wait()
-            return buf
-        buf = new_aligned_tensor(sp.shard_size, p.dtype)
-        self.swap.read(self.FILE, buf, self.offsets[p]).wait()
-        return buf
+        else:
+            buf = new_aligned_tensor(sp.shard_size, self.dtypes[p])
+            self.swap.read(self.FILE, buf, self.offsets[p]).wait()
+        return buf.to(p.dtype)  # the engine may have cast the model since the file was made
 
     def write(self, p: nn.Parameter, sp: ShardedParam, values: torch.Tensor, start: int) -> None:
         if p not in self.offsets:
@@ -102,7 +110,7 @@ class NvmeShards(ShardStore):
             sp = self.stage3.params[p]
             if self._pending_elems + sp.shard_size > self.budget:
                 break
-            buf = new_aligned_tensor(sp.shard_size, p.dtype)
+            buf = new_aligned_tensor(sp.shard_size, self.dtypes[p])
             self._pending[p] = (buf, self.swap.read(self.FILE, buf, self.offsets[p]))
             self._pending_elems += sp.shard_size
 
@@ -113,7 +121,7 @@ class NvmeShards(ShardStore):
 
     # -- helpers --------------------------------------------------------------------------
     def _write(self, p: nn.Parameter, sp: ShardedParam, values: torch.Tensor) -> None:
-        buf = new_aligned_tensor(sp.shard_size, p.dtype)
+        buf = new_aligned_tensor(sp.shard_size, self.dtypes[p])
         buf.copy_(values)
         self.swap.write(self.FILE, buf, self.offsets[p]).wait()
 

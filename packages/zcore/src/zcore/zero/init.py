@@ -45,10 +45,11 @@ class Init:
         config: Any = None,
     ) -> None:
         self.enabled = enabled
+        self.config: Any = None
         if config is not None:
             from zcore.config import ZConfig
 
-            cfg = ZConfig.load(config)
+            cfg = self.config = ZConfig.load(config)
             zc = cfg.zero_optimization
             self.enabled = enabled and zc.stage == 3
             persistence_threshold = int(zc.stage3_param_persistence_threshold)
@@ -65,6 +66,12 @@ class Init:
         groups = ProcessGroups.build(self.timeout_s)
         comm = Comm(groups.dp, groups.dp_rank, groups.dp_size, self.timeout_s)
         self.stage3 = Stage3Params(comm, persistence_threshold=self.persistence_threshold)
+        off = self.config.zero_optimization.offload_param if self.config is not None else None
+        if off is not None and off.device != "none":
+            # offloaded shards leave memory as each module is built
+            from zcore.zero.backends import param_backend
+
+            self.stage3.store = param_backend(off.device)(self.config, self.stage3)
         for cls in _all_subclasses(nn.Module) | {nn.Module}:
             if "__init__" in cls.__dict__:
                 self._patched.append((cls, cls.__dict__["__init__"]))

@@ -67,6 +67,9 @@ class ShardStore:
     parameters they hold.
     """
 
+    def adopt(self, p: nn.Parameter, sp: ShardedParam) -> None:
+        """Take a newly partitioned parameter's shard (``zero.Init`` partitions as it goes)."""
+
     def read(self, p: nn.Parameter, sp: ShardedParam) -> torch.Tensor:
         """This rank's shard of ``p`` (``shard_size`` elements, the parameter's dtype)."""
         return sp.shard
@@ -122,6 +125,7 @@ class Stage3Params:
         persistent = numel <= self.persistence_threshold
         sp = ShardedParam(name, torch.empty(0), p.shape, numel, size, persistent)
         sp.shard = own_slot(p.data, sp.slots, self.comm.rank)
+        self.store.adopt(p, sp)
         self.params[p] = sp
         p.z_shape = p.shape  # type: ignore[attr-defined]
         p.z_numel = numel  # type: ignore[attr-defined]
