@@ -8,8 +8,15 @@ exp_avg_sq and writes param, exp_avg, exp_avg_sq — 28 bytes with fp32 states,
 3-write pattern on the same thread pool (``znative.stream_4r3w``), so
 ``fraction_of_ceiling`` says how close each step gets to the hardware.
 
-All optimizers are timed in interleaved rounds (one step of each per round) so
-they share whatever else the machine is doing; medians are reported.
+All optimizers are timed in interleaved rounds (one step of each per round, the
+order rotating from round to round) so they share whatever else the machine is
+doing; medians are reported. Every contender, and the ceiling probe, works on
+the same parameter, gradient and fp32 state buffers: which physical pages a
+1.6 GB set of buffers lands on alone moves a memory-bound step by up to ~10%
+here, so separate buffers per contender would compare page placement, not
+kernels. (Each optimizer creates its state in an untimed first step; its fp32
+``exp_avg`` / ``exp_avg_sq`` are then swapped for the shared ones. bf16 states
+keep their own buffers.)
 
 Run: ``z bench adam --numel 100000000 [--dtype fp32|bf16-states] --json``.
 """
@@ -42,22 +49,49 @@ def _deepspeed_adam() -> tuple[Callable[..., torch.optim.Optimizer] | None, str]
     return DeepSpeedCPUAdam, "ok"
 
 
-def _make_param(numel: int, seed: int) -> torch.nn.Parameter:
-    g = torch.Generator().manual_seed(seed)
-    p = torch.nn.Parameter(torch.randn(numel, generator=g))
-    p.grad = torch.randn(numel, generator=g) * 1e-2
-    return p
+class _Shared:
+    """The buffers every contender steps on: one parameter with its gradient, and
+    fp32 ``exp_avg`` / ``exp_avg_sq`` swapped into each optimizer's state."""
+
+    def __init__(self, numel: int, seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        self.param = torch.nn.Parameter(torch.randn(numel, generator=g))
+        # Non-negative gradients keep exp_avg_sq >= 0 under the ceiling probe's
+        # update (exp_avg_sq <- exp_avg_sq / 2 + grad), so every value stays finite.
+        self.param.grad = (torch.randn(numel, generator=g) * 1e-2).abs_()
+        self.state = {k: torch.zeros(numel) for k in ("exp_avg", "exp_avg_sq")}
+
+    def adopt(self, opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """Create `opt`'s state with one untimed step, then point its fp32 moments at
+        the shared buffers (its own are freed)."""
+        opt.step()
+        state = opt.state[self.param]
+        for key, shared in self.state.items():
+            mine = state.get(key)
+            if torch.is_tensor(mine) and mine.dtype == shared.dtype and mine.shape == shared.shape:
+                state[key] = shared
+        return opt
 
 
 class _StreamCeiling:
-    """The bandwidth probe as a contender: ``step()`` is one 4-read/3-write pass."""
+    """The bandwidth probe as a contender: ``step()`` is one 4-read/3-write pass over
+    the shared buffers (param, grad, exp_avg, exp_avg_sq; grad is only read)."""
 
-    def __init__(self, numel: int):
-        self._tensors = [torch.full((numel,), v) for v in (1.0, 2.0, 3.0, 4.0)]
-        self._views = [t.numpy() for t in self._tensors]
+    def __init__(self, shared: _Shared):
+        tensors = [shared.param.detach(), shared.param.grad, *shared.state.values()]
+        self._views = [t.numpy() for t in tensors]
 
     def step(self) -> None:
         znative.stream_4r3w(*self._views)
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    """The q-quantile of `xs`, interpolated (numpy's default method)."""
+    ys = sorted(xs)
+    pos = q * (len(ys) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(ys) - 1)
+    return ys[lo] + (ys[hi] - ys[lo]) * (pos - lo)
 
 
 def run(
@@ -75,31 +109,33 @@ def run(
         )
     hp = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
 
-    # One parameter tensor (with its grad) per contender, so none sees another's updates.
+    # The same buffers for every contender (see the module docstring).
+    shared = _Shared(numel)
+    p = shared.param
     contenders: dict[str, tuple[torch.optim.Optimizer, int]] = {}
     state_dtype = torch.bfloat16 if dtype == "bf16-states" else torch.float32
     contenders["zstack_cpu_adam"] = (
-        CPUAdam([_make_param(numel, 0)], state_dtype=state_dtype, **hp),
+        shared.adopt(CPUAdam([p], state_dtype=state_dtype, **hp)),
         BYTES_PER_PARAM[dtype],
     )
     if dtype == "bf16-states":
         contenders["zstack_cpu_adam_fp32"] = (
-            CPUAdam([_make_param(numel, 0)], **hp),
+            shared.adopt(CPUAdam([p], **hp)),
             BYTES_PER_PARAM["fp32"],
         )
     contenders["torch_adam_fused"] = (
-        torch.optim.Adam([_make_param(numel, 0)], fused=True, **hp),
+        shared.adopt(torch.optim.Adam([p], fused=True, **hp)),
         28,
     )
     contenders["torch_adam_foreach"] = (
-        torch.optim.Adam([_make_param(numel, 0)], foreach=True, **hp),
+        shared.adopt(torch.optim.Adam([p], foreach=True, **hp)),
         28,
     )
     ds_cls, ds_status = _deepspeed_adam()
     if ds_cls is not None:
         try:
             contenders["deepspeed_cpu_adam"] = (
-                ds_cls([_make_param(numel, 0)], adamw_mode=False, **hp),
+                shared.adopt(ds_cls([p], adamw_mode=False, **hp)),
                 28,
             )
         except Exception as e:  # its JIT build can fail on a machine without a compiler
@@ -107,12 +143,14 @@ def run(
 
     # The ceiling runs in the same rounds as the optimizers, so it sees the same machine.
     timed: dict[str, Any] = {name: opt for name, (opt, _) in contenders.items()}
-    timed["ceiling"] = _StreamCeiling(numel)
+    timed["ceiling"] = _StreamCeiling(shared)
+    names = list(timed)
     times: dict[str, list[float]] = {name: [] for name in timed}
     for i in range(warmup + steps):
-        for name, opt in timed.items():
+        # Rotate the order so no contender always follows the same neighbour.
+        for name in names[i % len(names) :] + names[: i % len(names)]:
             t0 = time.perf_counter()
-            opt.step()
+            timed[name].step()
             if i >= warmup:
                 times[name].append(time.perf_counter() - t0)
 
@@ -126,6 +164,9 @@ def run(
         results[name] = {
             "median_step_s": med,
             "min_step_s": min(times[name]),
+            # spread: the quartiles of the timed steps
+            "p25_step_s": _quantile(times[name], 0.25),
+            "p75_step_s": _quantile(times[name], 0.75),
             "params_per_s": numel / med,
             "bytes_per_param": bpp,
             "gb_per_s": gbps,
@@ -162,6 +203,8 @@ def run(
         "ceiling": {
             "kernel": "stream 4 reads + 3 writes (znative.stream_4r3w)",
             "median_s": ceiling_s,
+            "p25_s": _quantile(times["ceiling"], 0.25),
+            "p75_s": _quantile(times["ceiling"], 0.75),
             "gb_per_s": ceiling_gbps,
             "params_per_s_at_28_bytes": numel / ceiling_s,
         },

@@ -21,7 +21,9 @@ fn full_io(
     mut len: usize,
 ) -> Result<(), AioError> {
     while len > 0 {
-        let aligned = off % ALIGN as u64 == 0 && (ptr as usize) % ALIGN == 0 && len % ALIGN == 0;
+        let aligned = off.is_multiple_of(ALIGN as u64)
+            && (ptr as usize).is_multiple_of(ALIGN)
+            && len.is_multiple_of(ALIGN);
         let fd = match req.files.direct_fd() {
             Some(fd) if direct && aligned => fd,
             _ => req.files.buffered_fd(),

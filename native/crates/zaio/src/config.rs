@@ -88,7 +88,10 @@ impl Default for AioConfig {
 
 impl AioConfig {
     pub fn validate(&self) -> Result<(), AioError> {
-        if self.block_size < ALIGN || self.block_size % ALIGN != 0 || self.block_size > 1 << 30 {
+        if self.block_size < ALIGN
+            || !self.block_size.is_multiple_of(ALIGN)
+            || self.block_size > 1 << 30
+        {
             return Err(AioError::InvalidConfig {
                 name: "block_size",
                 value: self.block_size.to_string(),

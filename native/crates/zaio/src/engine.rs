@@ -164,7 +164,8 @@ impl Engine {
                 st.last_direct_refused = Some(why.clone());
             }
             let mid = offset.next_multiple_of(crate::ALIGN as u64) - offset;
-            if files.direct.is_some() && (buf as usize + mid as usize) % crate::ALIGN != 0 {
+            if files.direct.is_some() && !(buf as usize + mid as usize).is_multiple_of(crate::ALIGN)
+            {
                 st.bounced += 1;
             }
         }

@@ -132,7 +132,7 @@ pub(crate) fn plan(req: &Arc<Request>, block_size: usize) -> Vec<Piece> {
     };
     if req.files.direct.is_some() && has_aligned_middle(start, req.len) {
         let (mid_start, mid_end) = (start.next_multiple_of(a), end / a * a);
-        let aligned_buf = (req.buf + (mid_start - start) as usize) % ALIGN == 0;
+        let aligned_buf = (req.buf + (mid_start - start) as usize).is_multiple_of(ALIGN);
         push(start, mid_start, Mode::Buffered);
         push(
             mid_start,

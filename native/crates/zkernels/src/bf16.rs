@@ -5,12 +5,16 @@
 pub trait Elem: Copy + Send + Sync + 'static {
     /// Human-readable dtype name, for messages.
     const NAME: &'static str;
+    /// Whether this is bfloat16 (`u16` bits) rather than `f32`; lets SIMD kernels
+    /// pick their loads and stores at compile time.
+    const BF16: bool;
     fn to_f32(self) -> f32;
     fn from_f32(x: f32) -> Self;
 }
 
 impl Elem for f32 {
     const NAME: &'static str = "float32";
+    const BF16: bool = false;
     #[inline(always)]
     fn to_f32(self) -> f32 {
         self
@@ -24,6 +28,7 @@ impl Elem for f32 {
 /// bfloat16 as raw bits.
 impl Elem for u16 {
     const NAME: &'static str = "bfloat16";
+    const BF16: bool = true;
     #[inline(always)]
     fn to_f32(self) -> f32 {
         bf16_to_f32(self)

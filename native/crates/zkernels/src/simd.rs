@@ -79,6 +79,22 @@ fn detect() -> SimdLevel {
     SimdLevel::Scalar
 }
 
+/// Whether the CPU has AVX512-BF16 (f32 to bf16 conversion instructions); only
+/// used on top of [`SimdLevel::Avx512`].
+pub fn has_avx512_bf16() -> bool {
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::arch::is_x86_feature_detected!("avx512bf16")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
+}
+
 const NO_OVERRIDE: u8 = u8::MAX;
 const UNREAD: u8 = u8::MAX - 1;
 static OVERRIDE: AtomicU8 = AtomicU8::new(UNREAD);
