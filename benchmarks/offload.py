@@ -7,7 +7,15 @@ ranks at one ZeRO stage, run in fresh rank processes once per mode:
 - ``cpu``: ``offload_optimizer.device = "cpu"``;
 - ``nvme``: ``offload_optimizer.device = "nvme"`` under ``--dir``, tiles of ``sub_group_size``
   read ahead and written behind (``pipeline_read``/``pipeline_write``);
-- ``nvme_serial``: the same with both pipelines off, every read and write waited on at once.
+- ``nvme_serial``: the same with both pipelines off, every read and write waited on at once;
+- ``nvme_all``: ZeRO-Infinity proper (stage 3): parameters (``offload_param``) and the
+  optimizer on NVMe, the model built under ``zero.Init`` so its shards go to the swap file
+  as it is constructed.
+
+``--beyond-ram`` runs ``none`` and ``nvme_all`` on a model sized by ``--n-layer`` /
+``--n-embd`` with memory-lean settings (small buckets, no reuse, a low live-parameter
+bound) and reports the fp32 parameters + gradients + Adam state per rank (16Ψ/N bytes)
+against the peak RSS each rank actually used, and whether the losses agree.
 
 Per mode: the median step time (slowest rank), the optimizer step's share, the peak RSS
 (``VmHWM``) per rank, and the bytes of swap files. The fraction of the NVMe IO hidden by
@@ -29,7 +37,7 @@ import tempfile
 import time
 from typing import Any
 
-MODES = ("none", "cpu", "nvme", "nvme_serial")
+MODES = ("none", "cpu", "nvme", "nvme_serial", "nvme_all")
 
 
 def _free_port() -> int:
@@ -52,11 +60,22 @@ def _config(spec: dict[str, Any]) -> dict[str, Any]:
     if mode == "cpu":
         zero["offload_optimizer"] = {"device": "cpu"}
     elif mode.startswith("nvme"):
-        pipe = mode == "nvme"
+        pipe = mode != "nvme_serial"
         zero["offload_optimizer"] = {
             "device": "nvme", "nvme_path": spec["dir"],
             "pipeline_read": pipe, "pipeline_write": pipe,
         }  # fmt: skip
+    if mode == "nvme_all":
+        zero["offload_param"] = {
+            "device": "nvme", "nvme_path": spec["dir"], "buffer_count": 4,
+            "buffer_size": spec["param_buffer"],
+        }  # fmt: skip
+    if spec.get("lean"):  # hold as little as possible in memory at once
+        zero.update(
+            reduce_bucket_size=4_000_000, stage3_prefetch_bucket_size=4_000_000,
+            stage3_max_live_parameters=20_000_000, stage3_max_reuse_distance=0,
+            stage3_param_persistence_threshold=10_000,
+        )  # fmt: skip
     return {
         "train_micro_batch_size_per_gpu": spec["micro_batch"],
         "gradient_clipping": 1.0,
@@ -82,12 +101,17 @@ def _rank_main(spec: dict[str, Any]) -> None:
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    cfg = GPTConfig.preset(spec["preset"], vocab_size=2048)
-    with Init(enabled=spec["stage"] == 3):
+    sizes = {k: spec[k] for k in ("n_layer", "n_embd") if spec.get(k)}
+    cfg = GPTConfig.preset(spec["preset"], vocab_size=2048, **sizes)
+    config = _config(spec)
+    with Init(enabled=spec["stage"] == 3, config=config):
         model = GPT(cfg, seed=0)
-    engine, *_ = zcore.initialize(model, config=_config(spec))
+    psi = sum(
+        getattr(p, "z_numel", p.numel()) for p in {id(p): p for p in model.parameters()}.values()
+    )
+    engine, *_ = zcore.initialize(model, config=config)
     g = torch.Generator().manual_seed(rank)
-    seq = min(256, cfg.block_size)
+    seq = min(spec.get("seq", 256), cfg.block_size)
     tok = torch.randint(0, 2048, (spec["warmup"] + spec["steps"], spec["micro_batch"], seq + 1),
                         generator=g)  # fmt: skip
     rows, losses = [], []
@@ -105,8 +129,11 @@ def _rank_main(spec: dict[str, Any]) -> None:
             rows.append({"total": t2 - t0, "step": t2 - t1})
     nvme = engine.zopt.nvme_bytes() if hasattr(engine.zopt, "nvme_bytes") else 0
     engine.destroy()
+    store = engine.stage3.store if engine.stage3 is not None else None
+    if store is not None and hasattr(store, "nvme_bytes"):
+        nvme += store.nvme_bytes()
     out = {"rows": rows, "losses": losses, "peak_rss_mb": _peak_rss_mb(), "nvme_bytes": nvme,
-           "optimizer": type(engine.zopt).__name__}  # fmt: skip
+           "optimizer": type(engine.zopt).__name__, "params": psi}  # fmt: skip
     with open(spec["out"], "w") as f:
         json.dump(out, f)
     dist.destroy_process_group()
@@ -146,6 +173,7 @@ def _summary(ranks: list[dict[str, Any]]) -> dict[str, Any]:
         "median_optimizer_step_s": statistics.median(opt),
         "peak_rss_mb": [r["peak_rss_mb"] for r in ranks],
         "nvme_bytes_per_rank": [r["nvme_bytes"] for r in ranks],
+        "params": ranks[0]["params"],
         "losses": ranks[0]["losses"],
     }
 
@@ -161,8 +189,14 @@ def run(
     sub_group_size: int = 4_194_304,
     block_size: int = 1_048_576,
     queue_depth: int = 32,
-    modes: str = ",".join(MODES),
+    modes: str = "none,cpu,nvme,nvme_serial",
+    beyond_ram: bool = False,
+    n_layer: int | None = None,
+    n_embd: int | None = None,
+    seq: int = 256,
 ) -> dict[str, Any]:
+    if beyond_ram:
+        modes, stage = "none,nvme_all", 3
     chosen = [m.strip() for m in modes.split(",") if m.strip()]
     unknown = set(chosen) - set(MODES)
     if unknown:
@@ -171,7 +205,10 @@ def run(
         base = {
             "world": world_size, "preset": preset, "stage": stage, "dir": swap, "steps": steps,
             "warmup": warmup, "micro_batch": micro_batch, "sub_group_size": sub_group_size,
-            "block_size": block_size, "queue_depth": queue_depth,
+            "block_size": block_size, "queue_depth": queue_depth, "lean": beyond_ram,
+            "n_layer": n_layer, "n_embd": n_embd, "seq": seq,
+            # the largest shard: a 4*n_embd x n_embd weight cut in world_size slots
+            "param_buffer": -(-4 * (n_embd or 1024) ** 2 // world_size) + 4096,
         }  # fmt: skip
         results = {m: _summary(_launch({**base, "mode": m}, tmp)) for m in chosen}
     out: dict[str, Any] = {
@@ -192,6 +229,17 @@ def run(
         out["max_abs_loss_diff_vs_none"] = {
             m: max(abs(a - b) for a, b in zip(r["losses"], ref, strict=True))
             for m, r in results.items()
+        }
+    if "nvme_all" in results:
+        r = results["nvme_all"]
+        states = 16 * r["params"] / world_size  # fp32 params + grads + Adam m, v per rank
+        peak = max(r["peak_rss_mb"]) * 2**20
+        out["beyond_ram"] = {
+            "params": r["params"],
+            "model_state_bytes_per_rank": states,
+            "peak_rss_bytes_per_rank": peak,
+            "model_states_over_peak_rss": states / peak,
+            "swap_bytes_per_rank": max(r["nvme_bytes_per_rank"]),
         }
     if {"cpu", "nvme", "nvme_serial"} <= set(results):
         cpu = results["cpu"]["median_optimizer_step_s"]

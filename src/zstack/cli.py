@@ -157,7 +157,13 @@ def bench_offload(
     sub_group_size: int = typer.Option(4_194_304, "--sub-group-size", min=1024),
     block_size: int = typer.Option(1_048_576, "--block-size", min=4096),
     queue_depth: int = typer.Option(32, "--queue-depth", min=1),
-    modes: str = typer.Option("none,cpu,nvme,nvme_serial", "--modes"),
+    modes: str = typer.Option("none,cpu,nvme,nvme_serial", "--modes", help="Also: nvme_all."),
+    beyond_ram: bool = typer.Option(
+        False, "--beyond-ram", help="Stage 3, params+optimizer on NVMe vs none, lean memory."
+    ),
+    n_layer: int | None = typer.Option(None, "--n-layer", min=1, help="Override the preset."),
+    n_embd: int | None = typer.Option(None, "--n-embd", min=8, help="Override the preset."),
+    seq: int = typer.Option(256, "--seq", min=1, help="Tokens per sequence."),
     world_size: int = typer.Option(2, "--world-size", min=1, help="gloo ranks to spawn."),
     json_out: bool = typer.Option(False, "--json", help="Print only the JSON object."),
 ) -> None:
@@ -179,6 +185,10 @@ def bench_offload(
             block_size=block_size,
             queue_depth=queue_depth,
             modes=modes,
+            beyond_ram=beyond_ram,
+            n_layer=n_layer,
+            n_embd=n_embd,
+            seq=seq,
         )
     )
 

@@ -162,8 +162,12 @@ class GPT(nn.Module):
         """GPT-2 init from a private generator: the same weights for a seed on every rank.
 
         Weights N(0, 0.02); residual projections N(0, 0.02 / sqrt(2 n_layer)) so the
-        residual stream's variance does not grow with depth; biases 0, LayerNorm 1.
+        residual stream's variance does not grow with depth; biases 0, LayerNorm 1. Under
+        ``zcore.zero.Init`` the submodules are partitioned already: each parameter is then
+        gathered alone around its init (so at most one is whole at a time) and re-cut.
         """
+        from zcore.zero import GatheredParameters
+
         generator = torch.Generator().manual_seed(seed)
         residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
         done: set[int] = set()
@@ -171,14 +175,16 @@ class GPT(nn.Module):
             if id(param) in done:
                 continue
             done.add(id(param))
-            if name.endswith("c_proj.weight"):
-                nn.init.normal_(param, 0.0, residual_std, generator=generator)
-            elif name.endswith("bias"):
-                nn.init.zeros_(param)
-            elif ".ln_" in name:
-                nn.init.ones_(param)
-            else:
-                nn.init.normal_(param, 0.0, 0.02, generator=generator)
+            partitioned = hasattr(param, "_z_owner")
+            with GatheredParameters([param], modifier_rank=0, enabled=partitioned):
+                if name.endswith("c_proj.weight"):
+                    nn.init.normal_(param, 0.0, residual_std, generator=generator)
+                elif name.endswith("bias"):
+                    nn.init.zeros_(param)
+                elif ".ln_" in name:
+                    nn.init.ones_(param)
+                else:
+                    nn.init.normal_(param, 0.0, 0.02, generator=generator)
 
     def num_params(self) -> int:
         """Distinct parameters' elements (a tied embedding/head counts once)."""

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from zcore.comm import Comm, Handle
+from zcore.zero import linear as zero_linear
 from zcore.zero.layout import ParamShard, from_slots, own_slot
 
 _EMPTY_CACHE: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
@@ -114,6 +115,7 @@ class Stage3Params:
         self._ahead = 0  # trace index up to which the current pass has issued prefetches
         self._own_params: dict[nn.Module, list[nn.Parameter]] = {}
         self._hooks: list[Any] = []
+        self._linears: list[nn.Linear] = []
 
     # -- partitioning -------------------------------------------------------------------
     def partition(self, p: nn.Parameter, name: str) -> None:
@@ -223,6 +225,10 @@ class Stage3Params:
             if any(p in self.params for p in m.parameters(recurse=False)):
                 self._hooks.append(m.register_forward_pre_hook(self._pre_forward))
                 self._hooks.append(m.register_forward_hook(self._post_forward))
+            sp = self.params.get(getattr(m, "weight", None))  # type: ignore[arg-type]
+            if type(m) is nn.Linear and sp is not None and not sp.persistent:
+                zero_linear.install(m)
+                self._linears.append(m)
         self._hooks.append(module.register_forward_pre_hook(self._root_pre_forward))
         self._hooks.append(module.register_forward_hook(self._root_post_forward))
 
@@ -230,6 +236,9 @@ class Stage3Params:
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+        for m in self._linears:
+            zero_linear.uninstall(m)
+        self._linears.clear()
 
     def _own(self, m: nn.Module) -> list[nn.Parameter]:
         own = self._own_params.get(m)
