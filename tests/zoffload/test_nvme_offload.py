@@ -33,7 +33,9 @@ def nvme_config(stage: int, path: Path, **extra: Any) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(
-    ("stage", "pipeline"), [(2, True), (3, True), (2, False)], ids=["2", "3", "2-serial"]
+    ("stage", "pipeline"),
+    [(2, True), (3, True), pytest.param(2, False, marks=pytest.mark.slow)],
+    ids=["2", "3", "2-serial"],
 )
 def test_nvme_offload_matches_plain_training(stage: int, pipeline: bool, tmp_path: Path) -> None:
     offload = {**nvme(tmp_path / "nvme"), "pipeline_read": pipeline, "pipeline_write": pipeline}

@@ -24,7 +24,8 @@ def _offload(device: str, path: Path, params: bool = True) -> dict[str, Any]:
     return {**block, "buffer_size": 4096} if params else block
 
 
-@pytest.mark.parametrize("device", ["cpu", "nvme"])
+# "cpu" is the in-memory path on a machine without a GPU: slow-only here
+@pytest.mark.parametrize("device", [pytest.param("cpu", marks=pytest.mark.slow), "nvme"])
 def test_param_and_optimizer_offload_match_plain_stage3(device: str, tmp_path: Path) -> None:
     opt = _offload(device, tmp_path / "opt", params=False)
     zero = {"offload_param": _offload(device, tmp_path / "params"), "sub_group_size": TILE}
