@@ -19,7 +19,9 @@ at a time; another optimizer is rejected at start.
 
 from __future__ import annotations
 
+import bisect
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -65,6 +67,7 @@ class NvmeZeroOptimizer(ZeroOptimizer):
             )
         self.keys = tuple(inner.state_keys)
         self.numels = [layout.numel for layout in self.layouts]
+        self._starts = [[s.offset for s in layout.shards] for layout in self.layouts]
         largest = max(self.numels, default=0)
         size = min(int(config.zero_optimization.sub_group_size), max(largest, 1))
         self.tile = max(_ALIGN, -(-size // _ALIGN) * _ALIGN)
@@ -97,17 +100,16 @@ class NvmeZeroOptimizer(ZeroOptimizer):
 
     def _write_initial(self, g: int) -> None:
         """Master (from the parameters), zero state and zero gradients, a tile at a time."""
-        shards = list(zip(self.params[g], self.layouts[g].shards, strict=True))
+        cached: tuple[torch.nn.Parameter | None, torch.Tensor] = (None, torch.empty(0))
         for i, (a, b) in enumerate(self._ranges(g)):
             t = self._tiles[i % 2]
             t.finish_writes()
             n = b - a
             t.master[:n].zero_()
-            for p, shard in shards:
-                lo, hi = max(a, shard.offset), min(b, shard.offset + shard.shard_size)
-                if lo < hi:
-                    slot = self._slot_of(p)
-                    t.master[lo - a : hi - a].copy_(slot[lo - shard.offset : hi - shard.offset])
+            for p, shard, lo, hi in self._overlaps(g, a, b):
+                if cached[0] is not p:  # a slot spanning tiles is fetched once (maybe from NVMe)
+                    cached = (p, self._slot_of(p))
+                t.master[lo - a : hi - a].copy_(cached[1][lo - shard.offset : hi - shard.offset])
             if self.public[g] is not None:
                 self.public[g][a:b].copy_(t.master[:n])  # type: ignore[index]
             t.writes.append(self.swap.write(f"g{g}.master", t.master[:n], a))
@@ -175,12 +177,25 @@ class NvmeZeroOptimizer(ZeroOptimizer):
 
     def _zero_unwritten(self, g: int, a: int, b: int, grad: torch.Tensor) -> None:
         """Zero the parts of a gradient tile whose slots got no gradient this cycle."""
-        for shard in self.layouts[g].shards:
-            lo, hi = max(a, shard.offset), min(b, shard.offset + shard.shard_size)
-            if lo < hi and (g, shard.offset) not in self._written:
+        for _, shard, lo, hi in self._overlaps(g, a, b):
+            if (g, shard.offset) not in self._written:
                 grad[lo - a : hi - a].zero_()
 
     # -- swap files -------------------------------------------------------------------------
+    def _overlaps(
+        self, g: int, a: int, b: int
+    ) -> Iterator[tuple[torch.nn.Parameter, ParamShard, int, int]]:
+        """Parameters of group ``g`` whose slots meet elements ``[a, b)``, with the shared
+        range ``[lo, hi)``; found by bisection (shards are in offset order)."""
+        shards = self.layouts[g].shards
+        i = max(bisect.bisect_right(self._starts[g], a) - 1, 0)
+        while i < len(shards) and shards[i].offset < b:
+            s = shards[i]
+            lo, hi = max(a, s.offset), min(b, s.offset + s.shard_size)
+            if lo < hi:
+                yield self.params[g][i], s, lo, hi
+            i += 1
+
     def _ranges(self, g: int) -> list[tuple[int, int]]:
         n = self.numels[g]
         return [(a, min(a + self.tile, n)) for a in range(0, n, self.tile)]
@@ -281,10 +296,8 @@ class NvmeZeroOptimizer(ZeroOptimizer):
             public[a:b].copy_(values)
             return
         assert self.stage3 is not None
-        for p, shard in zip(self.params[g], self.layouts[g].shards, strict=True):
-            lo, hi = max(a, shard.offset), min(b, shard.offset + shard.shard_size)
-            if lo < hi:
-                self.stage3.write_shard(p, values[lo - a : hi - a], lo - shard.offset)
+        for p, shard, lo, hi in self._overlaps(g, a, b):
+            self.stage3.write_shard(p, values[lo - a : hi - a], lo - shard.offset)
 
     # -- what the base class reads from the master ---------------------------------------
     def _grad_device(self) -> torch.device:
