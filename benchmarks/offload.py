@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,21 +36,11 @@ import tempfile
 import time
 from typing import Any
 
+from zstack.bench import load
+
+_ranks = load("_ranks")
+
 MODES = ("none", "cpu", "nvme", "nvme_serial", "nvme_all")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _peak_rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def _config(spec: dict[str, Any]) -> dict[str, Any]:
@@ -132,7 +121,7 @@ def _rank_main(spec: dict[str, Any]) -> None:
     store = engine.stage3.store if engine.stage3 is not None else None
     if store is not None and hasattr(store, "nvme_bytes"):
         nvme += store.nvme_bytes()
-    out = {"rows": rows, "losses": losses, "peak_rss_mb": _peak_rss_mb(), "nvme_bytes": nvme,
+    out = {"rows": rows, "losses": losses, "peak_rss_mb": _ranks.memory_mb()["VmHWM"], "nvme_bytes": nvme,
            "optimizer": type(engine.zopt).__name__, "params": psi}  # fmt: skip
     with open(spec["out"], "w") as f:
         json.dump(out, f)
@@ -140,7 +129,7 @@ def _rank_main(spec: dict[str, Any]) -> None:
 
 
 def _launch(spec: dict[str, Any], tmp: str) -> list[dict[str, Any]]:
-    port = _free_port()
+    port = _ranks.free_port()
     procs, outs = [], []
     for r in range(spec["world"]):
         out = os.path.join(tmp, f"{spec['mode']}_{r}.json")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,11 +26,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from zstack.bench import load
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+_ranks = load("_ranks")
 
 
 def _rank(rank: int, world: int, port: int, preset: str, stages: list[int], out: str) -> None:
@@ -98,7 +95,7 @@ def run(world_size: int = 4, preset: str = "small", stages: str = "0,1,2,3") -> 
     from zcore.memory import formula_bytes
 
     [int(s) for s in stages.split(",")]  # validate early
-    port = _free_port()
+    port = _ranks.free_port()
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rows.json")
         procs = [

@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,31 +33,12 @@ import tempfile
 import time
 from typing import Any
 
+from zstack.bench import load
+
+_ranks = load("_ranks")
+
 SIDES = ("ours", "deepspeed")
 PHASES = ("forward", "backward", "step")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _memory_mb() -> dict[str, float]:
-    """Current and peak resident memory of this process, MB (VmRSS / VmHWM)."""
-    out: dict[str, float] = {}
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                key, _, rest = line.partition(":")
-                if key in ("VmRSS", "VmHWM"):
-                    out[key] = int(rest.split()[0]) / 1024
-    except OSError:  # not Linux: ru_maxrss is the peak (kB on Linux, bytes on macOS)
-        import resource
-
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        out["VmHWM"] = peak / (2**20 if sys.platform == "darwin" else 1024)
-    return out
 
 
 def ds_config(opt: dict[str, Any], stage: int) -> dict[str, Any]:
@@ -124,14 +104,14 @@ def _rank_main(spec: dict[str, Any]) -> None:
     )  # (step, rank, B, T + 1): every rank draws all batches, keeps its own
     models = {side: GPT(cfg, seed=opt["seed"]) for side in sides}  # identical weights
     n_params = next(iter(models.values())).num_params()  # before stage 3 empties them
-    mem_before = _memory_mb()
+    mem_before = _ranks.memory_mb()
     config = ds_config(opt, spec["stage"])
     engines, result = {}, {}
     for side in sides:
         engines[side], inner, zopt = _engine(side, models[side], config)
         times: dict[str, list[float]] = {k: [] for k in (*PHASES, "total", "cpu")}
         result[side] = {"optimizer": inner, "zero_optimizer": zopt, "times": times, "losses": []}
-    mem_init = _memory_mb()
+    mem_init = _ranks.memory_mb()
 
     profilers: dict[str, Any] = {}
     if opt["profile"] and rank == 0:
@@ -167,7 +147,7 @@ def _rank_main(spec: dict[str, Any]) -> None:
         "params": n_params,
         "rss_before_init_mb": mem_before.get("VmRSS"),
         "rss_after_init_mb": mem_init.get("VmRSS"),
-        "peak_rss_mb": _memory_mb()["VmHWM"],
+        "peak_rss_mb": _ranks.memory_mb()["VmHWM"],
         "torch_threads": torch.get_num_threads(),
     }
     with open(spec["out"], "w") as f:
@@ -214,7 +194,7 @@ def _deepspeed_status(env: dict[str, str]) -> tuple[str | None, str]:
 
 def _launch(sides: tuple[str, ...], stage: int, opt: dict, env: dict, tmp: str) -> list[dict]:
     """Start ``world_size`` fresh ranks for one run; return their results (rank order)."""
-    port, world = _free_port(), opt["world_size"]
+    port, world = _ranks.free_port(), opt["world_size"]
     procs, outs, logs = [], [], []
     for rank in range(world):
         name = os.path.join(tmp, f"{'+'.join(sides)}-{stage}-{port}-{rank}")
