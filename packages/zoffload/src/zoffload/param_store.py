@@ -81,10 +81,9 @@ class NvmeShards(ShardStore):
     def read(self, p: nn.Parameter, sp: ShardedParam) -> torch.Tensor:
         if p not in self.offsets:
             return sp.shard
-        pending = self._pending.pop(p, None)
+        pending = self._take_pending(p)
         if pending is not None:
             buf, io = pending
-            self._pending_elems -= buf.numel()
             io.wait()
         else:
             buf = new_aligned_tensor(sp.shard_size, self.dtypes[p])
@@ -125,11 +124,17 @@ class NvmeShards(ShardStore):
         buf.copy_(values)
         self.swap.write(self.FILE, buf, self.offsets[p]).wait()
 
-    def _forget(self, p: nn.Parameter) -> None:
+    def _take_pending(self, p: nn.Parameter) -> tuple[torch.Tensor, SwapIO] | None:
+        """The read-ahead of ``p`` (no longer counted against the budget), if one was issued."""
         pending = self._pending.pop(p, None)
         if pending is not None:
-            buf, io = pending
-            self._pending_elems -= buf.numel()
+            self._pending_elems -= pending[0].numel()
+        return pending
+
+    def _forget(self, p: nn.Parameter) -> None:
+        pending = self._take_pending(p)
+        if pending is not None:
+            _, io = pending
             try:
                 io.wait()
             except OSError:

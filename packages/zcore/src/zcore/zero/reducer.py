@@ -91,35 +91,22 @@ class GradReducer:
         self._pending: list[_Pending] = []
         self._free: dict[torch.dtype, list[torch.Tensor]] = {}
         self._pooled: dict[torch.dtype, int] = {}
-        self.peak_bucket_bytes = 0
-        """Bytes of bucket buffers (and reduce-scatter outputs) alive at once, at most."""
-        self._live_bytes = 0
 
     # -- buffers --------------------------------------------------------------------------
     def _take(self, dtype: torch.dtype, device: torch.device, elems: int) -> _Bucket:
         if elems > self.capacity:  # an oversized parameter: a buffer of its own
-            buf = torch.empty(elems, dtype=dtype, device=device)
-            self._account(buf)
-            return _Bucket(buf, pooled=False)
+            return _Bucket(torch.empty(elems, dtype=dtype, device=device), pooled=False)
         free = self._free.setdefault(dtype, [])
         while not free and self._pooled.get(dtype, 0) >= 2 and self._pending:
             self._drain_one()  # both buffers busy: finish the oldest collective
         if free:
             return _Bucket(free.pop(), pooled=True)
         self._pooled[dtype] = self._pooled.get(dtype, 0) + 1
-        buf = torch.empty(self.capacity, dtype=dtype, device=device)
-        self._account(buf)
-        return _Bucket(buf, pooled=True)
-
-    def _account(self, t: torch.Tensor, sign: int = 1) -> None:
-        self._live_bytes += sign * t.numel() * t.element_size()
-        self.peak_bucket_bytes = max(self.peak_bucket_bytes, self._live_bytes)
+        return _Bucket(torch.empty(self.capacity, dtype=dtype, device=device), pooled=True)
 
     def _give_back(self, bucket: _Bucket) -> None:
-        if bucket.pooled:
+        if bucket.pooled:  # an oversized bucket's buffer is simply dropped
             self._free.setdefault(bucket.buf.dtype, []).append(bucket.buf)
-        else:
-            self._account(bucket.buf, -1)
 
     # -- filling --------------------------------------------------------------------------
     def add(self, group: int, shard: ParamShard, grad: torch.Tensor) -> None:
