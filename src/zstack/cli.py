@@ -236,6 +236,12 @@ app.command("train")(train)
 app.command("generate")(generate)
 app.add_typer(checkpoint_app, name="checkpoint")
 
+# zserve (`z serve`, `z bench serve`) and zquant (`z quantize`, `z eval`, `z bench quant`).
+from zstack import cmd_quant, cmd_serve  # noqa: E402
+
+cmd_serve.register(app, bench_app)
+cmd_quant.register(app, bench_app)
+
 
 def main() -> None:
     app()
