@@ -165,3 +165,25 @@ def test_gathered_parameters_edits_reach_the_swapped_master(tmp_path: Path) -> N
     for got in run_ranks(_edit, 2, args=(str(tmp_path / "nvme"), True)):
         for name, value in want.items():
             torch.testing.assert_close(got[name], value, atol=1e-5, rtol=0, msg=name)
+
+
+def test_swap_directory_goes_with_close_or_collection(tmp_path: Path) -> None:
+    import gc
+
+    from zoffload.aio import AioHandle
+    from zoffload.swap import SwapSpace
+
+    aio = AioHandle({"block_size": 4096, "queue_depth": 4})
+    closed = SwapSpace.create(tmp_path, 0, aio)
+    closed.write("t", torch.arange(1024, dtype=torch.float32), 0).wait()
+    assert closed.root.is_dir()
+    closed.close()
+    closed.close()  # idempotent
+    assert not closed.root.exists()
+
+    dropped = SwapSpace.create(tmp_path, 1, aio)
+    root = dropped.root
+    assert root.is_dir()
+    del dropped
+    gc.collect()
+    assert not root.exists() and list(tmp_path.iterdir()) == []

@@ -14,11 +14,11 @@ truncated or corrupted swap file is detected and never trained on.
 
 from __future__ import annotations
 
-import atexit
 import errno
 import os
 import shutil
 import uuid
+import weakref
 import zlib
 from pathlib import Path
 from typing import Any
@@ -85,7 +85,10 @@ class SwapSpace:
         self.root = root
         self.aio = aio
         self._crc: dict[tuple[str, int], tuple[int, int]] = {}
-        atexit.register(self.close)
+        # Removes the directory on close(), when the space is collected, or at exit, whichever
+        # comes first; unlike a bound method per instance in atexit, it does not keep the space
+        # (and its checksum table) alive until the process ends.
+        self._remove = weakref.finalize(self, _remove_dir, root)
 
     @classmethod
     def create(cls, nvme_path: str | os.PathLike[str], rank: int, aio: AioHandle) -> SwapSpace:
@@ -171,11 +174,15 @@ class SwapSpace:
 
     def close(self) -> None:
         """Remove the swap directory (and its per-job parent when empty)."""
-        shutil.rmtree(self.root, ignore_errors=True)
-        try:
-            self.root.parent.rmdir()
-        except OSError:
-            pass
+        self._remove()
+
+
+def _remove_dir(root: Path) -> None:
+    shutil.rmtree(root, ignore_errors=True)
+    try:
+        root.parent.rmdir()
+    except OSError:
+        pass
 
 
 def _bytes(t: torch.Tensor) -> memoryview:
