@@ -41,7 +41,9 @@ ALLOWED: dict[str, set[str]] = {
     "zcore": {"torch", "pydantic", "znative"},
     "zoffload": {"zcore", "znative", "aiofiles", "torch"},
     "zcomm": {"zcore", "znative", "torch"},
-    "zquant": {"torch", "znative"},
+    # safetensors: the serialization format for packed models; transformers (optional
+    # extra `hf`, imported lazily) loads the real HF models zquant is measured on.
+    "zquant": {"torch", "znative", "safetensors", "transformers"},
     "zmoe": {"zcore", "torch"},
     "zserve": {"torch", "znative", "zquant", *SERVE_STACK},
 }
