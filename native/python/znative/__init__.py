@@ -17,6 +17,10 @@ Async file IO (:class:`AioHandle`, :func:`aligned_buffer`,
 :class:`AioPermissionError` also subclass ``FileNotFoundError`` /
 ``PermissionError``, and :class:`AioShortReadError` (``errno`` None) means the
 file ended before the requested range.
+
+Quantization kernels for zquant (:func:`int8_gemm`, :func:`int8_linear`,
+:func:`quantize_tokenwise`, :func:`dequantize_weight`, :func:`dequant_linear`)
+take int8/uint8/int32/float32 arrays in the layouts of ``zquant.packing``.
 """
 
 from __future__ import annotations
@@ -39,10 +43,16 @@ from znative._native import (
     adagrad_step,
     adam_step,
     aligned_buffer,
+    dequant_linear,
+    dequantize_weight,
     detected_simd_level,
+    int8_gemm,
+    int8_linear,
+    int8_vnni_available,
     io_backend_probe,
     lion_step,
     num_threads,
+    quantize_tokenwise,
     set_simd_level,
     simd_level,
     stream_4r3w,
@@ -64,10 +74,16 @@ __all__ = [
     "adagrad_step",
     "adam_step",
     "aligned_buffer",
+    "dequant_linear",
+    "dequantize_weight",
     "detected_simd_level",
+    "int8_gemm",
+    "int8_linear",
+    "int8_vnni_available",
     "io_backend_probe",
     "lion_step",
     "num_threads",
+    "quantize_tokenwise",
     "set_simd_level",
     "simd_level",
     "stream_4r3w",

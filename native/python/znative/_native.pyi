@@ -19,10 +19,16 @@ __all__ = [
     "adagrad_step",
     "adam_step",
     "aligned_buffer",
+    "dequant_linear",
+    "dequantize_weight",
     "detected_simd_level",
+    "int8_gemm",
+    "int8_linear",
+    "int8_vnni_available",
     "io_backend_probe",
     "lion_step",
     "num_threads",
+    "quantize_tokenwise",
     "set_simd_level",
     "simd_level",
     "stream_4r3w",
@@ -93,6 +99,38 @@ def lion_step(
     maximize: bool = False,
 ) -> None: ...
 def stream_4r3w(a: _Array, b: _Array, c: _Array, d: _Array) -> None: ...
+
+# Quantization kernels (zquant). int8/uint8/int32/float32 arrays, C-contiguous; weights (n, k).
+def int8_gemm(a: _Array, b: _Array, out: _Array) -> None: ...
+def quantize_tokenwise(x: _Array, q: _Array, scale: _Array, *, bits: int = 8) -> None: ...
+def int8_linear(
+    x: _Array, w: _Array, w_scale: _Array, bias: _Array | None, out: _Array
+) -> None: ...
+def dequantize_weight(
+    data: _Array,
+    scale: _Array,
+    out: _Array,
+    *,
+    fmt: str,
+    group_size: int,
+    data2: _Array | None = None,
+    zero: _Array | None = None,
+    offset: int = 8,
+) -> None: ...
+def dequant_linear(
+    x: _Array,
+    data: _Array,
+    scale: _Array,
+    bias: _Array | None,
+    out: _Array,
+    *,
+    fmt: str,
+    group_size: int,
+    data2: _Array | None = None,
+    zero: _Array | None = None,
+    offset: int = 8,
+) -> None: ...
+def int8_vnni_available() -> bool: ...
 
 # Async file IO (zaio). Buffers: numpy arrays of any non-object dtype, C-contiguous.
 @final

@@ -13,6 +13,7 @@ pub mod bf16;
 pub mod error;
 pub mod optim;
 pub mod par;
+pub mod quant;
 pub mod simd;
 pub mod stream;
 

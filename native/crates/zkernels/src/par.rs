@@ -49,6 +49,11 @@ fn pool() -> &'static rayon::ThreadPool {
     })
 }
 
+/// Runs `f` inside the kernels' pool, so rayon parallel iterators in `f` use it.
+pub fn install<R: Send, F: FnOnce() -> R + Send>(f: F) -> R {
+    pool().install(f)
+}
+
 /// Threads the kernels use.
 pub fn num_threads() -> usize {
     pool().current_num_threads()

@@ -5,6 +5,7 @@ mod aio;
 mod arrays;
 mod errors;
 mod optim;
+mod quant;
 
 use pyo3::prelude::*;
 use zkernels::{par, simd};
@@ -50,6 +51,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(optim::adagrad_step, m)?)?;
     m.add_function(wrap_pyfunction!(optim::lion_step, m)?)?;
     m.add_function(wrap_pyfunction!(optim::stream_4r3w, m)?)?;
+    m.add_function(wrap_pyfunction!(quant::int8_gemm, m)?)?;
+    m.add_function(wrap_pyfunction!(quant::int8_linear, m)?)?;
+    m.add_function(wrap_pyfunction!(quant::quantize_tokenwise, m)?)?;
+    m.add_function(wrap_pyfunction!(quant::dequantize_weight, m)?)?;
+    m.add_function(wrap_pyfunction!(quant::dequant_linear, m)?)?;
+    m.add_function(wrap_pyfunction!(quant::int8_vnni_available, m)?)?;
     errors::register_aio(m)?;
     m.add_class::<aio::AioHandle>()?;
     m.add_class::<aio::AlignedAllocation>()?;

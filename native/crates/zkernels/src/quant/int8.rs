@@ -1,0 +1,455 @@
+//! INT8 GEMM with int32 accumulation and token-wise INT8 activation quantization.
+//!
+//! `out (m, n) = a (m, k) · b (n, k)ᵀ`: both operands are K-contiguous (the
+//! weight in `nn.Linear` layout needs no repacking), so each output is a dot
+//! product. A 4×4 tile of outputs keeps 16 accumulators in registers while the
+//! tile's 4 activation rows and 4 weight rows stream through once.
+//!
+//! With AVX-512 VNNI, `vpdpbusd` multiplies unsigned by signed bytes and adds
+//! groups of four into int32 lanes (64 MACs per instruction). The activations
+//! are made unsigned by adding 128 (`a ^ 0x80`), and `128 · Σ_k b[j, k]` is
+//! subtracted once per output, so the result is exact. Without VNNI the tile is
+//! a plain loop the compiler vectorizes (sign-extend to i16, `vpmaddwd`).
+//! Weight rows are split into blocks of [`NB`] that run on the thread pool.
+
+use super::error::{check_len, QuantError};
+use super::{for_blocks, SharedOut};
+use crate::simd::multiversion;
+
+const MR: usize = 4;
+const NR: usize = 4;
+/// Weight rows per parallel block (64 rows × k bytes stay in L2 while the activations stream past).
+const NB: usize = 64;
+
+/// Whether [`int8_gemm`] uses the AVX-512 VNNI tile at the active SIMD level.
+pub fn vnni_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        crate::simd::active() == crate::simd::SimdLevel::Avx512
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Where the int32 dot products go.
+trait Epilogue: Sync {
+    fn write(&self, i: usize, j: usize, acc: i32);
+}
+
+struct I32Out {
+    out: SharedOut<i32>,
+    n: usize,
+}
+
+impl Epilogue for I32Out {
+    #[inline(always)]
+    fn write(&self, i: usize, j: usize, acc: i32) {
+        // SAFETY: (i, j) is inside the (m, n) output and owned by this block.
+        unsafe { *self.out.get().add(i * self.n + j) = acc }
+    }
+}
+
+/// `acc · (a_scale[i] · w_scale[j]) + bias[j]` in float32, the order the torch path uses.
+struct F32Out<'a> {
+    out: SharedOut<f32>,
+    n: usize,
+    a_scale: &'a [f32],
+    w_scale: &'a [f32],
+    bias: Option<&'a [f32]>,
+}
+
+impl Epilogue for F32Out<'_> {
+    #[inline(always)]
+    fn write(&self, i: usize, j: usize, acc: i32) {
+        let ws = if self.w_scale.len() == 1 {
+            self.w_scale[0]
+        } else {
+            self.w_scale[j]
+        };
+        let mut y = acc as f32 * (self.a_scale[i] * ws);
+        if let Some(b) = self.bias {
+            y += b[j];
+        }
+        // SAFETY: (i, j) is inside the (m, n) output and owned by this block.
+        unsafe { *self.out.get().add(i * self.n + j) = y }
+    }
+}
+
+#[inline(always)]
+fn dot_i8(a: &[i8], b: &[i8]) -> i32 {
+    let mut lanes = [0i32; 32];
+    let mut ca = a.chunks_exact(32);
+    let mut cb = b.chunks_exact(32);
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        for l in 0..32 {
+            lanes[l] += i32::from(x[l]) * i32::from(y[l]);
+        }
+    }
+    let tail: i32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(&x, &y)| i32::from(x) * i32::from(y))
+        .sum();
+    lanes.iter().sum::<i32>() + tail
+}
+
+/// Rows `i0..i0+MR` clamped to the last row: edge tiles recompute it and drop the copy.
+#[inline(always)]
+fn clamped<const R: usize>(start: usize, end: usize) -> [usize; R] {
+    std::array::from_fn(|r| (start + r).min(end - 1))
+}
+
+#[inline(always)]
+fn block_body<E: Epilogue>(a: &[i8], b: &[i8], m: usize, k: usize, j0: usize, j1: usize, epi: &E) {
+    for (i, ar) in a.chunks_exact(k).take(m).enumerate() {
+        for j in j0..j1 {
+            epi.write(i, j, dot_i8(ar, &b[j * k..(j + 1) * k]));
+        }
+    }
+}
+
+multiversion!(block_auto => block_body<E: Epilogue>(a: &[i8], b: &[i8], m: usize, k: usize, j0: usize, j1: usize, epi: &E));
+
+#[cfg(target_arch = "x86_64")]
+mod vnni {
+    use super::{clamped, Epilogue, MR, NR};
+    use std::arch::x86_64::*;
+
+    /// One MR×NR tile of `Σ (a+128)·b` over the whole k.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
+    unsafe fn tile(
+        a: *const u8,
+        b: *const i8,
+        k: usize,
+        rows: [usize; MR],
+        cols: [usize; NR],
+    ) -> [[i32; NR]; MR] {
+        let mut acc = [[_mm512_setzero_si512(); NR]; MR];
+        let full = k / 64;
+        for t in 0..full {
+            let off = t * 64;
+            let bv: [__m512i; NR] =
+                std::array::from_fn(|c| _mm512_loadu_si512(b.add(cols[c] * k + off).cast()));
+            for r in 0..MR {
+                let av = _mm512_loadu_si512(a.add(rows[r] * k + off).cast());
+                for c in 0..NR {
+                    acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], av, bv[c]);
+                }
+            }
+        }
+        let rem = k - full * 64;
+        if rem > 0 {
+            let off = full * 64;
+            let mask: __mmask64 = (1u64 << rem) - 1;
+            let bv: [__m512i; NR] = std::array::from_fn(|c| {
+                _mm512_maskz_loadu_epi8(mask, b.add(cols[c] * k + off).cast())
+            });
+            for r in 0..MR {
+                let av = _mm512_maskz_loadu_epi8(mask, a.add(rows[r] * k + off).cast());
+                for c in 0..NR {
+                    acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], av, bv[c]);
+                }
+            }
+        }
+        let mut out = [[0i32; NR]; MR];
+        for r in 0..MR {
+            for c in 0..NR {
+                out[r][c] = _mm512_reduce_add_epi32(acc[r][c]);
+            }
+        }
+        out
+    }
+
+    /// Weight rows `j0..j1` against every activation row; `comp[j] = 128 · Σ_k b[j, k]`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn block<E: Epilogue>(
+        a_u8: &[u8],
+        b: &[i8],
+        comp: &[i32],
+        m: usize,
+        k: usize,
+        j0: usize,
+        j1: usize,
+        epi: &E,
+    ) {
+        for i0 in (0..m).step_by(MR) {
+            let rows = clamped::<MR>(i0, m);
+            for jt in (j0..j1).step_by(NR) {
+                let cols = clamped::<NR>(jt, j1);
+                let acc = tile(a_u8.as_ptr(), b.as_ptr(), k, rows, cols);
+                for r in 0..MR.min(m - i0) {
+                    for c in 0..NR.min(j1 - jt) {
+                        epi.write(rows[r], cols[c], acc[r][c] - comp[cols[c]]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn gemm<E: Epilogue>(a: &[i8], b: &[i8], m: usize, n: usize, k: usize, epi: &E) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        (0..m).for_each(|i| (0..n).for_each(|j| epi.write(i, j, 0)));
+        return;
+    }
+    let blocks = n.div_ceil(NB);
+    #[cfg(target_arch = "x86_64")]
+    if vnni_available() {
+        let a_u8: Vec<u8> = a.iter().map(|&v| (v as u8) ^ 0x80).collect();
+        let comp: Vec<i32> = b
+            .chunks_exact(k)
+            .map(|row| 128 * row.iter().map(|&v| i32::from(v)).sum::<i32>())
+            .collect();
+        for_blocks(blocks, |blk| {
+            let (j0, j1) = (blk * NB, ((blk + 1) * NB).min(n));
+            // SAFETY: `vnni_available()` checked that the CPU has every enabled feature;
+            // the tile reads stay inside a (m·k) and b (n·k) because rows/cols are clamped.
+            unsafe { vnni::block(&a_u8, b, &comp, m, k, j0, j1, epi) }
+        });
+        return;
+    }
+    for_blocks(blocks, |blk| {
+        let (j0, j1) = (blk * NB, ((blk + 1) * NB).min(n));
+        block_auto(a, b, m, k, j0, j1, epi);
+    });
+}
+
+fn check_gemm(a: usize, b: usize, m: usize, n: usize, k: usize) -> Result<(), QuantError> {
+    check_len("a", a, m * k, || format!("m·k = {m}·{k}"))?;
+    check_len("b", b, n * k, || format!("n·k = {n}·{k}"))
+}
+
+/// `out (m, n) = a (m, k) · b (n, k)ᵀ` with exact int32 accumulation.
+pub fn int8_gemm(
+    a: &[i8],
+    b: &[i8],
+    out: &mut [i32],
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<(), QuantError> {
+    check_gemm(a.len(), b.len(), m, n, k)?;
+    check_len("out", out.len(), m * n, || format!("m·n = {m}·{n}"))?;
+    let epi = I32Out {
+        out: SharedOut(out.as_mut_ptr()),
+        n,
+    };
+    gemm(a, b, m, n, k, &epi);
+    Ok(())
+}
+
+#[inline(always)]
+fn quantize_rows_body(x: &[f32], k: usize, qmax: f32, q: &mut [i8], scale: &mut [f32]) {
+    for ((row, qrow), s) in x.chunks_exact(k).zip(q.chunks_exact_mut(k)).zip(scale) {
+        let mut lanes = [0f32; 16];
+        let mut chunks = row.chunks_exact(16);
+        for c in &mut chunks {
+            for l in 0..16 {
+                lanes[l] = lanes[l].max(c[l].abs());
+            }
+        }
+        let absmax = chunks
+            .remainder()
+            .iter()
+            .fold(lanes.iter().fold(0f32, |a, &b| a.max(b)), |a, &b| {
+                a.max(b.abs())
+            });
+        let sc = if absmax > 0.0 { absmax / qmax } else { 1.0 };
+        *s = sc;
+        for (v, o) in row.iter().zip(qrow.iter_mut()) {
+            *o = (v / sc).round_ties_even().clamp(-qmax, qmax) as i8;
+        }
+    }
+}
+
+multiversion!(quantize_rows => quantize_rows_body<>(x: &[f32], k: usize, qmax: f32, q: &mut [i8], scale: &mut [f32]));
+
+/// Symmetric per-row (token) quantization: `scale[i] = max|x[i]| / (2^(bits-1) - 1)` (1 for an
+/// all-zero row), `q = clamp(round_half_even(x / scale))`, as `zquant.quantize_activation_tokenwise`.
+pub fn quantize_tokenwise(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    bits: u32,
+    q: &mut [i8],
+    scale: &mut [f32],
+) -> Result<(), QuantError> {
+    if !(2..=8).contains(&bits) {
+        return Err(QuantError::Param {
+            name: "bits",
+            value: i64::from(bits),
+            expected: "2..=8",
+        });
+    }
+    check_len("x", x.len(), m * k, || format!("m·k = {m}·{k}"))?;
+    check_len("q", q.len(), m * k, || format!("m·k = {m}·{k}"))?;
+    check_len("scale", scale.len(), m, || format!("m = {m}"))?;
+    if k == 0 {
+        scale.fill(1.0);
+        return Ok(());
+    }
+    let qmax = ((1i32 << (bits - 1)) - 1) as f32;
+    quantize_rows(x, k, qmax, q, scale);
+    Ok(())
+}
+
+/// W8A8 linear: quantizes `x (m, k)` per token, multiplies by the INT8 weight `w (n, k)` in int32
+/// and writes `out (m, n) = acc · a_scale · w_scale + bias` (w_scale per channel `(n,)` or `(1,)`).
+#[allow(clippy::too_many_arguments)]
+pub fn int8_linear(
+    x: &[f32],
+    w: &[i8],
+    w_scale: &[f32],
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<(), QuantError> {
+    check_len("x", x.len(), m * k, || format!("m·k = {m}·{k}"))?;
+    check_len("w", w.len(), n * k, || format!("n·k = {n}·{k}"))?;
+    if w_scale.len() != 1 {
+        check_len("w_scale", w_scale.len(), n, || format!("n = {n} (or 1)"))?;
+    }
+    if let Some(b) = bias {
+        check_len("bias", b.len(), n, || format!("n = {n}"))?;
+    }
+    check_len("out", out.len(), m * n, || format!("m·n = {m}·{n}"))?;
+    let mut q = vec![0i8; m * k];
+    let mut a_scale = vec![1f32; m];
+    quantize_tokenwise(x, m, k, 8, &mut q, &mut a_scale)?;
+    let epi = F32Out {
+        out: SharedOut(out.as_mut_ptr()),
+        n,
+        a_scale: &a_scale,
+        w_scale,
+        bias,
+    };
+    gemm(&q, w, m, n, k, &epi);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::simd::{detected, set_override, SimdLevel};
+
+    fn lcg(seed: &mut u64) -> u64 {
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        *seed >> 33
+    }
+
+    fn reference(a: &[i8], b: &[i8], m: usize, n: usize, k: usize) -> Vec<i32> {
+        let mut out = vec![0; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                out[i * n + j] = (0..k)
+                    .map(|t| i32::from(a[i * k + t]) * i32::from(b[j * k + t]))
+                    .sum();
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn gemm_matches_scalar_reference_at_every_level() {
+        let mut seed = 7;
+        let levels = [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512];
+        for &(m, n, k) in &[
+            (1, 1, 1),
+            (3, 5, 7),
+            (4, 4, 64),
+            (17, 70, 130),
+            (5, 131, 576),
+            (16, 64, 1),
+        ] {
+            let a: Vec<i8> = (0..m * k)
+                .map(|_| (lcg(&mut seed) % 256) as u8 as i8)
+                .collect();
+            let b: Vec<i8> = (0..n * k)
+                .map(|_| ((lcg(&mut seed) % 255) as i32 - 127) as i8)
+                .collect();
+            let want = reference(&a, &b, m, n, k);
+            for &level in levels.iter().filter(|&&l| l <= detected()) {
+                set_override(Some(level)).unwrap();
+                let mut out = vec![0; m * n];
+                int8_gemm(&a, &b, &mut out, m, n, k).unwrap();
+                assert_eq!(out, want, "level {level:?} shape {m}x{n}x{k}");
+            }
+            set_override(None).unwrap();
+        }
+    }
+
+    #[test]
+    fn extreme_values_are_exact() {
+        let (m, n, k) = (4, 4, 1000);
+        let a = vec![-128i8; m * k];
+        let b = vec![-127i8; n * k];
+        let mut out = vec![0; m * n];
+        int8_gemm(&a, &b, &mut out, m, n, k).unwrap();
+        assert!(out.iter().all(|&v| v == 128 * 127 * 1000));
+    }
+
+    #[test]
+    fn tokenwise_quantization_matches_definition() {
+        let x: Vec<f32> = (0..3 * 10)
+            .map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.37)
+            .collect();
+        let mut q = vec![0; 30];
+        let mut s = vec![0.0; 3];
+        quantize_tokenwise(&x, 3, 10, 8, &mut q, &mut s).unwrap();
+        for i in 0..3 {
+            let row = &x[i * 10..(i + 1) * 10];
+            let absmax = row.iter().fold(0f32, |a, v| a.max(v.abs()));
+            assert_eq!(s[i], absmax / 127.0);
+            for t in 0..10 {
+                let want = (row[t] / s[i]).round_ties_even().clamp(-127.0, 127.0) as i8;
+                assert_eq!(q[i * 10 + t], want);
+            }
+        }
+        let mut zq = vec![1; 4];
+        let mut zs = vec![0.0; 1];
+        quantize_tokenwise(&[0.0; 4], 1, 4, 8, &mut zq, &mut zs).unwrap();
+        assert_eq!((zq, zs), (vec![0; 4], vec![1.0]));
+        assert!(quantize_tokenwise(&x, 3, 10, 9, &mut q, &mut s).is_err());
+    }
+
+    #[test]
+    fn linear_applies_scales_and_bias() {
+        let (m, n, k) = (5, 6, 33);
+        let x: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 13 % 17) as f32 - 8.0) * 0.1)
+            .collect();
+        let w: Vec<i8> = (0..n * k)
+            .map(|i| ((i * 7 % 255) as i32 - 127) as i8)
+            .collect();
+        let ws: Vec<f32> = (0..n).map(|j| 0.01 * (j + 1) as f32).collect();
+        let bias: Vec<f32> = (0..n).map(|j| j as f32).collect();
+        let mut out = vec![0.0; m * n];
+        int8_linear(&x, &w, &ws, Some(&bias), &mut out, m, n, k).unwrap();
+        let mut q = vec![0; m * k];
+        let mut s = vec![0.0; m];
+        quantize_tokenwise(&x, m, k, 8, &mut q, &mut s).unwrap();
+        let acc = reference(&q, &w, m, n, k);
+        for i in 0..m {
+            for j in 0..n {
+                assert_eq!(
+                    out[i * n + j],
+                    acc[i * n + j] as f32 * (s[i] * ws[j]) + bias[j]
+                );
+            }
+        }
+        assert!(int8_linear(&x, &w, &ws[..2], None, &mut out, m, n, k).is_err());
+    }
+}

@@ -1,0 +1,425 @@
+"""Weight and activation quantizers: the readable torch reference every kernel is tested against.
+
+Weights are ``(out, in)`` matrices (``nn.Linear.weight`` layout). A
+:class:`QuantSpec` says how they are quantized; :func:`quantize_weight` returns
+a :class:`QuantizedWeight` holding the *packed* codes plus scales (and zero
+points), :func:`dequantize_weight` turns it back into float32, and
+:func:`fake_quantize` does both in one differentiable step (straight-through
+gradient) for quantization-aware training and distillation.
+
+Scales are stored as float32 ``(R, G)``: ``R`` is 1 for per-tensor and ``out``
+otherwise, ``G`` is the number of groups along ``in`` (1 unless group-wise). A
+group size that does not divide ``in`` pads the last group (the padding is
+excluded from every statistic, so it does not change the scales).
+
+Formats (``value = scale * level``):
+
+* ``int`` symmetric: ``level = q`` in ``[-(2**(b-1)-1), 2**(b-1)-1]`` (the
+  restricted range, so INT8 products never see -128), ``scale = absmax / qmax``.
+  Stored as signed ints (8/16-bit containers) or, for ``b <= 4``, as unsigned
+  offset codes ``q + 2**(b-1)`` packed two (``b`` 3-4) or four (``b`` 2) per byte.
+* ``int`` asymmetric: ``level = code - zero``, ``code`` in ``[0, 2**b-1]``,
+  ``scale = (max-min) / (2**b-1)``, ``zero = round(-min/scale)`` (float32 holding
+  integers, kept in ``zero``).
+* ``fp6``: e3m2 codes (see :mod:`zquant.packing`), ``scale = absmax / 28``, stored
+  as the 4+2 bit split (``data`` the 4-bit plane, ``data2`` the 2-bit plane).
+* ``binary`` (XNOR-Net / BinaryBERT): ``level = sign(w)`` (0 counts as +),
+  ``scale = mean|w|`` per row/group; bit 1 means +1, eight per byte.
+* ``ternary`` (TWN): threshold ``0.7 * mean|w|``, ``level`` in ``{-1, 0, +1}``,
+  ``scale = mean|w|`` over the weights above the threshold; codes 0 / 1 (+1) /
+  2 (-1), four per byte.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from zquant.activations import (
+    StraightThrough,
+    fake_quantize_activation,
+    quantize_activation_tokenwise,
+)
+from zquant.packing import (
+    FP6_MAX,
+    fp6_decode,
+    fp6_encode,
+    pack_bits,
+    pack_fp6,
+    unpack_bits,
+    unpack_fp6,
+)
+
+__all__ = [
+    "QuantSpec",
+    "QuantizedWeight",
+    "dequantize_weight",
+    "expand_groups",
+    "fake_quantize",
+    "fake_quantize_activation",
+    "group_geometry",
+    "quantize_activation_tokenwise",
+    "quantize_weight",
+    "unpack_codes",
+]
+
+Format = Literal["int", "fp6", "binary", "ternary"]
+Granularity = Literal["tensor", "channel", "group"]
+
+_FMTS: tuple[str, ...] = ("int", "fp6", "binary", "ternary")
+_GRANS: tuple[str, ...] = ("tensor", "channel", "group")
+_FIXED_BITS = {"fp6": 6, "binary": 1, "ternary": 2}
+_INT_BITS = range(2, 17)
+_STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """How one weight matrix is quantized."""
+
+    bits: int
+    """Bits per weight: 1 (``binary``), 2 (``ternary`` or int2), 2-16 for ``int``
+    (packed storage for 2-8 and 16-bit containers above), 6 for ``fp6``."""
+    fmt: Format = "int"
+    """Number format: ``int``, ``fp6`` (e3m2, bias 3), ``binary`` or ``ternary``."""
+    symmetric: bool = True
+    """Symmetric (zero maps to zero, no zero point) or asymmetric (min/max with a
+    zero point). Only ``int`` supports asymmetric."""
+    granularity: Granularity = "channel"
+    """One scale per ``tensor``, per output ``channel`` (row), or per ``group`` of
+    ``group_size`` consecutive input features within a row."""
+    group_size: int | None = None
+    """Input features per scale when ``granularity == "group"``; if it does not
+    divide ``in_features`` the last group is padded."""
+
+    def validate(self, *, layer: str = "", shape: tuple[int, ...] | None = None) -> None:
+        """Raises ``ValueError`` naming the layer, the shape, the bad field and the fix."""
+        where = f"layer {layer!r}" if layer else "quantization spec"
+        if shape is not None:
+            where += f" (weight shape {tuple(shape)})"
+        if self.fmt not in _FMTS:
+            raise ValueError(f"{where}: fmt={self.fmt!r} is unknown; use one of {list(_FMTS)}")
+        if not isinstance(self.bits, int) or isinstance(self.bits, bool):
+            raise ValueError(f"{where}: bits={self.bits!r} must be an int")
+        if self.fmt in _FIXED_BITS and self.bits != _FIXED_BITS[self.fmt]:
+            raise ValueError(
+                f"{where}: fmt={self.fmt!r} needs bits={_FIXED_BITS[self.fmt]}, got bits={self.bits}; "
+                f"set bits={_FIXED_BITS[self.fmt]} or use fmt='int'"
+            )
+        if self.fmt == "int" and self.bits not in _INT_BITS:
+            hint = " (use fmt='binary' for 1 bit)" if self.bits == 1 else ""
+            raise ValueError(
+                f"{where}: bits={self.bits} is out of range for fmt='int'; use 2..16{hint}"
+            )
+        if self.fmt != "int" and not self.symmetric:
+            raise ValueError(
+                f"{where}: fmt={self.fmt!r} is symmetric only, got symmetric=False; set symmetric=True"
+            )
+        if self.granularity not in _GRANS:
+            raise ValueError(
+                f"{where}: granularity={self.granularity!r} is unknown; use one of {list(_GRANS)}"
+            )
+        if self.granularity == "group":
+            if self.group_size is None:
+                raise ValueError(
+                    f"{where}: granularity='group' needs group_size; set e.g. group_size=128"
+                )
+            if (
+                not isinstance(self.group_size, int)
+                or isinstance(self.group_size, bool)
+                or self.group_size <= 0
+            ):
+                raise ValueError(
+                    f"{where}: group_size={self.group_size!r} must be a positive int; set e.g. group_size=128"
+                )
+        elif self.group_size is not None:
+            raise ValueError(
+                f"{where}: group_size={self.group_size} is only used with granularity='group', "
+                f"got granularity={self.granularity!r}; set granularity='group' or group_size=None"
+            )
+        if shape is not None and (len(shape) != 2 or min(shape) <= 0):
+            raise ValueError(
+                f"{where}: weights must be a non-empty 2-D (out, in) matrix; reshape or skip this layer"
+            )
+
+    def describe(self) -> str:
+        """Short human-readable form, e.g. ``int4 sym group128``."""
+        name = f"{self.fmt}{self.bits}" if self.fmt == "int" else self.fmt
+        gran = f"group{self.group_size}" if self.granularity == "group" else self.granularity
+        return f"{name} {'sym' if self.symmetric else 'asym'} {gran}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields (for recipe manifests)."""
+        return {
+            "bits": self.bits,
+            "fmt": self.fmt,
+            "symmetric": self.symmetric,
+            "granularity": self.granularity,
+            "group_size": self.group_size,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> QuantSpec:
+        """Inverse of :meth:`to_dict`; validates."""
+        spec = cls(
+            bits=int(d["bits"]),
+            fmt=d.get("fmt", "int"),
+            symmetric=bool(d.get("symmetric", True)),
+            granularity=d.get("granularity", "channel"),
+            group_size=None if d.get("group_size") is None else int(d["group_size"]),
+        )
+        spec.validate()
+        return spec
+
+
+def _container_bits(spec: QuantSpec) -> int:
+    """Bits per stored code: what :func:`zquant.packing.pack_bits` packs."""
+    if spec.fmt == "binary":
+        return 1
+    if spec.fmt == "ternary" or (spec.fmt == "int" and spec.bits <= 2):
+        return 2
+    if spec.fmt == "int" and spec.bits <= 4:
+        return 4
+    if spec.fmt == "fp6":
+        return 6
+    return 8 if spec.bits <= 8 else 16
+
+
+def group_geometry(spec: QuantSpec, in_features: int) -> tuple[int, int]:
+    """``(group_size, n_groups)`` along the input dimension for ``spec``."""
+    g = spec.group_size if spec.granularity == "group" and spec.group_size else in_features
+    return g, (in_features + g - 1) // g
+
+
+@dataclass
+class QuantizedWeight:
+    """Packed codes plus scales of one ``(out, in)`` weight."""
+
+    spec: QuantSpec
+    shape: tuple[int, int]
+    """``(out, in)`` of the original weight."""
+    data: Tensor
+    """Codes, row-major ``(out, ...)``: int8/int16 for int > 4 bits symmetric,
+    uint8 otherwise (packed along ``in`` per :mod:`zquant.packing`)."""
+    scale: Tensor
+    """float32 ``(R, G)``, ``R`` 1 (per-tensor) or ``out``, ``G`` groups."""
+    zero: Tensor | None = None
+    """float32 ``(R, G)`` zero points (integers) for asymmetric int, else None."""
+    data2: Tensor | None = None
+    """FP6 only: the 2-bit plane ``(out, ceil(in/4))`` (``data`` is the 4-bit plane)."""
+
+    def nbytes(self) -> int:
+        """Stored bytes: codes plus scales and zero points."""
+        parts = [self.data, self.scale, self.zero, self.data2]
+        return sum(t.numel() * t.element_size() for t in parts if t is not None)
+
+    def to_state(self) -> dict[str, Tensor]:
+        """Flat tensors for ``state_dict`` / safetensors; :meth:`from_state` reverses it."""
+        spec = self.spec
+        meta = torch.tensor(
+            [
+                _STATE_VERSION,
+                spec.bits,
+                _FMTS.index(spec.fmt),
+                int(spec.symmetric),
+                _GRANS.index(spec.granularity),
+                spec.group_size or 0,
+                self.shape[0],
+                self.shape[1],
+            ],
+            dtype=torch.int64,
+        )
+        state = {"qmeta": meta, "qdata": self.data, "qscale": self.scale}
+        if self.zero is not None:
+            state["qzero"] = self.zero
+        if self.data2 is not None:
+            state["qdata2"] = self.data2
+        return state
+
+    @classmethod
+    def from_state(cls, state: dict[str, Tensor]) -> QuantizedWeight:
+        """Rebuilds a :class:`QuantizedWeight` from :meth:`to_state` output."""
+        missing = [k for k in ("qmeta", "qdata", "qscale") if k not in state]
+        if missing:
+            raise ValueError(
+                f"quantized weight state lacks {missing}; save it with QuantizedWeight.to_state()"
+            )
+        version, bits, fmt, sym, gran, gs, out, inf = (int(v) for v in state["qmeta"].tolist())
+        if version != _STATE_VERSION:
+            raise ValueError(
+                f"quantized weight state version {version} is not {_STATE_VERSION}; re-save it"
+            )
+        spec = QuantSpec(
+            bits=bits,
+            fmt=_FMTS[fmt],  # type: ignore[arg-type]
+            symmetric=bool(sym),
+            granularity=_GRANS[gran],  # type: ignore[arg-type]
+            group_size=gs or None,
+        )
+        spec.validate(shape=(out, inf))
+        return cls(
+            spec,
+            (out, inf),
+            state["qdata"],
+            state["qscale"],
+            state.get("qzero"),
+            state.get("qdata2"),
+        )
+
+
+def _grouped(w: Tensor, spec: QuantSpec) -> tuple[Tensor, Tensor, tuple[int, ...]]:
+    """``w (out, in)`` to ``(out, G, g)`` (zero-padded), a validity mask ``(1, G, g)`` and
+    the dims to reduce for one scale."""
+    out, in_ = w.shape
+    g, n_groups = group_geometry(spec, in_)
+    pad = n_groups * g - in_
+    wp = torch.nn.functional.pad(w, (0, pad)) if pad else w
+    mask = torch.ones(n_groups * g, dtype=torch.bool, device=w.device)
+    if pad:
+        mask[in_:] = False
+    dims = (0, 2) if spec.granularity == "tensor" else (2,)
+    return wp.reshape(out, n_groups, g), mask.reshape(1, n_groups, g), dims
+
+
+def _masked_mean(x: Tensor, mask: Tensor, dims: tuple[int, ...]) -> Tensor:
+    count = mask.expand_as(x).sum(dim=dims, keepdim=True).clamp(min=1)
+    return (x * mask).sum(dim=dims, keepdim=True) / count
+
+
+def _ungroup(codes: Tensor, in_: int) -> Tensor:
+    return codes.reshape(codes.shape[0], -1)[:, :in_]
+
+
+def _quantize_codes(w: Tensor, spec: QuantSpec) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Unpacked codes ``(out, in)`` (int32 levels or format codes), scale and zero ``(R, G)``."""
+    in_ = w.shape[1]
+    wg, mask, dims = _grouped(w.to(torch.float32), spec)
+    zero: Tensor | None = None
+    if spec.fmt == "int" and spec.symmetric:
+        qmax = 2 ** (spec.bits - 1) - 1
+        absmax = wg.abs().amax(dim=dims, keepdim=True)
+        scale = torch.where(absmax > 0, absmax / qmax, torch.ones_like(absmax))
+        codes = torch.clamp(torch.round(wg / scale), -qmax, qmax)
+    elif spec.fmt == "int":
+        qmax = 2**spec.bits - 1
+        lo = wg.masked_fill(~mask, float("inf")).amin(dim=dims, keepdim=True)
+        hi = wg.masked_fill(~mask, float("-inf")).amax(dim=dims, keepdim=True)
+        scale = torch.where(hi > lo, (hi - lo) / qmax, torch.ones_like(hi))
+        zero = torch.round(-lo / scale)
+        codes = torch.clamp(torch.round(wg / scale) + zero, 0, qmax)
+    elif spec.fmt == "fp6":
+        absmax = wg.abs().amax(dim=dims, keepdim=True)
+        scale = torch.where(absmax > 0, absmax / FP6_MAX, torch.ones_like(absmax))
+        codes = fp6_encode(wg / scale)
+    elif spec.fmt == "binary":
+        scale = _masked_mean(wg.abs(), mask, dims)
+        codes = (wg >= 0).to(torch.uint8)
+    else:  # ternary (TWN)
+        delta = 0.7 * _masked_mean(wg.abs(), mask, dims)
+        keep = (wg.abs() > delta) & mask
+        scale = _masked_mean(wg.abs(), keep, dims)
+        codes = torch.where(keep, torch.where(wg > 0, 1, 2), 0).to(torch.uint8)
+    scale = scale.squeeze(-1)
+    return _ungroup(codes, in_), scale, None if zero is None else zero.squeeze(-1)
+
+
+def _levels(codes: Tensor, spec: QuantSpec, zero: Tensor | None, in_: int) -> Tensor:
+    """Codes ``(out, in)`` to float32 levels (to be multiplied by the scale)."""
+    if spec.fmt == "fp6":
+        return fp6_decode(codes.to(torch.uint8))
+    if spec.fmt == "binary":
+        return codes.to(torch.float32) * 2 - 1
+    if spec.fmt == "ternary":
+        c = codes.to(torch.float32)
+        return torch.where(c == 2, -1.0, c)
+    if zero is not None:
+        return codes.to(torch.float32) - expand_groups(zero, spec, codes.shape[0], in_)
+    return codes.to(torch.float32)
+
+
+def expand_groups(t: Tensor, spec: QuantSpec, out: int, in_: int) -> Tensor:
+    """Scale or zero ``(R, G)`` broadcast to the full ``(out, in)`` weight."""
+    if t.shape[1] == 1:  # per tensor / per channel: a broadcast view, no copy
+        return t.expand(out, in_)
+    g, _ = group_geometry(spec, in_)
+    return t.expand(out, t.shape[1]).repeat_interleave(g, dim=1)[:, :in_]
+
+
+def _check_weight(w: Tensor, spec: QuantSpec, layer: str) -> None:
+    if not isinstance(w, Tensor):
+        raise TypeError(f"layer {layer!r}: weight must be a torch.Tensor, got {type(w).__name__}")
+    spec.validate(layer=layer, shape=tuple(w.shape))
+    if not w.is_floating_point():
+        raise ValueError(
+            f"layer {layer!r}: weight dtype {w.dtype} is not floating point; pass the float weight"
+        )
+    if not torch.isfinite(w).all():
+        raise ValueError(
+            f"layer {layer!r} (weight shape {tuple(w.shape)}): weight has NaN/inf; fix the checkpoint"
+        )
+
+
+def quantize_weight(w: Tensor, spec: QuantSpec, *, layer: str = "") -> QuantizedWeight:
+    """Quantizes and packs ``w (out, in)``; ``layer`` names it in error messages."""
+    _check_weight(w, spec, layer)
+    out, in_ = w.shape
+    with torch.no_grad():
+        codes, scale, zero = _quantize_codes(w.detach(), spec)
+        cbits = _container_bits(spec)
+        data2 = None
+        if spec.fmt == "fp6":
+            data, data2 = pack_fp6(codes.to(torch.uint8))
+        elif spec.fmt == "int" and cbits <= 4:
+            offset = 2 ** (spec.bits - 1) if spec.symmetric else 0
+            data = pack_bits((codes + offset).to(torch.uint8), cbits)
+        elif spec.fmt == "int":
+            dtype = {8: torch.int8, 16: torch.int16}[cbits] if spec.symmetric else None
+            if dtype is None:
+                dtype = torch.uint8 if cbits == 8 else torch.int32
+            data = codes.to(dtype).contiguous()
+        else:
+            data = pack_bits(codes.to(torch.uint8), cbits)
+    return QuantizedWeight(spec, (out, in_), data, scale.contiguous(), zero, data2)
+
+
+def unpack_codes(qw: QuantizedWeight) -> Tensor:
+    """The unpacked codes ``(out, in)`` of ``qw`` as int32 (int: signed levels when
+    symmetric, unsigned codes when asymmetric; other formats: their codes)."""
+    spec, in_ = qw.spec, qw.shape[1]
+    cbits = _container_bits(spec)
+    if spec.fmt == "fp6":
+        if qw.data2 is None:
+            raise ValueError("fp6 quantized weight lacks its 2-bit plane data2")
+        return unpack_fp6(qw.data, qw.data2, in_).to(torch.int32)
+    if cbits <= 4:
+        codes = unpack_bits(qw.data, cbits, in_).to(torch.int32)
+        if spec.fmt == "int" and spec.symmetric:
+            codes = codes - 2 ** (spec.bits - 1)
+        return codes
+    return qw.data.to(torch.int32)
+
+
+def dequantize_weight(qw: QuantizedWeight) -> Tensor:
+    """float32 ``(out, in)`` reconstruction of ``qw``."""
+    out, in_ = qw.shape
+    if qw.spec.fmt == "int" and qw.spec.symmetric and _container_bits(qw.spec) >= 8:
+        return qw.data.to(torch.float32) * expand_groups(qw.scale, qw.spec, out, in_)  # one pass
+    levels = _levels(unpack_codes(qw), qw.spec, qw.zero, in_)
+    return levels * expand_groups(qw.scale, qw.spec, out, in_)
+
+
+def fake_quantize(w: Tensor, spec: QuantSpec) -> Tensor:
+    """Quantize then dequantize ``w`` (same shape and dtype) with a straight-through gradient.
+
+    Tensors that are not 2-D are treated as ``(shape[0], -1)`` (1-D as one row).
+    """
+    w2 = w.reshape(1, -1) if w.dim() == 1 else w.reshape(w.shape[0], -1)
+    _check_weight(w2, spec, "")
+    with torch.no_grad():
+        codes, scale, zero = _quantize_codes(w2.detach(), spec)
+        out, in_ = w2.shape
+        deq = _levels(codes, spec, zero, in_) * expand_groups(scale, spec, out, in_)
+    return StraightThrough.apply(w, deq.reshape(w.shape).to(w.dtype))
