@@ -22,14 +22,15 @@ import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 FIRST_PARTY = {"znative", "zcore", "zoffload", "zcomm", "zquant", "zmoe", "zserve", "zstack"}
-# zserve's HTTP server, tokenizer and checkpoint loading (ARCHITECTURE.md: OpenAI-compatible
-# server, Hugging Face-format checkpoints).
+# zserve's HTTP server, the replica router's client (httpx), tokenizer and checkpoint loading
+# (ARCHITECTURE.md: OpenAI-compatible server with replicas, Hugging Face-format checkpoints).
 SERVE_STACK = {
     "fastapi",
     "starlette",
     "uvicorn",
     "anyio",
     "sse_starlette",
+    "httpx",
     "pydantic",
     "tokenizers",
     "transformers",
