@@ -35,6 +35,7 @@ SERVE_STACK = {
     "tokenizers",
     "transformers",
     "safetensors",
+    "jinja2",  # chat templates, rendered in a sandbox as transformers does
 }
 # Top-level modules each package may import, besides itself and the standard library.
 ALLOWED: dict[str, set[str]] = {

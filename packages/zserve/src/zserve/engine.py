@@ -1,0 +1,243 @@
+"""The engine: requests in, one scheduler step + one ragged forward per `step()`.
+
+    engine = Engine(model_dir, policy="splitfuse", token_budget=256)
+    engine.add_request("r1", "To be, or not to be", SamplingParams(max_tokens=16))
+    while engine.has_unfinished():
+        for out in engine.step(): ...
+
+Not thread-safe: one thread drives it (the HTTP server runs it in its own thread).
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from zserve.block_manager import BlockManager
+from zserve.config import EngineConfig
+from zserve.detokenizer import IncrementalDetokenizer
+from zserve.outputs import RequestOutput
+from zserve.sampling import Sampler, SamplingParams
+from zserve.scheduler import (
+    PrefillFirstScheduler,
+    Scheduler,
+    Sequence,
+    SplitFuseScheduler,
+)
+
+
+class Runner(Protocol):
+    num_blocks: int
+    block_size: int
+    max_model_len: int
+
+    def forward(self, chunks: list[Any]) -> torch.Tensor: ...
+
+
+def merge_config(config: EngineConfig | None, overrides: dict[str, Any]) -> EngineConfig:
+    """`config` with `overrides` applied (validated again)."""
+    base = config.model_dump(exclude_unset=True) if config is not None else {}
+    return EngineConfig(**{**base, **overrides})
+
+
+def make_scheduler(config: EngineConfig, kv: BlockManager, max_model_len: int) -> Scheduler:
+    if config.policy == "splitfuse":
+        return SplitFuseScheduler(kv, config.max_num_seqs, config.token_budget)
+    if config.policy == "prefill-first":
+        # A prefill forward must hold the longest prompt, whatever the token budget.
+        return PrefillFirstScheduler(
+            kv, config.max_num_seqs, max(config.token_budget, max_model_len)
+        )
+    raise ValueError(
+        f"policy {config.policy!r} has no scheduler; the static baseline runs through "
+        "`zserve.static_batch.StaticBatchEngine` (`make_engine` picks it)"
+    )
+
+
+class Engine:
+    """Continuous-batching engine over a `ModelRunner` and a scheduling policy."""
+
+    def __init__(
+        self, model_dir: str | Path, config: EngineConfig | None = None, **overrides: Any
+    ) -> None:
+        from zserve.runner import ModelRunner
+        from zserve.tokenizer import Tokenizer
+
+        config = merge_config(config, overrides)
+        if config.policy == "static":
+            raise ValueError(
+                "policy 'static' is transformers `generate`, not this engine; use "
+                "`zserve.engine.make_engine` or `zserve.pipeline(..., policy='static')`"
+            )
+        runner = ModelRunner(
+            model_dir,
+            num_blocks=config.num_blocks,
+            block_size=config.block_size,
+            dtype=config.torch_dtype,
+            device=config.device,
+            kv_cache_bytes=config.kv_cache_bytes,
+            max_model_len=config.max_model_len,
+        )
+        self._setup(runner, Tokenizer(model_dir), config, Path(model_dir).name)
+
+    @classmethod
+    def from_parts(
+        cls, runner: Runner, tokenizer: Any, config: EngineConfig, model_name: str = "model"
+    ) -> Engine:
+        """An engine over a given runner and tokenizer (tests use model-free fakes)."""
+        self = cls.__new__(cls)
+        self._setup(runner, tokenizer, config, model_name)
+        return self
+
+    def _setup(self, runner: Runner, tokenizer: Any, config: EngineConfig, name: str) -> None:
+        self.config = config
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.model_name = name
+        self.max_model_len = runner.max_model_len
+        self.eos_token_ids = set(getattr(tokenizer, "eos_token_ids", []) or []) | set(
+            getattr(runner, "eos_token_ids", []) or []
+        )
+        self.kv = BlockManager(runner.num_blocks, runner.block_size, config.prefix_caching)
+        self.scheduler = make_scheduler(config, self.kv, self.max_model_len)
+        self.sampler = Sampler(config.seed)
+        self._ids = itertools.count()
+        self._live: dict[str, Sequence] = {}
+        self.num_steps = 0
+        self.num_forward_tokens = 0
+
+    # -- requests -----------------------------------------------------------------------
+    def add_request(
+        self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None
+    ) -> None:
+        """Queue a request. ValueError (naming the field) for a duplicate id, an empty
+        prompt, or a prompt that leaves no room for `max_tokens` in `max_model_len`."""
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params is a {type(params).__name__}; pass a SamplingParams")
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id is {request_id!r}; it must be a non-empty string")
+        if request_id in self._live:
+            raise ValueError(f"request_id {request_id!r} is already running; use a new id")
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt)
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+            ids = list(prompt)
+            vocab = getattr(self.tokenizer, "vocab_size", None)
+            bad = [t for t in ids if t < 0 or (vocab is not None and t >= vocab)]
+            if bad:
+                raise ValueError(f"prompt token ids {bad[:5]} are outside [0, {vocab})")
+        else:
+            raise TypeError(f"prompt is a {type(prompt).__name__}; pass a str or a list of ints")
+        if not ids:
+            raise ValueError("prompt is empty (0 tokens); send at least one token")
+        if len(ids) + params.max_tokens > self.max_model_len:
+            raise ValueError(
+                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) = "
+                f"{len(ids) + params.max_tokens} exceeds max_model_len "
+                f"{self.max_model_len}; shorten the prompt or lower max_tokens"
+            )
+        seq = Sequence(next(self._ids), request_id, ids, params)
+        seq.extra["gen"] = self.sampler.generator_for(params)
+        seq.extra["detok"] = IncrementalDetokenizer(self.tokenizer, ids, params.stop)
+        self._live[request_id] = seq
+        self.scheduler.add(seq)
+
+    def abort(self, request_id: str) -> None:
+        """Drop a request and free its KV blocks now; unknown ids are a no-op."""
+        seq = self._live.pop(request_id, None)
+        if seq is not None and not seq.finished:
+            self.scheduler.abort(request_id)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- the loop -----------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """One scheduler step and one ragged forward; the outputs of every request that
+        produced a token or finished in it."""
+        from zserve.runner import SeqChunk
+
+        sched = self.scheduler.schedule()
+        results = [self._final(seq, "error") for seq in sched.finished]
+        self.num_steps += 1
+        if not sched.chunks:
+            return results
+        chunks = [
+            SeqChunk(
+                c.seq.seq_id, c.token_ids, c.start, self.kv.block_table(c.seq.seq_id), c.want_logits
+            )
+            for c in sched.chunks
+        ]
+        logits = self.runner.forward(chunks)
+        self.num_forward_tokens += sched.num_tokens
+        self.scheduler.update(sched)
+        sampled = [c.seq for c in sched.chunks if c.want_logits]
+        tokens = self.sampler.sample(
+            logits, [s.params for s in sampled], [s.extra["gen"] for s in sampled]
+        )
+        for seq, tok in zip(sampled, tokens, strict=True):
+            results.append(self._append(seq, tok))
+        return results
+
+    def _append(self, seq: Sequence, tok: int) -> RequestOutput:
+        p = seq.params
+        seq.output_token_ids.append(tok)
+        detok: IncrementalDetokenizer = seq.extra["detok"]
+        reason = None
+        if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_token_ids):
+            reason = "stop"  # the stop token is in token_ids, not in the text
+        else:
+            detok.add(tok)
+            if detok.stopped:
+                reason = "stop"
+            elif len(seq.output_token_ids) >= p.max_tokens:
+                reason = "length"
+        first = seq.extra.get("sent", 0)
+        seq.extra["sent"] = len(seq.output_token_ids)
+        out = RequestOutput(
+            request_id=seq.request_id,
+            token_ids=seq.output_token_ids[first:],
+            text=detok.delta(final=reason is not None),
+            finished=reason is not None,
+            finish_reason=reason,
+            prompt_tokens=len(seq.prompt_token_ids),
+            completion_tokens=len(seq.output_token_ids),
+        )
+        if reason is not None:
+            self.scheduler.finish(seq, reason)
+            self._live.pop(seq.request_id, None)
+        return out
+
+    def _final(self, seq: Sequence, reason: str) -> RequestOutput:
+        self._live.pop(seq.request_id, None)
+        return RequestOutput(
+            request_id=seq.request_id,
+            token_ids=[],
+            text="",
+            finished=True,
+            finish_reason=seq.finish_reason or reason,
+            prompt_tokens=len(seq.prompt_token_ids),
+            completion_tokens=len(seq.output_token_ids),
+            error=seq.error,
+        )
+
+    def stats(self) -> dict[str, int | float]:
+        """Allocator, queue and prefix-cache counters (for /metrics and tests)."""
+        s: dict[str, int | float] = dict(self.scheduler.stats())
+        s["num_steps"] = self.num_steps
+        s["num_forward_tokens"] = self.num_forward_tokens
+        return s
+
+
+def make_engine(model_dir: str | Path, config: EngineConfig | None = None, **overrides: Any):
+    """An `Engine`, or the `StaticBatchEngine` baseline when `policy="static"`."""
+    config = merge_config(config, overrides)
+    if config.policy == "static":
+        from zserve.static_batch import StaticBatchEngine
+
+        return StaticBatchEngine(model_dir, config)
+    return Engine(model_dir, config)

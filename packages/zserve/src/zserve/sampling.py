@@ -1,0 +1,142 @@
+"""Sampling parameters and the sampler that turns a forward's logits into tokens.
+
+Greedy when `temperature == 0` (or `top_k == 1`); otherwise temperature, then top-k,
+then top-p (nucleus) filtering, then one multinomial draw. A request with a `seed`
+draws from its own `torch.Generator`, so its output does not depend on which other
+requests share its batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request is sampled and when it stops. Validated at construction;
+    errors are `ValueError`s that name the field, the value and the allowed range."""
+
+    max_tokens: int = 16
+    """Most tokens to generate (>= 1)."""
+    temperature: float = 1.0
+    """Softmax temperature; 0 means greedy."""
+    top_k: int = 0
+    """Keep only the k most likely tokens; 0 (or -1) keeps all."""
+    top_p: float = 1.0
+    """Keep the smallest set of tokens whose probability reaches top_p; in (0, 1]."""
+    seed: int | None = None
+    """Seed of this request's own generator (reproducible sampling), or None."""
+    stop: tuple[str, ...] = ()
+    """Strings that end generation; the returned text stops before them."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Token ids that end generation (besides the model's EOS unless ignore_eos)."""
+    ignore_eos: bool = False
+    """Keep generating past the model's EOS tokens (benchmarks with fixed lengths)."""
+
+    def __post_init__(self) -> None:
+        # Accept lists (JSON) for the tuple fields; frozen, hence object.__setattr__.
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if self.top_k == -1:
+            object.__setattr__(self, "top_k", 0)
+        _check(
+            isinstance(self.max_tokens, int) and self.max_tokens >= 1,
+            "max_tokens",
+            self.max_tokens,
+            "an integer >= 1",
+        )
+        _check(
+            isinstance(self.temperature, (int, float)) and 0 <= self.temperature <= 100,
+            "temperature",
+            self.temperature,
+            "a number in [0, 100]",
+        )
+        _check(
+            isinstance(self.top_k, int) and self.top_k >= 0,
+            "top_k",
+            self.top_k,
+            "an integer >= 1, or 0 / -1 for no limit",
+        )
+        _check(
+            isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1,
+            "top_p",
+            self.top_p,
+            "a number in (0, 1]",
+        )
+        _check(
+            self.seed is None or isinstance(self.seed, int), "seed", self.seed, "an integer or None"
+        )
+        _check(
+            all(isinstance(s, str) and s for s in self.stop), "stop", self.stop, "non-empty strings"
+        )
+        _check(
+            all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+            "stop_token_ids",
+            self.stop_token_ids,
+            "non-negative integers",
+        )
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+
+def _check(ok: bool, name: str, value: object, allowed: str) -> None:
+    if not ok:
+        raise ValueError(f"sampling parameter `{name}` is {value!r}; it must be {allowed}")
+
+
+def _filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """`logits` (V,) with everything outside the top-k / top-p set at -inf."""
+    if top_k and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # Drop a token when the tokens before it already reach top_p (the first always stays).
+        drop = (torch.cumsum(probs, dim=-1) - probs) >= top_p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.empty_like(logits).scatter_(0, order, sorted_logits)
+    return logits
+
+
+@dataclass
+class Sampler:
+    """Draws one token per row of a logits batch; `seed` seeds the shared generator
+    used by requests without a seed of their own."""
+
+    seed: int = 0
+    _shared: torch.Generator = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._shared = torch.Generator().manual_seed(self.seed)
+
+    def generator_for(self, params: SamplingParams) -> torch.Generator | None:
+        """A fresh generator for a seeded request (kept by the request), else None."""
+        return None if params.seed is None else torch.Generator().manual_seed(params.seed)
+
+    def sample(
+        self,
+        logits: torch.Tensor,
+        params: Sequence[SamplingParams],
+        generators: Sequence[torch.Generator | None],
+    ) -> list[int]:
+        """logits: (n, V) fp32, one row per request; returns n token ids."""
+        if logits.shape[0] != len(params):
+            raise ValueError(f"{logits.shape[0]} logits rows for {len(params)} requests")
+        logits = logits.float().cpu()
+        out = logits.argmax(dim=-1).tolist()  # greedy rows are done here, in one op
+        for i, p in enumerate(params):
+            if p.greedy:
+                continue
+            row = _filter_top_k_top_p(logits[i] / p.temperature, p.top_k, p.top_p)
+            probs = torch.softmax(row, dim=-1)
+            gen = generators[i] if generators[i] is not None else self._shared
+            out[i] = int(torch.multinomial(probs, 1, generator=gen).item())
+        return out
