@@ -43,9 +43,9 @@ ALLOWED: dict[str, set[str]] = {
     "zcore": {"torch", "pydantic", "znative"},
     "zoffload": {"zcore", "znative", "aiofiles", "torch"},
     "zcomm": {"zcore", "znative", "torch"},
-    # safetensors: the serialization format for packed models; transformers (optional
-    # extra `hf`, imported lazily) loads the real HF models zquant is measured on.
-    "zquant": {"torch", "znative", "safetensors", "transformers"},
+    # safetensors: the serialization format for packed models; transformers and
+    # tokenizers (optional extra `hf`, imported lazily) load the real HF models it is measured on.
+    "zquant": {"torch", "znative", "safetensors", "transformers", "tokenizers"},
     "zmoe": {"zcore", "torch"},
     "zserve": {"torch", "znative", "zquant", *SERVE_STACK},
 }

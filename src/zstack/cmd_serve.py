@@ -75,6 +75,70 @@ def serve(
     )
 
 
+def bench_serve(
+    model_dir: str | None = typer.Argument(
+        None, help="HF model directory (default: SmolLM2-135M-Instruct from `make setup`)."
+    ),
+    policies: str = typer.Option(
+        "splitfuse,prefill-first,static", "--policies", help="Comma-separated policies to compare."
+    ),
+    rates: str = typer.Option("0.5,1.0,2.0", "--rates", help="Poisson arrival rates, req/s."),
+    num_requests: int = typer.Option(12, "--num-requests", min=1, help="Requests per rate."),
+    token_budget: int = typer.Option(64, "--token-budget", min=1, help="Tokens per forward."),
+    max_num_seqs: int = typer.Option(16, "--max-num-seqs", min=1),
+    num_blocks: int = typer.Option(1024, "--num-blocks", min=1, help="KV-cache blocks."),
+    short_prompt: str = typer.Option("8,48", "--short-prompt", help="MIN,MAX prompt tokens."),
+    long_prompt: str = typer.Option("384,768", "--long-prompt", help="MIN,MAX long prompt."),
+    long_fraction: float = typer.Option(0.25, "--long-fraction", min=0.0, max=1.0),
+    output_len: str = typer.Option("16,48", "--output-len", help="MIN,MAX output tokens."),
+    sla_ttft_units: float = typer.Option(
+        40.0, "--sla-ttft-units", help="SLA: TTFT bound, in forwards of token_budget tokens."
+    ),
+    sla_gap_units: float = typer.Option(
+        4.0, "--sla-gap-units", help="SLA: longest gap between two tokens, in forwards."
+    ),
+    sla_rate_per_unit: float = typer.Option(
+        0.5, "--sla-rate-per-unit", help="SLA: mean tokens per forward-time per request."
+    ),
+    prefix_requests: int = typer.Option(6, "--prefix-requests", min=0),
+    system_prompt_tokens: int = typer.Option(384, "--system-prompt-tokens", min=1),
+    threads: int = typer.Option(1, "--threads", min=1, help="torch threads."),
+    max_run_s: float = typer.Option(120.0, "--max-run-s", help="Bound on one policy and rate run."),
+    seed: int = typer.Option(0, "--seed"),
+    json_out: bool = typer.Option(False, "--json", help="Print only the JSON object."),
+) -> None:
+    """Open-loop serving workload per policy and rate: tokens/s, TTFT/ITL percentiles,
+    SLA effective throughput; and prefix caching's effect on TTFT."""
+    from zstack.bench import run_benchmark
+
+    raise typer.Exit(
+        run_benchmark(
+            "serve",
+            json_out,
+            model_dir=model_dir,
+            policies=policies,
+            rates=rates,
+            num_requests=num_requests,
+            seed=seed,
+            token_budget=token_budget,
+            max_num_seqs=max_num_seqs,
+            num_blocks=num_blocks,
+            short_prompt=short_prompt,
+            long_prompt=long_prompt,
+            long_fraction=long_fraction,
+            output_len=output_len,
+            sla_ttft_units=sla_ttft_units,
+            sla_gap_units=sla_gap_units,
+            sla_rate_per_unit=sla_rate_per_unit,
+            prefix_requests=prefix_requests,
+            system_prompt_tokens=system_prompt_tokens,
+            threads=threads,
+            max_run_s=max_run_s,
+        )
+    )
+
+
 def register(app: typer.Typer, bench_app: typer.Typer) -> None:
     """Add this module's commands to `z` and `z bench`."""
     app.command("serve")(serve)
+    bench_app.command("serve")(bench_serve)

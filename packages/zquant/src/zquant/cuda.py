@@ -10,10 +10,10 @@ compile-checks the source everywhere.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import Tensor
 
+from znative.cuda import i32
 from zquant.quantizers import QuantizedWeight, group_geometry
 
 _MODULE = "quant_dequant"
@@ -46,7 +46,7 @@ def _weight_args(qw: QuantizedWeight, fmt: str, offset: int) -> tuple[object, ..
         assert qw.data2 is not None
         return (qw.data.contiguous(), qw.data2.contiguous(), scale)
     zero = scale if qw.zero is None else qw.zero.float().contiguous()  # unread when has_zero == 0
-    return (qw.data.contiguous(), scale, zero, np.int32(qw.zero is not None), np.int32(offset))
+    return (qw.data.contiguous(), scale, zero, i32(qw.zero is not None), i32(offset))
 
 
 def dequantize_cuda(qw: QuantizedWeight) -> Tensor:
@@ -67,10 +67,10 @@ def dequantize_cuda(qw: QuantizedWeight) -> Tensor:
         (
             out,
             *_weight_args(qw, fmt, offset),
-            np.int32(n),
-            np.int32(k),
-            np.int32(group),
-            np.int32(scale_rows),
+            i32(n),
+            i32(k),
+            i32(group),
+            i32(scale_rows),
         ),
         stream=torch.cuda.current_stream(out.device).cuda_stream,
         device=out.device.index,
@@ -108,12 +108,12 @@ def dequant_gemv_cuda(x: Tensor, qw: QuantizedWeight, bias: Tensor | None = None
             x32,
             *_weight_args(qw, fmt, offset),
             b,
-            np.int32(bias is not None),
-            np.int32(m),
-            np.int32(n),
-            np.int32(k),
-            np.int32(group),
-            np.int32(scale_rows),
+            i32(bias is not None),
+            i32(m),
+            i32(n),
+            i32(k),
+            i32(group),
+            i32(scale_rows),
         ),
         stream=torch.cuda.current_stream(out.device).cuda_stream,
         device=out.device.index,
