@@ -1,0 +1,242 @@
+"""ZeroQuant recipes on real models: size vs fp16, accuracy, and quantized-linear latency.
+
+For each recipe (w8a8, w4a8, w6a16, w8, w4; plus w4 with LKD):
+
+- all-MiniLM-L6-v2 (clean fp32 encoder): mean cosine similarity of mean-pooled sentence
+  embeddings against the fp32 model over `sentences` held-out Shakespeare sentences (plays
+  `zstack.recipes.data.VAL_TITLES`); LKD calibrates on sentences of the other plays.
+- SmolLM2-135M (fp32 dequantized from its 4-bit GGUF; that fp32 model is the baseline):
+  perplexity of the first `ppl_tokens` tokens of a held-out play, in windows of 256.
+- size: packed codes + scales (+ fp32 biases) of the quantized linears against the same
+  layers in fp16 (`linear_ratio_vs_fp16`), and of the whole model with every other tensor
+  counted in fp16 (`model_ratio_vs_fp16`).
+
+Then the latency of each quantized linear against fp32 `F.linear` at several batch sizes
+(`_quant_latency.py`, interleaved medians in the same run) and, when `zquant.xtc` is
+present, XTC's binary MiniLM before and after distillation.
+
+Run: `z bench quant --json` (about 10 minutes on 2 cores; `--no-smollm2`, `--no-latency`,
+`--xtc-steps 0` shorten it).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zstack.bench import load
+
+_latency = load("_quant_latency")
+_T0 = time.perf_counter()
+
+
+def _log(message: str) -> None:
+    """Progress on stderr (stdout ends with the one JSON object)."""
+    print(f"[{time.perf_counter() - _T0:7.1f} s] {message}", file=sys.stderr, flush=True)
+
+
+RECIPES = ("w8a8", "w4a8", "w6a16", "w8", "w4")
+
+
+def _sentences(split: str, limit: int) -> list[str]:
+    from zquant.metrics import sentences_from_text
+    from zstack.recipes.data import load_plays, split_plays
+
+    train, val = split_plays(load_plays())
+    plays = train if split == "train" else val
+    return sentences_from_text("\n".join(t for _, t in plays), limit=limit)
+
+
+def _size(model: torch.nn.Module) -> dict[str, Any]:
+    from zquant.ptq import model_size
+
+    s = model_size(model)
+    return {
+        "linear_bytes": s["linear_bytes"],
+        "linear_fp16_bytes": s["linear_fp16_bytes"],
+        "linear_ratio_vs_fp16": round(s["linear_fp16_bytes"] / s["linear_bytes"], 3),
+        "model_bytes": s["total_bytes"],
+        "model_fp16_bytes": s["fp16_bytes"],
+        "model_ratio_vs_fp16": round(s["fp16_bytes"] / s["total_bytes"], 3),
+    }
+
+
+def models_root() -> Path:
+    """Where `make setup` put the real models: `$ZSTACK_MODELS` or `~/.cache/zstack/models`."""
+    return Path(os.environ.get("ZSTACK_MODELS", Path.home() / ".cache" / "zstack" / "models"))
+
+
+def _model_dir(name: str) -> Path:
+    path = models_root() / name
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"model `{name}` not found at `{path}`; run `make setup`")
+    return path
+
+
+def _minilm(
+    recipes: list[str], n: int, lkd_steps: int, lkd_sentences: int, group_size: int | None
+) -> dict[str, Any]:
+    from zquant.hf import load_model, load_tokenizer
+    from zquant.lkd import calibration_batches
+    from zquant.metrics import embedding_similarity, sentence_embeddings
+    from zquant.ptq import quantize
+    from zquant.recipes import get_recipe
+
+    path = _model_dir("all-MiniLM-L6-v2")
+    base, tokenizer = load_model(path), load_tokenizer(path)
+    evals = _sentences("val", n)
+    reference = sentence_embeddings(base, tokenizer, evals)
+    rows: dict[str, Any] = {}
+
+    def measure(label: str, recipe_name: str, **options: Any) -> None:
+        recipe = get_recipe(recipe_name, group_size=group_size if "w4" in recipe_name else None)
+        t0 = time.perf_counter()
+        model = quantize(copy.deepcopy(base), recipe, **options)
+        seconds = time.perf_counter() - t0
+        cosine = embedding_similarity(model, tokenizer, evals, reference)
+        rows[label] = {"cosine": round(cosine, 5), "quantize_s": round(seconds, 2), **_size(model)}
+        _log(f"minilm {label}: cosine {cosine:.5f}")
+
+    for name in recipes:
+        measure(name, name)
+    if lkd_steps and "w4" in recipes:
+        calib = calibration_batches(tokenizer, _sentences("train", lkd_sentences))
+        measure("w4+lkd", "w4", calib=calib, steps=lkd_steps, lr=1e-4)
+    out: dict[str, Any] = {"eval_sentences": len(evals), "recipes": rows}
+    if "w4+lkd" in rows:
+        out["lkd"] = {
+            "steps_per_block": lkd_steps,
+            "calib_sentences": lkd_sentences,
+            "cosine_gain": round(rows["w4+lkd"]["cosine"] - rows["w4"]["cosine"], 5),
+        }
+    return out
+
+
+def _smollm2(recipes: list[str], tokens: int, group_size: int | None) -> dict[str, Any]:
+    from zquant.hf import load_model, load_tokenizer
+    from zquant.metrics import perplexity
+    from zquant.ptq import quantize
+    from zquant.recipes import get_recipe
+    from zstack.recipes.data import load_plays, split_plays
+
+    path = _model_dir("SmolLM2-135M-Instruct")
+    tokenizer = load_tokenizer(path)
+    title, text = split_plays(load_plays())[1][0]
+    base = perplexity(load_model(path), tokenizer, text, max_tokens=tokens)
+    rows: dict[str, Any] = {}
+    for name in recipes:
+        recipe = get_recipe(name, group_size=group_size if "w4" in name else None)
+        t0 = time.perf_counter()
+        model = quantize(load_model(path), recipe)
+        seconds = time.perf_counter() - t0
+        ppl = perplexity(model, tokenizer, text, max_tokens=tokens)
+        rows[name] = {
+            "ppl": round(ppl, 4),
+            "ppl_ratio": round(ppl / base, 5),
+            "within_2pct": abs(ppl / base - 1) <= 0.02,
+            "quantize_s": round(seconds, 2),
+            **_size(model),
+        }
+        del model
+        _log(f"smollm2 {name}: ppl {ppl:.4f} (fp32 {base:.4f})")
+    return {
+        "text": title,
+        "tokens": tokens,
+        "window": 256,
+        "fp32_ppl": round(base, 4),
+        "recipes": rows,
+    }
+
+
+def _xtc(steps: int, sentences: int, n: int) -> dict[str, Any] | str:
+    try:
+        from zquant.xtc import xtc_report
+    except ImportError as exc:
+        return f"zquant.xtc not importable ({exc})"
+    result = xtc_report(
+        str(_model_dir("all-MiniLM-L6-v2")),
+        steps,
+        sentences=_sentences("train", sentences),
+        eval_sentences=_sentences("val", n),
+    )
+    result.pop("model", None)
+    return result
+
+
+def run(
+    recipes: str = ",".join(RECIPES),
+    sentences: int = 200,
+    ppl_tokens: int = 1024,
+    group_size: int | None = None,
+    lkd_steps: int = 3,
+    lkd_sentences: int = 32,
+    smollm2: bool = True,
+    latency: bool = True,
+    batches: str = "1,16,64,256",
+    repeats: int = 20,
+    xtc_steps: int = 60,
+    threads: int = 2,
+) -> dict[str, Any]:
+    """Measure every recipe in `recipes` (comma-separated); see the module docstring."""
+    names = [r.strip() for r in recipes.split(",") if r.strip()]
+    unknown = sorted(set(names) - set(RECIPES))
+    if unknown:
+        raise ValueError(f"unknown recipe(s) {unknown}; use some of {', '.join(RECIPES)}")
+    torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    result: dict[str, Any] = {
+        "benchmark": "quant",
+        "torch_threads": torch.get_num_threads(),
+        "group_size": group_size or 32,
+        "minilm": _minilm(names, sentences, lkd_steps, lkd_sentences, group_size),
+    }
+    if smollm2:
+        result["smollm2"] = _smollm2(names, ppl_tokens, group_size)
+    if latency:
+        _log("latency of quantized linears")
+        sizes = tuple(int(b) for b in batches.split(","))
+        result["latency"] = _latency.run_all(batch_sizes=sizes, repeats=repeats, threads=threads)
+    if xtc_steps:
+        _log(f"xtc, {xtc_steps} distillation steps")
+        result["xtc"] = _xtc(xtc_steps, 64, sentences)
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    return result
+
+
+def report(result: dict[str, Any]) -> str:
+    """Tables: per recipe size ratio and accuracy, then latency, then XTC."""
+    lines = [f"MiniLM (cosine vs fp32 over {result['minilm']['eval_sentences']} sentences)"]
+    lines.append(f"{'recipe':>8} {'cosine':>8} {'linear x':>9} {'model x':>8}")
+    for name, r in result["minilm"]["recipes"].items():
+        lines.append(
+            f"{name:>8} {r['cosine']:>8.5f} {r['linear_ratio_vs_fp16']:>8.2f}x "
+            f"{r['model_ratio_vs_fp16']:>7.2f}x"
+        )
+    if "smollm2" in result:
+        s = result["smollm2"]
+        lines.append(
+            f"\nSmolLM2 perplexity, {s['tokens']} tokens of {s['text']} (fp32 {s['fp32_ppl']:.3f})"
+        )
+        lines.append(f"{'recipe':>8} {'ppl':>9} {'ratio':>7} {'linear x':>9} {'model x':>8}")
+        for name, r in s["recipes"].items():
+            lines.append(
+                f"{name:>8} {r['ppl']:>9.3f} {r['ppl_ratio']:>7.4f} "
+                f"{r['linear_ratio_vs_fp16']:>8.2f}x {r['model_ratio_vs_fp16']:>7.2f}x"
+            )
+    if "latency" in result:
+        lines.append("\nLatency vs fp32 F.linear")
+        lines.append(_latency.report(result["latency"]))
+    if isinstance(result.get("xtc"), dict):
+        x = result["xtc"]
+        lines.append(
+            f"\nXTC binary MiniLM ({x['steps']} steps): untrained {x['cosine_untrained_full_layers']:.4f}, "
+            f"distilled {x['cosine_distilled']:.4f}, {x['model_ratio']:.1f}x smaller than fp32"
+        )
+    lines.append(f"\n{result['seconds']} s")
+    return "\n".join(lines)

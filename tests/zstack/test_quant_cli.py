@@ -1,0 +1,60 @@
+"""`z quantize`, `z eval` and `z bench quant` end to end on the real MiniLM."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.utils.models import minilm_dir
+
+Z = str(Path(sys.executable).parent / "z")
+
+
+def run_z(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([Z, *args], capture_output=True, text=True, timeout=600)
+
+
+def test_quantize_then_eval_embeddings(tmp_path):
+    out = tmp_path / "minilm-w8"
+    done = run_z("quantize", str(minilm_dir()), "--recipe", "w8", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "smaller than fp16" in done.stdout and (out / "zquant.json").is_file()
+    manifest = json.loads((out / "zquant.json").read_text())
+    assert manifest["recipe"]["name"] == "w8" and len(manifest["layers"]) == 36
+    ev = run_z("eval", str(out), "--embeddings", "--reference", str(minilm_dir()),
+               "--sentences", "50", "--json")  # fmt: skip
+    assert ev.returncode == 0, ev.stderr
+    result = json.loads(ev.stdout.strip().splitlines()[-1])
+    assert result["sentences"] == 50 and 0.999 <= result["cosine"] <= 1.0
+
+
+def test_bad_input_fails_with_the_fix(tmp_path):
+    bad = run_z("quantize", str(minilm_dir()), "--recipe", "w4", "--group-size", "0",
+                "--out", str(tmp_path / "x"))  # fmt: skip
+    assert bad.returncode == 2 and "group_size=0 must be a positive integer" in bad.stderr
+    bad = run_z("quantize", str(minilm_dir()), "--recipe", "w8", "--skip", "*.mlp.*",
+                "--out", str(tmp_path / "x"))  # fmt: skip
+    assert bad.returncode == 2 and "pattern '*.mlp.*' matches none" in bad.stderr
+    bad = run_z("quantize", str(tmp_path), "--recipe", "w8", "--out", str(tmp_path / "x"))
+    assert bad.returncode == 2 and "no `config.json`" in bad.stderr
+    bad = run_z("eval", str(minilm_dir()), "--ppl", str(tmp_path / "missing.txt"))
+    assert bad.returncode == 2 and "missing.txt` not found" in bad.stderr
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.slow  # ~100 s on the shared 2-core machine
+def test_bench_quant_small_run_prints_json():
+    done = run_z("bench", "quant", "--recipes", "w8a8,w4", "--sentences", "40", "--no-smollm2",
+                 "--batches", "16", "--repeats", "3", "--lkd-steps", "1", "--xtc-steps", "0",
+                 "--json")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    rows = result["minilm"]["recipes"]
+    assert set(rows) == {"w8a8", "w4", "w4+lkd"}
+    assert rows["w8a8"]["cosine"] > 0.99 and rows["w4"]["linear_ratio_vs_fp16"] > 3
+    latency = result["latency"]["shapes"][0]["rows"]
+    assert {r["batch"] for r in latency} == {16} and all(r["speedup"] > 0 for r in latency)
