@@ -1,0 +1,236 @@
+"""The LLaMA-family decoder in plain torch, over packed (ragged) tokens.
+
+Weights are read straight from ``*.safetensors`` (one file, or shards listed by
+``model.safetensors.index.json``) without transformers. Per layer the q/k/v and the
+gate/up projections are concatenated into one matrix each, so a layer is four GEMMs
+over all packed tokens of the forward; only attention looks at sequence boundaries.
+
+The math follows transformers' ``LlamaForCausalLM`` op for op (RMSNorm in fp32,
+rotary tables in fp32 cast to the model dtype, ``rotate_half`` convention), which is
+what the logits-equivalence tests hold it to.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+
+from zserve.kv_cache import KVCache
+from zserve.model.attention import AttentionPlan, ragged_paged_attention
+from zserve.model.config import LlamaConfig
+
+#: ``(q, k, v, k_cache, v_cache, plan, scale) -> out``, as :func:`ragged_paged_attention`.
+AttentionFn = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, AttentionPlan, float],
+    torch.Tensor,
+]
+
+
+class CheckpointError(ValueError):
+    """A tensor is missing from the checkpoint or has the wrong shape."""
+
+
+class SafetensorsCheckpoint:
+    """Tensors of a HF model directory by name, over one or several safetensors files."""
+
+    def __init__(self, model_dir: str | Path) -> None:
+        self.model_dir = Path(model_dir)
+        index = self.model_dir / "model.safetensors.index.json"
+        if index.is_file():
+            weight_map: dict[str, str] = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            files = sorted(set(weight_map.values()))
+            missing = [f for f in files if not (self.model_dir / f).is_file()]
+            if missing:
+                raise FileNotFoundError(
+                    f"`{index}` lists shard(s) {missing} that are not in `{self.model_dir}`; "
+                    "download the complete checkpoint"
+                )
+        else:
+            files = sorted(p.name for p in self.model_dir.glob("*.safetensors"))
+            if not files:
+                present = sorted(p.name for p in self.model_dir.iterdir())[:20]
+                raise FileNotFoundError(
+                    f"no *.safetensors weights in `{self.model_dir}` (found {present}); "
+                    "zserve loads safetensors checkpoints: re-save the model with "
+                    "`model.save_pretrained(dir, safe_serialization=True)`"
+                )
+        self._where: dict[str, str] = {}
+        for name in files:
+            with safe_open(self.model_dir / name, framework="pt") as f:
+                for key in f.keys():
+                    self._where[key] = name
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._where
+
+    def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """The tensor ``name``, checked to have ``shape``; CheckpointError otherwise."""
+        file = self._where.get(name)
+        if file is None:
+            raise CheckpointError(
+                f"tensor `{name}` (expected shape {list(shape)}) is missing from the "
+                f"checkpoint in `{self.model_dir}`; does config.json match the weights?"
+            )
+        with safe_open(self.model_dir / file, framework="pt") as f:
+            t = f.get_tensor(name)
+        if tuple(t.shape) != tuple(shape):
+            raise CheckpointError(
+                f"tensor `{name}` in `{file}` has shape {list(t.shape)}, but config.json "
+                f"implies {list(shape)}; does config.json match the weights?"
+            )
+        return t
+
+
+@dataclass
+class LayerWeights:
+    """One decoder layer, projections fused: ``qkv (q + 2 kv, hidden)``, ``gate_up (2 I, hidden)``."""
+
+    input_norm: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor
+    gate_up_bias: torch.Tensor | None
+    down: torch.Tensor
+    down_bias: torch.Tensor | None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """LLaMA RMSNorm: normalise in fp32, scale in the input dtype (as transformers does)."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x (T, heads, d)`` by ``cos``/``sin`` ``(T, 1, d)`` (``rotate_half`` layout)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class LlamaModel:
+    """A LLaMA-family causal LM whose forward runs a ragged batch over a paged KV cache."""
+
+    def __init__(
+        self,
+        config: LlamaConfig,
+        checkpoint: SafetensorsCheckpoint,
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+        max_positions: int,
+    ) -> None:
+        self.config = config
+        self.dtype = dtype
+        self.device = device
+        c = config
+        h, inter = c.hidden_size, c.intermediate_size
+
+        def load(name: str, *shape: int) -> torch.Tensor:
+            return checkpoint.get(name, shape).to(device=device, dtype=dtype).contiguous()
+
+        def cat(names: list[str], shapes: list[tuple[int, ...]]) -> torch.Tensor:
+            return torch.cat([load(n, *s) for n, s in zip(names, shapes, strict=True)])
+
+        self.embed = load("model.embed_tokens.weight", c.vocab_size, h)
+        if c.tie_word_embeddings and "lm_head.weight" not in checkpoint:
+            self.lm_head = self.embed
+        else:
+            self.lm_head = load("lm_head.weight", c.vocab_size, h)
+        self.norm = load("model.norm.weight", h)
+        self.layers: list[LayerWeights] = []
+        for i in range(c.num_hidden_layers):
+            p = f"model.layers.{i}."
+            attn = [p + f"self_attn.{x}_proj" for x in "qkv"]
+            attn_shapes = [(c.q_size,), (c.kv_size,), (c.kv_size,)]
+            mlp = [p + "mlp.gate_proj", p + "mlp.up_proj"]
+            ab, mb = c.attention_bias, c.mlp_bias
+            self.layers.append(
+                LayerWeights(
+                    input_norm=load(p + "input_layernorm.weight", h),
+                    qkv=cat([n + ".weight" for n in attn], [(s[0], h) for s in attn_shapes]),
+                    qkv_bias=cat([n + ".bias" for n in attn], attn_shapes) if ab else None,
+                    o=load(p + "self_attn.o_proj.weight", h, c.q_size),
+                    o_bias=load(p + "self_attn.o_proj.bias", h) if ab else None,
+                    post_norm=load(p + "post_attention_layernorm.weight", h),
+                    gate_up=cat([n + ".weight" for n in mlp], [(inter, h)] * 2),
+                    gate_up_bias=cat([n + ".bias" for n in mlp], [(inter,)] * 2) if mb else None,
+                    down=load(p + "mlp.down_proj.weight", h, inter),
+                    down_bias=load(p + "mlp.down_proj.bias", h) if mb else None,
+                )
+            )
+        # Rotary tables for every position, fp32 like transformers, then the model dtype.
+        inv_freq = c.inv_freq()
+        freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)  # (max_positions, head_dim)
+        self.cos = emb.cos().to(device=device, dtype=dtype)
+        self.sin = emb.sin().to(device=device, dtype=dtype)
+        self.scale = c.head_dim**-0.5
+
+    @classmethod
+    def from_dir(
+        cls,
+        model_dir: str | Path,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        max_positions: int | None = None,
+    ) -> LlamaModel:
+        """Load ``config.json`` and the safetensors weights of ``model_dir``."""
+        config = LlamaConfig.from_dir(model_dir)
+        return cls(
+            config,
+            SafetensorsCheckpoint(model_dir),
+            dtype=dtype,
+            device=torch.device(device),
+            max_positions=max_positions or config.max_position_embeddings,
+        )
+
+    # no_grad, not inference_mode: the logits leave the forward and samplers may edit
+    # them in place, which inference tensors forbid outside inference mode.
+    @torch.no_grad()
+    def forward(
+        self,
+        token_ids: torch.Tensor,
+        plan: AttentionPlan,
+        kv_cache: KVCache,
+        logit_rows: torch.Tensor,
+        attention: AttentionFn = ragged_paged_attention,
+    ) -> torch.Tensor:
+        """Run the packed tokens ``token_ids (T,)``; fp32 logits ``(len(logit_rows), vocab)``.
+
+        Writes every token's key/value to ``kv_cache`` at ``plan.slots``.
+        """
+        c = self.config
+        t = token_ids.numel()
+        heads, kv_heads, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        # index_select, not advanced indexing: the latter's parallel kernel stalls for
+        # milliseconds on a CPU shared with other work (see attention._gather).
+        x = self.embed.index_select(0, token_ids)  # (T, hidden)
+        cos = self.cos.index_select(0, plan.positions).unsqueeze(1)  # (T, 1, d)
+        sin = self.sin.index_select(0, plan.positions).unsqueeze(1)
+        for i, w in enumerate(self.layers):
+            h = rms_norm(x, w.input_norm, c.rms_norm_eps)
+            qkv = F.linear(h, w.qkv, w.qkv_bias)  # (T, q + 2 kv)
+            # q and k heads rotate together: (T, heads + kv_heads, d).
+            qk = apply_rotary(qkv[:, : c.q_size + c.kv_size].view(t, heads + kv_heads, d), cos, sin)
+            q, k = qk.split((heads, kv_heads), dim=1)
+            v = qkv[:, c.q_size + c.kv_size :].reshape(t, kv_heads, d)
+            kv_cache.write(i, plan.slots, k, v)
+            o = attention(q, k, v, kv_cache.keys[i], kv_cache.values[i], plan, self.scale)
+            x = x + F.linear(o.reshape(t, c.q_size), w.o, w.o_bias)
+            h = rms_norm(x, w.post_norm, c.rms_norm_eps)
+            gate, up = F.linear(h, w.gate_up, w.gate_up_bias).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, w.down, w.down_bias)
+        # Only the rows whose logits are wanted go through the final norm and the LM head.
+        x = rms_norm(x.index_select(0, logit_rows), self.norm, c.rms_norm_eps)
+        return F.linear(x, self.lm_head).float()
