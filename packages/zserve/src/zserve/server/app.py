@@ -9,6 +9,7 @@ completion) has its request aborted, which frees its KV blocks.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -278,12 +279,18 @@ async def _collect(
     parts: list[str] = []
     reason: str | None = None
     n_out = 0
+    loop = asyncio.get_running_loop()
+    next_check = loop.time() + DISCONNECT_POLL_S
     try:
         while True:
             out = await stream.get(timeout=DISCONNECT_POLL_S)
-            if out is None:
+            # Checked on a clock, not only when the engine is quiet: a request whose tokens keep
+            # coming faster than the poll interval must still notice its client has left.
+            if out is None or loop.time() >= next_check:
+                next_check = loop.time() + DISCONNECT_POLL_S
                 if await request.is_disconnected():
                     raise APIError(499, "client disconnected")
+            if out is None:
                 continue
             _raise_if_error(out)
             parts.append(out.text)
