@@ -352,24 +352,14 @@ def xtc_report(
     reduction + binarization) and the distilled student, all exported packed.
     """
     from zquant.hf import load_model, load_tokenizer
+    from zquant.lkd import calibration_batches
     from zquant.metrics import embedding_similarity, sentence_embeddings
 
     torch.manual_seed(seed)
     teacher = load_model(model_dir, kind="encoder")
     tokenizer = load_tokenizer(model_dir)
     reference = sentence_embeddings(teacher, tokenizer, eval_sentences)
-    data = [
-        dict(
-            tokenizer(
-                list(sentences[i : i + batch_size]),
-                padding=True,
-                truncation=True,
-                max_length=max_length,
-                return_tensors="pt",
-            )
-        )
-        for i in range(0, len(sentences), batch_size)
-    ]
+    data = calibration_batches(tokenizer, sentences, batch_size=batch_size, max_length=max_length)
 
     def cosine(model: nn.Module) -> float:
         return embedding_similarity(model, tokenizer, eval_sentences, reference)
