@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
+from zquant.activations import StraightThrough
 from zquant.distill import distill_loss, layer_map
 from zquant.nn import QuantLinear
 from zquant.quantizers import (
@@ -44,18 +45,6 @@ def xtc_spec(bits: int) -> QuantSpec:
     if bits == 2:
         return QuantSpec(2, "ternary", granularity="channel")
     raise ValueError(f"XTC bits must be 1 (binary) or 2 (ternary), got {bits}")
-
-
-class _SignSTE(torch.autograd.Function):
-    """Forward the quantized `q` exactly; pass the gradient to the latent weight unchanged."""
-
-    @staticmethod
-    def forward(ctx: Any, weight: Tensor, q: Tensor) -> Tensor:
-        return q
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
-        return grad, None
 
 
 class WeightFakeQuant(nn.Module):
@@ -85,7 +74,7 @@ class WeightFakeQuant(nn.Module):
             with torch.no_grad():
                 q = torch.where(weight >= 0, 1.0, -1.0).to(weight.dtype)
                 q = q * weight.abs().mean(1, keepdim=True)
-            return _SignSTE.apply(weight, q)
+            return StraightThrough.apply(weight, q)
         return fake_quantize(weight, self.spec)
 
 
