@@ -1,10 +1,12 @@
 """ZeroQuant recipes on real models: size vs fp16, accuracy, and quantized-linear latency.
 
-For each recipe (w8a8, w4a8, w6a16, w8, w4; plus w4 with LKD):
+For each recipe (w8a8, w4a8, w6a16, w8, w4; plus w4 with LKD, and the `gptq` recipes
+again with GPTQ rounding, `<recipe>+gptq`):
 
 - all-MiniLM-L6-v2 (clean fp32 encoder): mean cosine similarity of mean-pooled sentence
   embeddings against the fp32 model over `sentences` held-out Shakespeare sentences (plays
-  `zstack.recipes.data.VAL_TITLES`); LKD calibrates on sentences of the other plays.
+  `zstack.recipes.data.VAL_TITLES`); LKD and GPTQ calibrate on sentences of the other plays
+  (`lkd_sentences`, `gptq_sentences`), never on the evaluation text.
 - SmolLM2-135M (fp32 dequantized from its 4-bit GGUF; that fp32 model is the baseline):
   perplexity of the first `ppl_tokens` tokens of a held-out play, in windows of 256.
 - size: packed codes + scales (+ fp32 biases) of the quantized linears against the same
@@ -80,7 +82,13 @@ def _model_dir(name: str) -> Path:
 
 
 def _minilm(
-    recipes: list[str], n: int, lkd_steps: int, lkd_sentences: int, group_size: int | None
+    recipes: list[str],
+    n: int,
+    lkd_steps: int,
+    lkd_sentences: int,
+    group_size: int | None,
+    gptq: list[str],
+    gptq_sentences: int,
 ) -> dict[str, Any]:
     from zquant.hf import load_model, load_tokenizer
     from zquant.lkd import calibration_batches
@@ -108,7 +116,13 @@ def _minilm(
     if lkd_steps and "w4" in recipes:
         calib = calibration_batches(tokenizer, _sentences("train", lkd_sentences))
         measure("w4+lkd", "w4", calib=calib, steps=lkd_steps, lr=1e-4)
+    if gptq:
+        calib = calibration_batches(tokenizer, _sentences("train", gptq_sentences))
+        for name in gptq:
+            measure(f"{name}+gptq", name, calib=calib, rounding="gptq")
     out: dict[str, Any] = {"eval_sentences": len(evals), "recipes": rows}
+    if gptq:
+        out["gptq"] = {"calib_sentences": gptq_sentences}
     if "w4+lkd" in rows:
         out["lkd"] = {
             "steps_per_block": lkd_steps,
@@ -118,8 +132,15 @@ def _minilm(
     return out
 
 
-def _smollm2(recipes: list[str], tokens: int, group_size: int | None) -> dict[str, Any]:
+def _smollm2(
+    recipes: list[str],
+    tokens: int,
+    group_size: int | None,
+    gptq: list[str],
+    gptq_sentences: int,
+) -> dict[str, Any]:
     from zquant.hf import load_model, load_tokenizer
+    from zquant.lkd import calibration_batches
     from zquant.metrics import perplexity
     from zquant.ptq import quantize
     from zquant.recipes import get_recipe
@@ -130,13 +151,20 @@ def _smollm2(recipes: list[str], tokens: int, group_size: int | None) -> dict[st
     title, text = split_plays(load_plays())[1][0]
     base = perplexity(load_model(path), tokenizer, text, max_tokens=tokens)
     rows: dict[str, Any] = {}
-    for name in recipes:
+    calib = (
+        calibration_batches(tokenizer, _sentences("train", gptq_sentences), max_length=128)
+        if gptq
+        else None
+    )
+    runs = [(name, name, {}) for name in recipes]
+    runs += [(f"{name}+gptq", name, {"calib": calib, "rounding": "gptq"}) for name in gptq]
+    for label, name, options in runs:
         recipe = get_recipe(name, group_size=group_size if "w4" in name else None)
         t0 = time.perf_counter()
-        model = quantize(load_model(path), recipe)
+        model = quantize(load_model(path), recipe, **options)
         seconds = time.perf_counter() - t0
         ppl = perplexity(model, tokenizer, text, max_tokens=tokens)
-        rows[name] = {
+        rows[label] = {
             "ppl": round(ppl, 4),
             "ppl_ratio": round(ppl / base, 5),
             "within_2pct": abs(ppl / base - 1) <= 0.02,
@@ -144,14 +172,11 @@ def _smollm2(recipes: list[str], tokens: int, group_size: int | None) -> dict[st
             **_size(model),
         }
         del model
-        _log(f"smollm2 {name}: ppl {ppl:.4f} (fp32 {base:.4f})")
-    return {
-        "text": title,
-        "tokens": tokens,
-        "window": 256,
-        "fp32_ppl": round(base, 4),
-        "recipes": rows,
-    }
+        _log(f"smollm2 {label}: ppl {ppl:.4f} (fp32 {base:.4f})")
+    out = {"text": title, "tokens": tokens, "window": 256, "fp32_ppl": round(base, 4)}
+    if gptq:
+        out["gptq"] = {"calib_sentences": gptq_sentences, "max_length": 128}
+    return {**out, "recipes": rows}
 
 
 def _xtc(steps: int, sentences: int, n: int) -> dict[str, Any] | str:
@@ -172,10 +197,12 @@ def _xtc(steps: int, sentences: int, n: int) -> dict[str, Any] | str:
 def run(
     recipes: str = ",".join(RECIPES),
     sentences: int = 200,
-    ppl_tokens: int = 1024,
+    ppl_tokens: int = 4096,
     group_size: int | None = None,
     lkd_steps: int = 3,
     lkd_sentences: int = 32,
+    gptq: str = "w8a8,w6a16",
+    gptq_sentences: int = 256,
     smollm2: bool = True,
     latency: bool = True,
     batches: str = "1,16,64,256",
@@ -185,7 +212,8 @@ def run(
 ) -> dict[str, Any]:
     """Measure every recipe in `recipes` (comma-separated); see the module docstring."""
     names = [r.strip() for r in recipes.split(",") if r.strip()]
-    unknown = sorted(set(names) - set(RECIPES))
+    gptq_names = [r.strip() for r in gptq.split(",") if r.strip()]
+    unknown = sorted(set(names + gptq_names) - set(RECIPES))
     if unknown:
         raise ValueError(f"unknown recipe(s) {unknown}; use some of {', '.join(RECIPES)}")
     torch.set_num_threads(threads)
@@ -194,10 +222,12 @@ def run(
         "benchmark": "quant",
         "torch_threads": torch.get_num_threads(),
         "group_size": group_size or 32,
-        "minilm": _minilm(names, sentences, lkd_steps, lkd_sentences, group_size),
+        "minilm": _minilm(
+            names, sentences, lkd_steps, lkd_sentences, group_size, gptq_names, gptq_sentences
+        ),
     }
     if smollm2:
-        result["smollm2"] = _smollm2(names, ppl_tokens, group_size)
+        result["smollm2"] = _smollm2(names, ppl_tokens, group_size, gptq_names, gptq_sentences)
     if latency:
         _log("latency of quantized linears")
         sizes = tuple(int(b) for b in batches.split(","))
@@ -212,10 +242,10 @@ def run(
 def report(result: dict[str, Any]) -> str:
     """Tables: per recipe size ratio and accuracy, then latency, then XTC."""
     lines = [f"MiniLM (cosine vs fp32 over {result['minilm']['eval_sentences']} sentences)"]
-    lines.append(f"{'recipe':>8} {'cosine':>8} {'linear x':>9} {'model x':>8}")
+    lines.append(f"{'recipe':>11} {'cosine':>8} {'linear x':>9} {'model x':>8}")
     for name, r in result["minilm"]["recipes"].items():
         lines.append(
-            f"{name:>8} {r['cosine']:>8.5f} {r['linear_ratio_vs_fp16']:>8.2f}x "
+            f"{name:>11} {r['cosine']:>8.5f} {r['linear_ratio_vs_fp16']:>8.2f}x "
             f"{r['model_ratio_vs_fp16']:>7.2f}x"
         )
     if "smollm2" in result:
@@ -223,10 +253,10 @@ def report(result: dict[str, Any]) -> str:
         lines.append(
             f"\nSmolLM2 perplexity, {s['tokens']} tokens of {s['text']} (fp32 {s['fp32_ppl']:.3f})"
         )
-        lines.append(f"{'recipe':>8} {'ppl':>9} {'ratio':>7} {'linear x':>9} {'model x':>8}")
+        lines.append(f"{'recipe':>11} {'ppl':>9} {'ratio':>7} {'linear x':>9} {'model x':>8}")
         for name, r in s["recipes"].items():
             lines.append(
-                f"{name:>8} {r['ppl']:>9.3f} {r['ppl_ratio']:>7.4f} "
+                f"{name:>11} {r['ppl']:>9.3f} {r['ppl_ratio']:>7.4f} "
                 f"{r['linear_ratio_vs_fp16']:>8.2f}x {r['model_ratio_vs_fp16']:>7.2f}x"
             )
     if "latency" in result:

@@ -1,6 +1,6 @@
 """`z` commands of zquant. Imports only typer at load time; zquant loads when a command runs.
 
-- `z quantize MODEL_DIR --recipe w8a8 --out DIR [--lkd] [--group-size N] [--skip PATTERN]`
+- `z quantize MODEL_DIR --recipe w8a8 --out DIR [--lkd | --gptq] [--group-size N] [--skip PATTERN]`
 - `z eval MODEL_DIR --ppl TEXT_FILE` / `z eval MODEL_DIR --embeddings [--reference DIR]`
 - `z bench quant` (`benchmarks/quant.py`)
 """
@@ -68,7 +68,15 @@ def quantize_cmd(
     lkd_steps: int = typer.Option(
         20, "--lkd-steps", min=0, help="Passes over the calibration set per block."
     ),
-    lkd_sentences: int = typer.Option(64, "--lkd-sentences", min=1, help="Calibration sentences."),
+    lkd_sentences: int = typer.Option(
+        64, "--lkd-sentences", min=1, help="LKD calibration sentences."
+    ),
+    gptq: bool = typer.Option(
+        False, "--gptq", help="GPTQ rounding calibrated on Shakespeare sentences (int/fp6)."
+    ),
+    gptq_sentences: int = typer.Option(
+        256, "--gptq-sentences", min=1, help="GPTQ calibration sentences."
+    ),
 ) -> None:
     """Quantize MODEL_DIR with a recipe and save it (safetensors + `zquant.json`) to OUT."""
     import time
@@ -87,20 +95,31 @@ def quantize_cmd(
         spec.plan(model)  # reject bad patterns/shapes before any work
     except (ValueError, OSError) as exc:
         raise _fail(str(exc)) from None
+    if lkd and gptq:
+        raise _fail("--lkd and --gptq are two ways to round the same weights; pick one")
     torch.set_num_threads(min(torch.get_num_threads(), 4))
     t0 = time.perf_counter()
     options: dict[str, Any] = {}
-    if lkd:
+    if lkd or gptq:
         from zquant.lkd import calibration_batches
 
-        calib = calibration_batches(load_tokenizer(model_dir), _shakespeare("train", lkd_sentences))
-        options = {"calib": calib, "steps": lkd_steps}
-    quantize(model, spec, **options)
+        n = lkd_sentences if lkd else gptq_sentences
+        calib = calibration_batches(load_tokenizer(model_dir), _shakespeare("train", n))
+        options = (
+            {"calib": calib, "steps": lkd_steps} if lkd else {"calib": calib, "rounding": "gptq"}
+        )
+    try:
+        quantize(model, spec, **options)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
     seconds = time.perf_counter() - t0
-    path = save_quantized(model, out, recipe=spec, source_dir=model_dir, extra={"lkd": lkd})
+    path = save_quantized(
+        model, out, recipe=spec, source_dir=model_dir, extra={"lkd": lkd, "gptq": gptq}
+    )
     size = model_size(model)
+    how = " + lkd" if lkd else " + gptq" if gptq else ""
     typer.echo(
-        f"quantized `{model_dir}` with {recipe.value}{' + lkd' if lkd else ''} in {seconds:.1f} s: "
+        f"quantized `{model_dir}` with {recipe.value}{how} in {seconds:.1f} s: "
         f"linear layers {size['linear_fp16_bytes'] / size['linear_bytes']:.2f}x smaller than fp16; "
         f"wrote `{path}`"
     )
@@ -167,13 +186,19 @@ def bench_quant(
     ),
     sentences: int = typer.Option(200, "--sentences", min=1, help="MiniLM held-out sentences."),
     ppl_tokens: int = typer.Option(
-        1024, "--ppl-tokens", min=256, help="SmolLM2 perplexity tokens."
+        4096, "--ppl-tokens", min=256, help="SmolLM2 perplexity tokens."
     ),
     group_size: int | None = typer.Option(
         None, "--group-size", min=1, help="INT4 group (default 32)."
     ),
     lkd_steps: int = typer.Option(
         3, "--lkd-steps", min=0, help="LKD passes per block (0: no LKD row)."
+    ),
+    gptq: str = typer.Option(
+        "w8a8,w6a16", "--gptq", help="Recipes to run again with GPTQ rounding ('' for none)."
+    ),
+    gptq_sentences: int = typer.Option(
+        256, "--gptq-sentences", min=1, help="GPTQ calibration sentences."
     ),
     no_smollm2: bool = typer.Option(False, "--no-smollm2", help="Skip the SmolLM2 perplexities."),
     no_latency: bool = typer.Option(False, "--no-latency", help="Skip the per-linear latencies."),
@@ -198,6 +223,8 @@ def bench_quant(
             ppl_tokens=ppl_tokens,
             group_size=group_size,
             lkd_steps=lkd_steps,
+            gptq=gptq,
+            gptq_sentences=gptq_sentences,
             smollm2=not no_smollm2,
             latency=not no_latency,
             batches=batches,

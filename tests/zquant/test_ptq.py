@@ -51,7 +51,8 @@ def test_fp6_weights_stay_close():
 @pytest.mark.xfail(
     strict=True,
     reason="FP6 e3m2 per channel measures 0.9933 on MiniLM (5.2% relative weight error, "
-    "spread over every layer); LKD lifts it to 0.996",
+    "spread over every layer); LKD lifts it to 0.996, GPTQ to 0.9974 (512 sentences), "
+    "group 32 + GPTQ to 0.9978",
 )
 def test_fp6_meets_0_998():
     assert cosine(quantize(minilm(), get_recipe("w6a16"))) >= 0.998

@@ -32,6 +32,23 @@ def test_quantize_then_eval_embeddings(tmp_path):
     assert result["sentences"] == 50 and 0.999 <= result["cosine"] <= 1.0
 
 
+def test_quantize_with_gptq_rounding(tmp_path):
+    out = tmp_path / "minilm-w8-gptq"
+    done = run_z("quantize", str(minilm_dir()), "--recipe", "w8", "--gptq",
+                 "--gptq-sentences", "8", "--out", str(out))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "with w8 + gptq" in done.stdout
+    manifest = json.loads((out / "zquant.json").read_text())
+    assert manifest["extra"]["gptq"] is True and len(manifest["layers"]) == 36
+    both = run_z("quantize", str(minilm_dir()), "--recipe", "w8", "--gptq", "--lkd",
+                 "--out", str(tmp_path / "x"))  # fmt: skip
+    assert both.returncode == 2 and "pick one" in both.stderr
+    binary = run_z("quantize", str(minilm_dir()), "--recipe", "xtc", "--gptq",
+                   "--gptq-sentences", "2", "--out", str(tmp_path / "x"))  # fmt: skip
+    assert binary.returncode == 2 and "GPTQ rounds int/fp6 recipes only" in binary.stderr
+    assert not (tmp_path / "x").exists()
+
+
 def test_bad_input_fails_with_the_fix(tmp_path):
     bad = run_z("quantize", str(minilm_dir()), "--recipe", "w4", "--group-size", "0",
                 "--out", str(tmp_path / "x"))  # fmt: skip
@@ -50,11 +67,12 @@ def test_bad_input_fails_with_the_fix(tmp_path):
 def test_bench_quant_small_run_prints_json():
     done = run_z("bench", "quant", "--recipes", "w8a8,w4", "--sentences", "40", "--no-smollm2",
                  "--batches", "16", "--repeats", "3", "--lkd-steps", "1", "--xtc-steps", "0",
-                 "--json")  # fmt: skip
+                 "--gptq", "w8a8", "--gptq-sentences", "16", "--json")  # fmt: skip
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     rows = result["minilm"]["recipes"]
-    assert set(rows) == {"w8a8", "w4", "w4+lkd"}
+    assert set(rows) == {"w8a8", "w4", "w4+lkd", "w8a8+gptq"}
+    assert result["minilm"]["gptq"] == {"calib_sentences": 16}
     assert rows["w8a8"]["cosine"] > 0.99 and rows["w4"]["linear_ratio_vs_fp16"] > 3
     latency = result["latency"]["shapes"][0]["rows"]
     assert {r["batch"] for r in latency} == {16} and all(r["speedup"] > 0 for r in latency)

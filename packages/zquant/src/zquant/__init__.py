@@ -1,6 +1,7 @@
 """zquant: quantization and compression of trained models.
 
-Post-training quantization (ZeroQuant, with layer-by-layer knowledge distillation),
+Post-training quantization (ZeroQuant, with layer-by-layer knowledge distillation or GPTQ
+rounding),
 INT8/INT4 group-wise weights, token-wise INT8 activations, FP6 (e3m2) weights in a 4+2-bit
 split, extreme compression (XTC: binary/ternary weights, layer reduction, distillation),
 pruning (unstructured, row, head, channel, N:M) with ``redundancy_clean``, and the composer
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
         compression_scheduler,
         init_compression,
     )
+    from zquant.gptq import gptq_weight, quantize_gptq
     from zquant.lkd import calibration_batches, distill
     from zquant.metrics import (
         embedding_similarity,
@@ -62,6 +64,8 @@ _EXPORTS = {
     "CompressionConfigError": "zquant.compression",
     "compression_scheduler": "zquant.compression",
     "init_compression": "zquant.compression",
+    "gptq_weight": "zquant.gptq",
+    "quantize_gptq": "zquant.gptq",
     "calibration_batches": "zquant.lkd",
     "distill": "zquant.lkd",
     "embedding_similarity": "zquant.metrics",
@@ -121,6 +125,7 @@ __all__ = [
     "fake_quantize",
     "fake_quantize_activation",
     "get_recipe",
+    "gptq_weight",
     "init_compression",
     "load_quantized",
     "model_size",
@@ -132,6 +137,7 @@ __all__ = [
     "prune_sparse",
     "quantize",
     "quantize_activation_tokenwise",
+    "quantize_gptq",
     "quantize_weight",
     "redundancy_clean",
     "save_quantized",

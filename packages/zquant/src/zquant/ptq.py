@@ -21,12 +21,13 @@ knowledge distillation (`zquant.lkd.distill`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
 from zquant.nn import QuantLinear
+from zquant.quantizers import QuantizedWeight, quantize_weight
 from zquant.recipes import LayerPlan, Recipe
 
 
@@ -50,13 +51,18 @@ def swap_layer(model: nn.Module, plan: LayerPlan) -> QuantLinear:
     return qlinear
 
 
-def make_quant_linear(linear: nn.Linear, plan: LayerPlan) -> QuantLinear:
+def make_quant_linear(
+    linear: nn.Linear, plan: LayerPlan, *, qweight: QuantizedWeight | None = None
+) -> QuantLinear:
     """The `QuantLinear` for `linear` per `plan` (an `OutlierQuantLinear` when the plan keeps
-    activation outlier channels in full precision)."""
+    activation outlier channels in full precision). `qweight`: the already quantized weight
+    (GPTQ); by default `linear.weight` is rounded to nearest."""
+    if qweight is None:
+        qweight = quantize_weight(linear.weight.detach(), plan.weight, layer=plan.name)
     if plan.act_outliers and plan.act_bits is not None:
-        layer = OutlierQuantLinear.from_linear(linear, plan.weight, plan.act_bits, name=plan.name)
+        layer = OutlierQuantLinear(qweight, linear.bias, plan.act_bits, name=plan.name)
         return layer.set_outliers(min(plan.act_outliers, linear.in_features))
-    return QuantLinear.from_linear(linear, plan.weight, plan.act_bits, name=plan.name)
+    return QuantLinear(qweight, linear.bias, plan.act_bits, name=plan.name)
 
 
 def quantize(
@@ -64,32 +70,48 @@ def quantize(
     recipe: Recipe,
     *,
     calib: Sequence[dict[str, Any]] | None = None,
+    rounding: Literal["nearest", "gptq"] = "nearest",
     on_layer: Callable[[LayerPlan, QuantLinear], None] | None = None,
-    **lkd_options: Any,
+    **options: Any,
 ) -> nn.Module:
     """Quantize `model` in place per `recipe` and return it.
 
     `calib`: calibration batches (dicts of model inputs such as `input_ids` and
-    `attention_mask`); when given, each transformer block is then distilled from a
-    full-precision copy (`zquant.lkd.distill`, taking `lkd_options`). Without it the
-    quantization is data-free. `on_layer(plan, qlinear)` is called after every swap (for
-    progress output or memory accounting). Recipes with `method="xtc"` are delegated to
-    `zquant.xtc` when that module provides `quantize`; otherwise they binarize data-free.
+    `attention_mask`). With `rounding="nearest"` (default) and `calib`, each transformer block
+    is then distilled from a full-precision copy (`zquant.lkd.distill`, taking `options`);
+    without `calib` the quantization is data-free. `rounding="gptq"` rounds with GPTQ on
+    `calib` instead (`zquant.gptq.quantize_gptq`, taking `options`). `on_layer(plan,
+    qlinear)` is called after every round-to-nearest swap (for progress output or memory
+    accounting). Recipes with `method="xtc"` are delegated to `zquant.xtc` when that module
+    provides `quantize`; otherwise they binarize data-free.
     """
+    if rounding not in ("nearest", "gptq"):
+        raise ValueError(f"rounding={rounding!r} is unknown; use 'nearest' or 'gptq'")
     if recipe.method == "xtc":
+        if rounding == "gptq":
+            raise ValueError("the xtc recipe binarizes weights; GPTQ rounds int/fp6 recipes only")
         try:
             from zquant import xtc
         except ImportError:
             xtc = None  # type: ignore[assignment]
         if xtc is not None and hasattr(xtc, "quantize"):
             return xtc.quantize(model, recipe, calib=calib)  # type: ignore[no-any-return]
+    if rounding == "gptq":
+        if calib is None:
+            raise ValueError(
+                "rounding='gptq' needs calib= calibration batches "
+                "(zquant.lkd.calibration_batches(tokenizer, sentences))"
+            )
+        from zquant.gptq import quantize_gptq
+
+        return quantize_gptq(model, recipe, calib, **options)
     if calib is not None:
         from zquant.lkd import distill
 
-        return distill(model, recipe, calib, **lkd_options)
-    if lkd_options:
+        return distill(model, recipe, calib, **options)
+    if options:
         raise TypeError(
-            f"quantize() got LKD options {sorted(lkd_options)} without calib; "
+            f"quantize() got LKD options {sorted(options)} without calib; "
             "pass calib= calibration batches or drop the options"
         )
     plans = recipe.plan(model)

@@ -57,13 +57,17 @@ __all__ = [
     "QuantSpec",
     "QuantizedWeight",
     "dequantize_weight",
+    "encode",
     "expand_groups",
     "fake_quantize",
     "fake_quantize_activation",
     "group_geometry",
+    "levels",
+    "pack_weight",
     "quantize_activation_tokenwise",
     "quantize_weight",
     "unpack_codes",
+    "weight_scales",
 ]
 
 Format = Literal["int", "fp6", "binary", "ternary"]
@@ -293,40 +297,71 @@ def _ungroup(codes: Tensor, in_: int) -> Tensor:
     return codes.reshape(codes.shape[0], -1)[:, :in_]
 
 
+def _scales(
+    wg: Tensor, mask: Tensor, dims: tuple[int, ...], spec: QuantSpec
+) -> tuple[Tensor, Tensor | None]:
+    """Scale and zero point (``None`` unless asymmetric int) of grouped weights, keepdim."""
+    if spec.fmt == "int" and spec.symmetric:
+        absmax = wg.abs().amax(dim=dims, keepdim=True)
+        return torch.where(
+            absmax > 0, absmax / (2 ** (spec.bits - 1) - 1), torch.ones_like(absmax)
+        ), None
+    if spec.fmt == "int":
+        lo = wg.masked_fill(~mask, float("inf")).amin(dim=dims, keepdim=True)
+        hi = wg.masked_fill(~mask, float("-inf")).amax(dim=dims, keepdim=True)
+        scale = torch.where(hi > lo, (hi - lo) / (2**spec.bits - 1), torch.ones_like(hi))
+        return scale, torch.round(-lo / scale)
+    if spec.fmt == "fp6":
+        absmax = wg.abs().amax(dim=dims, keepdim=True)
+        return torch.where(absmax > 0, absmax / FP6_MAX, torch.ones_like(absmax)), None
+    if spec.fmt == "binary":
+        return _masked_mean(wg.abs(), mask, dims), None
+    keep = (wg.abs() > 0.7 * _masked_mean(wg.abs(), mask, dims)) & mask  # ternary (TWN)
+    return _masked_mean(wg.abs(), keep, dims), None
+
+
+def encode(w: Tensor, scale: Tensor, zero: Tensor | None, spec: QuantSpec) -> Tensor:
+    """Codes of ``w`` on a given (broadcastable) scale and zero point: round to nearest on
+    the format's grid, saturating. ``int`` and ``fp6`` only (binary and ternary codes are
+    not a rounding of ``w / scale``)."""
+    if spec.fmt == "int" and spec.symmetric:
+        qmax = 2 ** (spec.bits - 1) - 1
+        return torch.clamp(torch.round(w / scale), -qmax, qmax)
+    if spec.fmt == "int":
+        assert zero is not None, "asymmetric int codes need a zero point"
+        return torch.clamp(torch.round(w / scale) + zero, 0, 2**spec.bits - 1)
+    if spec.fmt == "fp6":
+        return fp6_encode(w / scale)
+    raise ValueError(
+        f"encode: {spec.describe()} codes are not a rounding of w / scale; use quantize_weight"
+    )
+
+
 def _quantize_codes(w: Tensor, spec: QuantSpec) -> tuple[Tensor, Tensor, Tensor | None]:
     """Unpacked codes ``(out, in)`` (int32 levels or format codes), scale and zero ``(R, G)``."""
     in_ = w.shape[1]
     wg, mask, dims = _grouped(w.to(torch.float32), spec)
-    zero: Tensor | None = None
-    if spec.fmt == "int" and spec.symmetric:
-        qmax = 2 ** (spec.bits - 1) - 1
-        absmax = wg.abs().amax(dim=dims, keepdim=True)
-        scale = torch.where(absmax > 0, absmax / qmax, torch.ones_like(absmax))
-        codes = torch.clamp(torch.round(wg / scale), -qmax, qmax)
-    elif spec.fmt == "int":
-        qmax = 2**spec.bits - 1
-        lo = wg.masked_fill(~mask, float("inf")).amin(dim=dims, keepdim=True)
-        hi = wg.masked_fill(~mask, float("-inf")).amax(dim=dims, keepdim=True)
-        scale = torch.where(hi > lo, (hi - lo) / qmax, torch.ones_like(hi))
-        zero = torch.round(-lo / scale)
-        codes = torch.clamp(torch.round(wg / scale) + zero, 0, qmax)
-    elif spec.fmt == "fp6":
-        absmax = wg.abs().amax(dim=dims, keepdim=True)
-        scale = torch.where(absmax > 0, absmax / FP6_MAX, torch.ones_like(absmax))
-        codes = fp6_encode(wg / scale)
+    scale, zero = _scales(wg, mask, dims, spec)
+    if spec.fmt in ("int", "fp6"):
+        codes = encode(wg, scale, zero, spec)
     elif spec.fmt == "binary":
-        scale = _masked_mean(wg.abs(), mask, dims)
         codes = (wg >= 0).to(torch.uint8)
-    else:  # ternary (TWN)
+    else:  # ternary: the kept weights are those above TWN's threshold
         delta = 0.7 * _masked_mean(wg.abs(), mask, dims)
         keep = (wg.abs() > delta) & mask
-        scale = _masked_mean(wg.abs(), keep, dims)
         codes = torch.where(keep, torch.where(wg > 0, 1, 2), 0).to(torch.uint8)
     scale = scale.squeeze(-1)
     return _ungroup(codes, in_), scale, None if zero is None else zero.squeeze(-1)
 
 
-def _levels(codes: Tensor, spec: QuantSpec, zero: Tensor | None, in_: int) -> Tensor:
+def weight_scales(w: Tensor, spec: QuantSpec) -> tuple[Tensor, Tensor | None]:
+    """The scale and zero point ``(R, G)`` :func:`quantize_weight` would give ``w``."""
+    wg, mask, dims = _grouped(w.to(torch.float32), spec)
+    scale, zero = _scales(wg, mask, dims, spec)
+    return scale.squeeze(-1), None if zero is None else zero.squeeze(-1)
+
+
+def levels(codes: Tensor, spec: QuantSpec, zero: Tensor | None, in_: int) -> Tensor:
     """Codes ``(out, in)`` to float32 levels (to be multiplied by the scale)."""
     if spec.fmt == "fp6":
         return fp6_decode(codes.to(torch.uint8))
@@ -365,9 +400,18 @@ def _check_weight(w: Tensor, spec: QuantSpec, layer: str) -> None:
 def quantize_weight(w: Tensor, spec: QuantSpec, *, layer: str = "") -> QuantizedWeight:
     """Quantizes and packs ``w (out, in)``; ``layer`` names it in error messages."""
     _check_weight(w, spec, layer)
-    out, in_ = w.shape
     with torch.no_grad():
         codes, scale, zero = _quantize_codes(w.detach(), spec)
+    return pack_weight(codes, scale, zero, spec)
+
+
+def pack_weight(
+    codes: Tensor, scale: Tensor, zero: Tensor | None, spec: QuantSpec
+) -> QuantizedWeight:
+    """Packs unpacked codes ``(out, in)`` (as :func:`unpack_codes` returns them) with their
+    scale and zero ``(R, G)`` into a :class:`QuantizedWeight`."""
+    out, in_ = codes.shape
+    with torch.no_grad():
         cbits = _container_bits(spec)
         data2 = None
         if spec.fmt == "fp6":
@@ -407,8 +451,8 @@ def dequantize_weight(qw: QuantizedWeight) -> Tensor:
     out, in_ = qw.shape
     if qw.spec.fmt == "int" and qw.spec.symmetric and _container_bits(qw.spec) >= 8:
         return qw.data.to(torch.float32) * expand_groups(qw.scale, qw.spec, out, in_)  # one pass
-    levels = _levels(unpack_codes(qw), qw.spec, qw.zero, in_)
-    return levels * expand_groups(qw.scale, qw.spec, out, in_)
+    values = levels(unpack_codes(qw), qw.spec, qw.zero, in_)
+    return values * expand_groups(qw.scale, qw.spec, out, in_)
 
 
 def fake_quantize(w: Tensor, spec: QuantSpec) -> Tensor:
@@ -421,5 +465,5 @@ def fake_quantize(w: Tensor, spec: QuantSpec) -> Tensor:
     with torch.no_grad():
         codes, scale, zero = _quantize_codes(w2.detach(), spec)
         out, in_ = w2.shape
-        deq = _levels(codes, spec, zero, in_) * expand_groups(scale, spec, out, in_)
+        deq = levels(codes, spec, zero, in_) * expand_groups(scale, spec, out, in_)
     return StraightThrough.apply(w, deq.reshape(w.shape).to(w.dtype))

@@ -1,0 +1,130 @@
+"""GPTQ rounding: on the same scales as round-to-nearest it lowers a layer's output error on
+its calibration inputs, reduces to round-to-nearest when the inputs are uncorrelated, and on
+the real MiniLM beats plain PTQ on held-out sentences."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from tests.zquant.quant_utils import cosine, minilm, sentences, tokenizer
+from zquant.gptq import _block_inputs, _hessians, gptq_weight, quantize_gptq
+from zquant.lkd import calibration_batches
+from zquant.nn import QuantLinear
+from zquant.ptq import quantize, quantized_layers
+from zquant.quantizers import QuantSpec, dequantize_weight, quantize_weight, unpack_codes
+from zquant.recipes import get_recipe
+
+SPECS = [
+    QuantSpec(bits=4, granularity="group", group_size=32),
+    QuantSpec(bits=4, symmetric=False, granularity="group", group_size=24),  # padded last group
+    QuantSpec(bits=8, granularity="channel"),
+    QuantSpec(bits=6, fmt="fp6", granularity="channel"),
+]
+
+
+def _layer(out: int = 48, in_: int = 80, tokens: int = 600) -> tuple[torch.Tensor, torch.Tensor]:
+    """A weight and correlated inputs (a few strong directions, as real activations have)."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(out, in_, generator=g) * 0.05
+    basis = torch.randn(8, in_, generator=g) * 3.0
+    x = torch.randn(tokens, 8, generator=g) @ basis + 0.3 * torch.randn(tokens, in_, generator=g)
+    return w, x
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.describe())
+def test_gptq_lowers_the_output_error_on_the_same_grid(spec: QuantSpec) -> None:
+    w, x = _layer()
+    rtn = quantize_weight(w, spec)
+    gq = gptq_weight(w, x.T @ x, spec)
+    assert torch.equal(gq.scale, rtn.scale)  # same scales: same kernels, same storage
+    assert gq.nbytes() == rtn.nbytes()
+    err_rtn = (x @ (w - dequantize_weight(rtn)).T).pow(2).mean()
+    err_gptq = (x @ (w - dequantize_weight(gq)).T).pow(2).mean()
+    # Measured 2.3x (int8) to 6x (int4) lower on these inputs.
+    assert err_gptq < 0.6 * err_rtn, (float(err_rtn), float(err_gptq))
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.describe())
+def test_uncorrelated_inputs_reduce_gptq_to_round_to_nearest(spec: QuantSpec) -> None:
+    """With H = I no column's error can be cancelled by the others: GPTQ = nearest."""
+    w, _ = _layer()
+    gq = gptq_weight(w, torch.eye(w.shape[1]), spec, act_order=False)
+    assert torch.equal(unpack_codes(gq), unpack_codes(quantize_weight(w, spec)))
+
+
+def test_gptq_errors_name_the_layer_and_the_fix() -> None:
+    w, x = _layer()
+    h = x.T @ x
+    with pytest.raises(ValueError, match=r"layer 'fc'.*GPTQ rounds int and fp6.*XTC"):
+        gptq_weight(w, h, QuantSpec(bits=1, fmt="binary"), layer="fc")
+    with pytest.raises(
+        ValueError, match=r"layer 'fc' \(weight shape \(48, 80\)\).*expected \(80, 80\)"
+    ):
+        gptq_weight(w, h[:10, :10], SPECS[0], layer="fc")
+    bad = h.clone()
+    bad[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="NaN/inf"):
+        gptq_weight(w, bad, SPECS[0], layer="fc")
+    with pytest.raises(ValueError, match="damp > 0"):
+        gptq_weight(w, h, SPECS[0], damp=0.0)
+    with pytest.raises(ValueError, match="needs calib="):
+        quantize(minilm(), get_recipe("w4"), rounding="gptq")
+    with pytest.raises(ValueError, match="rounding='best' is unknown"):
+        quantize(minilm(), get_recipe("w4"), rounding="best")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="GPTQ needs calibration batches"):
+        quantize_gptq(minilm(), get_recipe("w4"), [])
+
+
+def test_dead_input_channels_round_to_nearest() -> None:
+    """A channel no calibration token uses has no error to spread: it rounds to nearest."""
+    w, x = _layer()
+    x[:, 5] = 0.0
+    spec = SPECS[2]
+    gq = unpack_codes(gptq_weight(w, x.T @ x, spec))
+    assert torch.equal(gq[:, 5], unpack_codes(quantize_weight(w, spec))[:, 5])
+
+
+def test_gptq_beats_plain_ptq_on_minilm_held_out_sentences() -> None:
+    recipe = get_recipe("w4")
+    plain = cosine(quantize(minilm(), recipe))
+    calib = calibration_batches(tokenizer(), sentences("train", 64))
+    model = quantize(minilm(), recipe, calib=calib, rounding="gptq")
+    layers = quantized_layers(model)
+    assert len(layers) == 36 and all(isinstance(m, QuantLinear) for m in layers.values())
+    tuned = cosine(model)
+    # Measured: W4 g32 0.950 -> 0.984 with 64 calibration sentences.
+    assert tuned > plain + 0.015, (plain, tuned)
+
+
+def test_padding_does_not_enter_the_hessians() -> None:
+    """X^T X of block 0's linears from one padded batch of two sentences equals the one from
+    two unpadded batches of one: the attention mask keeps padding tokens out."""
+    tok = tokenizer()
+    pair = list(sentences("train", 40)[30:32])
+    assert len(tok(pair[0])["input_ids"]) != len(tok(pair[1])["input_ids"])
+    model = minilm().eval()
+    plans = [p for p in get_recipe("w8").plan(model) if p.name.startswith("encoder.layer.0.")]
+
+    def hessians(calib: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        calls = _block_inputs(model, model.encoder.layer, calib)
+        hidden = [args[0] if args else kw["hidden_states"] for args, kw in calls[0]]
+        masks = [b.get("attention_mask") for b in calib]
+        with torch.no_grad():
+            return _hessians(model.encoder.layer[0], plans, model, hidden, calls[0], masks)
+
+    padded = hessians(calibration_batches(tok, pair))
+    single = hessians(calibration_batches(tok, pair, batch_size=1))
+    assert len(padded) == 6
+    for name, h in padded.items():
+        torch.testing.assert_close(h, single[name], rtol=1e-4, atol=1e-3 * float(h.abs().max()))
+
+
+def test_gptq_model_is_left_in_eval_state_it_came_in() -> None:
+    model = minilm()
+    model.train()
+    calib = calibration_batches(tokenizer(), sentences("train", 2))
+    out = quantize_gptq(copy.deepcopy(model), get_recipe("w8"), calib)
+    assert out.training
