@@ -76,7 +76,11 @@ class NvmeZeroOptimizer(ZeroOptimizer):
         self.pipeline_read = bool(offload.pipeline_read)
         self.pipeline_write = bool(offload.pipeline_write)
         self.steps = [0] * len(self.numels)
-        self._tiles = [_Tile(min(self.tile, max(largest, 1)), self.keys) for _ in range(2)]
+        # Read-ahead plus write-behind needs three tile sets: tile i computes while tile i+1
+        # reads and tile i-1 writes. With two, reading i+1 into the set of i-1 first waits
+        # for i-1's writes, which then never overlap any compute.
+        sets = 3 if self.pipeline_read and self.pipeline_write else 2
+        self._tiles = [_Tile(min(self.tile, max(largest, 1)), self.keys) for _ in range(sets)]
         self._written: dict[tuple[int, int], float] = {}  # gradient slots of this cycle: sq
         self._nonfinite = False
         self._grad_writes: list[SwapIO] = []
@@ -102,7 +106,7 @@ class NvmeZeroOptimizer(ZeroOptimizer):
         """Master (from the parameters), zero state and zero gradients, a tile at a time."""
         cached: tuple[torch.nn.Parameter | None, torch.Tensor] = (None, torch.empty(0))
         for i, (a, b) in enumerate(self._ranges(g)):
-            t = self._tiles[i % 2]
+            t = self._tiles[i % len(self._tiles)]
             t.finish_writes()
             n = b - a
             t.master[:n].zero_()
@@ -204,7 +208,7 @@ class NvmeZeroOptimizer(ZeroOptimizer):
                      state: dict[str, torch.Tensor] | None = None) -> None:  # fmt: skip
         """Write a whole group's master (and state, or zeros) to its files, tile by tile."""
         for i, (a, b) in enumerate(self._ranges(g)):
-            t = self._tiles[i % 2]
+            t = self._tiles[i % len(self._tiles)]
             t.finish_writes()
             n = b - a
             t.master[:n].copy_(master[a:b])
@@ -272,13 +276,15 @@ class NvmeZeroOptimizer(ZeroOptimizer):
         ahead = self.pipeline_read
         pending = self._read_tile(g, *ranges[0], self._tiles[0]) if ranges and ahead else []
         for i, (a, b) in enumerate(ranges):
-            t, n = self._tiles[i % 2], b - a
+            t, n = self._tiles[i % len(self._tiles)], b - a
             if not ahead:
                 pending = self._read_tile(g, a, b, t)
             for io in pending:
                 io.wait()
             if ahead and i + 1 < len(ranges):
-                pending = self._read_tile(g, *ranges[i + 1], self._tiles[(i + 1) % 2])
+                pending = self._read_tile(
+                    g, *ranges[i + 1], self._tiles[(i + 1) % len(self._tiles)]
+                )
             self._zero_unwritten(g, a, b, t.grad[:n])
             if coef != 1.0:
                 t.grad[:n].mul_(coef)
@@ -380,7 +386,7 @@ class NvmeZeroOptimizer(ZeroOptimizer):
         per_set = (t.master.numel() + t.grad.numel()) * 4 + sum(
             v.numel() * 4 for v in t.state.values()
         )
-        return 2 * per_set
+        return len(self._tiles) * per_set
 
     def nvme_bytes(self) -> int:
         """Bytes of this rank's swap files."""
