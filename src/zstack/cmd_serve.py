@@ -94,11 +94,11 @@ def bench_serve(
     sla_ttft_units: float = typer.Option(
         40.0, "--sla-ttft-units", help="SLA: TTFT bound, in forwards of token_budget tokens."
     ),
-    sla_gap_units: float = typer.Option(
-        4.0, "--sla-gap-units", help="SLA: longest gap between two tokens, in forwards."
-    ),
     sla_rate_per_unit: float = typer.Option(
-        0.5, "--sla-rate-per-unit", help="SLA: mean tokens per forward-time per request."
+        0.5, "--sla-rate-per-unit", help="SLA: tokens per forward-time held at every token."
+    ),
+    sla_ema_span: int = typer.Option(
+        16, "--sla-ema-span", min=1, help="SLA: EMA span of the inter-token latency check."
     ),
     prefix_requests: int = typer.Option(6, "--prefix-requests", min=0),
     system_prompt_tokens: int = typer.Option(384, "--system-prompt-tokens", min=1),
@@ -128,8 +128,8 @@ def bench_serve(
             long_fraction=long_fraction,
             output_len=output_len,
             sla_ttft_units=sla_ttft_units,
-            sla_gap_units=sla_gap_units,
             sla_rate_per_unit=sla_rate_per_unit,
+            sla_ema_span=sla_ema_span,
             prefix_requests=prefix_requests,
             system_prompt_tokens=system_prompt_tokens,
             threads=threads,
