@@ -14,9 +14,6 @@ from zquant.hf import load_model, load_tokenizer
 from zquant.metrics import embedding_similarity, sentence_embeddings, sentences_from_text
 from zstack.recipes.data import load_plays, split_plays
 
-# The 2-core CI machine is shared: one intra-op thread avoids oversubscription stalls.
-torch.set_num_threads(1)
-
 EVAL_SENTENCES = 200
 
 

@@ -17,16 +17,6 @@ MAX_TOKENS = 10
 TOKEN_BUDGET = 48
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    """One intra-op thread: on a shared 2-core machine two spinning OpenMP threads per
-    process slow everything down several-fold."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _excerpt(plays: dict[str, str], title: str, start: str, chars: int) -> str:
     text = plays[title]
     i = text.index(start)

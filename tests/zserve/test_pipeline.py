@@ -4,7 +4,6 @@ static-batch baseline agreeing with the engine under greedy decoding."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from tests.utils.models import smollm2_dir
 from zserve.pipeline import pipeline
@@ -14,14 +13,6 @@ PROMPTS = [
     "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
     "Now is the winter of our discontent made glorious summer by this sun of York;",
 ]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -35,13 +35,9 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(autouse=True)
 def _cache_env(cache: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The module's cache, and one torch thread in-process: on a busy 2-core machine
-    OpenMP threads made sampling from the tiny model ~50x slower."""
+    """The module's cache (one torch thread is set suite-wide: tests/conftest.py)."""
     monkeypatch.setenv("ZSTACK_CACHE", str(cache))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     yield
-    torch.set_num_threads(threads)
 
 
 def z_train(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

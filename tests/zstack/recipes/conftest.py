@@ -2,24 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 from zstack.recipes.data import ShakespeareData, load_plays
 from zstack.recipes.tokenizer import Tokenizer, train_or_load
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """These models are tiny: with OpenMP threads spinning on a busy 2-core machine the
-    overfit loop ran 10x slower than on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")
