@@ -23,21 +23,28 @@ ModelKind = Literal["encoder", "causal"]
 _CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 
 
+def read_json_object(path: Path, *, missing: str, fix: str) -> dict[str, Any]:
+    """The JSON object in `path`. A missing file raises `FileNotFoundError(missing)`; an
+    unreadable one, or one that holds no JSON object, `OSError` naming `path` and `fix`."""
+    if not path.is_file():
+        raise FileNotFoundError(missing)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise OSError(f"`{path}` is corrupted ({exc}); {fix}") from exc
+    if not isinstance(data, dict):
+        raise OSError(f"`{path}` holds {type(data).__name__}, not a JSON object; {fix}")
+    return data
+
+
 def read_config(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """The parsed `config.json` of `model_dir`; a missing or unreadable file names the path."""
-    path = Path(model_dir) / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"no `config.json` in `{model_dir}`; pass a Hugging Face model directory "
-            "(config.json + model.safetensors)"
-        )
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise OSError(f"`{path}` is not valid JSON ({exc}); re-download the model") from exc
-    if not isinstance(config, dict):
-        raise OSError(f"`{path}` holds {type(config).__name__}, not a JSON object")
-    return config
+    return read_json_object(
+        Path(model_dir) / "config.json",
+        missing=f"no `config.json` in `{model_dir}`; pass a Hugging Face model directory "
+        "(config.json + model.safetensors)",
+        fix="re-download the model",
+    )
 
 
 def model_kind(model_dir: str | os.PathLike[str]) -> ModelKind:

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from zquant.hf import read_json_object
 from zquant.nn import QuantLinear
 from zquant.ptq import OutlierQuantLinear, get_submodule_parent, quantized_layers
 from zquant.recipes import Recipe
@@ -141,16 +142,13 @@ def _replace_dir(tmp: Path, out: Path) -> None:
 def read_manifest(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """The `zquant.json` of a saved model; a missing or unreadable manifest names its path."""
     path = Path(model_dir) / MANIFEST
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"`{path}` is missing; `{model_dir}` is not a zquant model "
-            "(write one with `z quantize` or zquant.save_quantized)"
-        )
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise OSError(f"`{path}` is corrupted ({exc}); re-run `z quantize`") from exc
-    if not isinstance(manifest, dict) or manifest.get("format") != "zquant":
+    manifest = read_json_object(
+        path,
+        missing=f"`{path}` is missing; `{model_dir}` is not a zquant model "
+        "(write one with `z quantize` or zquant.save_quantized)",
+        fix="re-run `z quantize`",
+    )
+    if manifest.get("format") != "zquant":
         raise OSError(f"`{path}` is not a zquant manifest; re-run `z quantize`")
     if manifest.get("format_version") != FORMAT_VERSION:
         raise OSError(
