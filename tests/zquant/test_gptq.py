@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from tests.zquant.quant_utils import cosine, minilm, sentences, tokenizer
-from zquant.gptq import _block_inputs, _hessians, gptq_weight, quantize_gptq
-from zquant.lkd import calibration_batches
+from zquant.gptq import _hessians, gptq_weight, quantize_gptq
+from zquant.lkd import calibration_batches, capture_blocks
 from zquant.nn import QuantLinear
 from zquant.ptq import quantize, quantized_layers
 from zquant.quantizers import QuantSpec, dequantize_weight, quantize_weight, unpack_codes
@@ -43,8 +43,8 @@ def test_gptq_lowers_the_output_error_on_the_same_grid(spec: QuantSpec) -> None:
     assert gq.nbytes() == rtn.nbytes()
     err_rtn = (x @ (w - dequantize_weight(rtn)).T).pow(2).mean()
     err_gptq = (x @ (w - dequantize_weight(gq)).T).pow(2).mean()
-    # Measured 2.3x (int8) to 6x (int4) lower on these inputs.
-    assert err_gptq < 0.6 * err_rtn, (float(err_rtn), float(err_gptq))
+    # Measured 38x (int4 asym g24) to 53x (fp6) lower: these inputs have 8 strong directions.
+    assert err_gptq < 0.1 * err_rtn, (float(err_rtn), float(err_gptq))
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.describe())
@@ -76,6 +76,8 @@ def test_gptq_errors_name_the_layer_and_the_fix() -> None:
         quantize(minilm(), get_recipe("w4"), rounding="best")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="GPTQ needs calibration batches"):
         quantize_gptq(minilm(), get_recipe("w4"), [])
+    with pytest.raises(ValueError, match="GPTQ rounds int/fp6 recipes only"):
+        quantize(minilm(), get_recipe("xtc"), calib=[{}], rounding="gptq")
 
 
 def test_dead_input_channels_round_to_nearest() -> None:
@@ -95,7 +97,7 @@ def test_gptq_beats_plain_ptq_on_minilm_held_out_sentences() -> None:
     layers = quantized_layers(model)
     assert len(layers) == 36 and all(isinstance(m, QuantLinear) for m in layers.values())
     tuned = cosine(model)
-    # Measured: W4 g32 0.950 -> 0.984 with 64 calibration sentences.
+    # Measured: W4 g32 0.950 -> 0.983 with 64 calibration sentences (1 torch thread).
     assert tuned > plain + 0.015, (plain, tuned)
 
 
@@ -109,7 +111,7 @@ def test_padding_does_not_enter_the_hessians() -> None:
     plans = [p for p in get_recipe("w8").plan(model) if p.name.startswith("encoder.layer.0.")]
 
     def hessians(calib: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        calls = _block_inputs(model, model.encoder.layer, calib)
+        calls = [r.inputs for r in capture_blocks(model, model.encoder.layer, calib, outputs=False)]
         hidden = [args[0] if args else kw["hidden_states"] for args, kw in calls[0]]
         masks = [b.get("attention_mask") for b in calib]
         with torch.no_grad():

@@ -25,14 +25,13 @@ is the calibration activations of one block plus one ``(in, in)`` matrix per lin
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from zquant.lkd import find_blocks
+from zquant.lkd import capture_blocks, find_blocks
 from zquant.ptq import get_submodule_parent, make_quant_linear, swap_layer
 from zquant.quantizers import (
     QuantizedWeight,
@@ -158,38 +157,6 @@ def _call(
     return out[0] if isinstance(out, tuple | list) else out
 
 
-@torch.no_grad()
-def _block_inputs(
-    model: nn.Module, blocks: nn.ModuleList, calib: Sequence[dict[str, Any]]
-) -> list[list[tuple[tuple[Any, ...], dict[str, Any]]]]:
-    """Per block, the (args, kwargs) of its call on every calibration batch (the hidden
-    states themselves are kept for block 0 only: later blocks get them from the walk)."""
-    calls: list[list[tuple[tuple[Any, ...], dict[str, Any]]]] = [[] for _ in blocks]
-    handles = []
-    for k, block in enumerate(blocks):
-
-        def pre(_m: nn.Module, args: Any, kwargs: Any, k: int = k) -> None:
-            args, kwargs = tuple(args), dict(kwargs)
-            if k:
-                if args:
-                    args = (None, *args[1:])
-                else:
-                    kwargs["hidden_states"] = None
-            calls[k].append((args, kwargs))
-
-        handles.append(block.register_forward_pre_hook(pre, with_kwargs=True))
-    extra = (
-        {"use_cache": False} if "use_cache" in inspect.signature(model.forward).parameters else {}
-    )
-    try:
-        for batch in calib:
-            model(**batch, **extra)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return calls
-
-
 def _hessians(
     block: nn.Module,
     plans: list[LayerPlan],
@@ -250,7 +217,10 @@ def quantize_gptq(
     was_training = model.training
     model.eval()
     try:
-        calls = _block_inputs(model, blocks, calib)
+        calls = [
+            record.inputs
+            for record in capture_blocks(model, blocks, calib, outputs=False, later_hidden=False)
+        ]
         masks = [batch.get("attention_mask") for batch in calib]
         by_block: dict[int, list[LayerPlan]] = {}
         outside: list[LayerPlan] = []

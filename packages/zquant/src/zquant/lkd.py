@@ -126,28 +126,43 @@ def _hidden(output: Any) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _capture(
-    teacher: nn.Module, blocks: nn.ModuleList, calib: Sequence[dict[str, Any]]
+def capture_blocks(
+    model: nn.Module,
+    blocks: nn.ModuleList,
+    calib: Sequence[dict[str, Any]],
+    *,
+    outputs: bool = True,
+    later_hidden: bool = True,
 ) -> list[_BlockIO]:
+    """Per block, its (args, kwargs) call on every calibration batch and, with `outputs`,
+    its output hidden states. `later_hidden=False` drops the hidden-state input of every
+    block after the first (for a caller that propagates its own, as GPTQ does)."""
     records = [_BlockIO() for _ in blocks]
     handles = []
-    for block, record in zip(blocks, records, strict=True):
+    for k, (block, record) in enumerate(zip(blocks, records, strict=True)):
 
-        def pre(_m: nn.Module, args: Any, kwargs: Any, record: _BlockIO = record) -> None:
-            record.inputs.append((tuple(args), dict(kwargs)))
+        def pre(_m: nn.Module, args: Any, kwargs: Any, k: int = k, rec: _BlockIO = record) -> None:
+            args, kwargs = tuple(args), dict(kwargs)
+            if k and not later_hidden:
+                if args:
+                    args = (None, *args[1:])
+                else:
+                    kwargs["hidden_states"] = None
+            rec.inputs.append((args, kwargs))
 
-        def post(_m: nn.Module, _args: Any, output: Any, record: _BlockIO = record) -> None:
-            record.outputs.append(_hidden(output).detach())
+        def post(_m: nn.Module, _args: Any, output: Any, rec: _BlockIO = record) -> None:
+            rec.outputs.append(_hidden(output).detach())
 
         handles.append(block.register_forward_pre_hook(pre, with_kwargs=True))
-        handles.append(block.register_forward_hook(post))
+        if outputs:
+            handles.append(block.register_forward_hook(post))
     # A KV cache in the captured kwargs would grow on every tuning step: run without one.
     extra = (
-        {"use_cache": False} if "use_cache" in inspect.signature(teacher.forward).parameters else {}
+        {"use_cache": False} if "use_cache" in inspect.signature(model.forward).parameters else {}
     )
     try:
         for batch in calib:
-            teacher(**batch, **extra)
+            model(**batch, **extra)
     finally:
         for handle in handles:
             handle.remove()
@@ -188,7 +203,7 @@ def distill(
     prefix = find_blocks(model)
     blocks = model.get_submodule(prefix)
     assert isinstance(blocks, nn.ModuleList)
-    records = _capture(teacher, teacher.get_submodule(prefix), calib)
+    records = capture_blocks(teacher, teacher.get_submodule(prefix), calib)
     masks = [batch.get("attention_mask") for batch in calib]
 
     by_block: dict[int, list[LayerPlan]] = {}
