@@ -249,37 +249,33 @@ def _register(module: nn.Module, mask: PruneMask, enable: bool) -> PruneMask:
     return mask
 
 
+def _prune_by_kind(
+    kind: Kind, module: nn.Module, dense_ratio: float, method: Method, enable: bool
+) -> PruneMask:
+    _check_layer(module)
+    mask = PruneMask(kind, module.weight.shape, dense_ratio=dense_ratio, method=method)
+    return _register(module, mask, enable)
+
+
 def prune_sparse(
     module: nn.Module, dense_ratio: float, method: Method = "l1", *, enable: bool = True
 ) -> PruneMask:
     """Unstructured pruning: keep the `dense_ratio` fraction of weights with the largest |w|."""
-    _check_layer(module)
-    return _register(
-        module, PruneMask("sparse", module.weight.shape, dense_ratio=dense_ratio, method=method),
-        enable,
-    )  # fmt: skip
+    return _prune_by_kind("sparse", module, dense_ratio, method, enable)
 
 
 def prune_rows(
     module: nn.Module, dense_ratio: float, method: Method = "l1", *, enable: bool = True
 ) -> PruneMask:
     """Row pruning: keep the `dense_ratio` fraction of output rows (by L1/L2 norm) and their bias."""
-    _check_layer(module)
-    return _register(
-        module, PruneMask("row", module.weight.shape, dense_ratio=dense_ratio, method=method),
-        enable,
-    )  # fmt: skip
+    return _prune_by_kind("row", module, dense_ratio, method, enable)
 
 
 def prune_channels(
     module: nn.Module, dense_ratio: float, method: Method = "l1", *, enable: bool = True
 ) -> PruneMask:
     """Channel pruning: keep the `dense_ratio` fraction of input channels (weight columns)."""
-    _check_layer(module)
-    return _register(
-        module, PruneMask("channel", module.weight.shape, dense_ratio=dense_ratio, method=method),
-        enable,
-    )  # fmt: skip
+    return _prune_by_kind("channel", module, dense_ratio, method, enable)
 
 
 def prune_heads(

@@ -83,6 +83,12 @@ def _check_act_bits(act_bits: int | None, where: str) -> None:
         )
 
 
+def _check_weight_spec(weight: Any, where: str, layer: str) -> None:
+    if not isinstance(weight, QuantSpec):
+        raise TypeError(f"{where}: weight must be a QuantSpec, got {type(weight).__name__}")
+    weight.validate(layer=layer)
+
+
 @dataclass(frozen=True)
 class LayerRule:
     """Per-module override: layers whose name matches `pattern` use `weight` / `act_bits`."""
@@ -100,13 +106,9 @@ class LayerRule:
 
     def __post_init__(self) -> None:
         _check_pattern(self.pattern, "override")
-        if not isinstance(self.weight, QuantSpec):
-            raise TypeError(
-                f"override {self.pattern!r}: weight must be a QuantSpec, "
-                f"got {type(self.weight).__name__}"
-            )
-        self.weight.validate(layer=f"override {self.pattern!r}")
-        _check_act_bits(self.act_bits, f"override {self.pattern!r}")
+        where = f"override {self.pattern!r}"
+        _check_weight_spec(self.weight, where, where)
+        _check_act_bits(self.act_bits, where)
 
 
 @dataclass(frozen=True)
@@ -150,13 +152,9 @@ class Recipe:
             raise ValueError(
                 f"recipe {self.name!r}: unknown method {self.method!r}; use 'ptq' or 'xtc'"
             )
-        if not isinstance(self.weight, QuantSpec):
-            raise TypeError(
-                f"recipe {self.name!r}: weight must be a QuantSpec, "
-                f"got {type(self.weight).__name__}"
-            )
-        self.weight.validate(layer=f"recipe {self.name!r} default weight")
-        _check_act_bits(self.act_bits, f"recipe {self.name!r}")
+        where = f"recipe {self.name!r}"
+        _check_weight_spec(self.weight, where, f"{where} default weight")
+        _check_act_bits(self.act_bits, where)
         for where, k in [(f"recipe {self.name!r}", self.act_outliers)] + [
             (f"override {r.pattern!r}", r.act_outliers) for r in self.overrides
         ]:
