@@ -1,12 +1,14 @@
 """ZeroQuant recipes on real models: size vs fp16, accuracy, and quantized-linear latency.
 
 For each recipe (w8a8, w4a8, w6a16, w8, w4; plus w4 with LKD, and the `gptq` recipes
-again with GPTQ rounding, `<recipe>+gptq`):
+again with GPTQ rounding and `gptq_refits` least-squares scale refits, `<recipe>+gptq`,
+where `<recipe>:gN` makes its weights group-wise in groups of N, e.g. `w6a16:g32`):
 
 - all-MiniLM-L6-v2 (clean fp32 encoder): mean cosine similarity of mean-pooled sentence
   embeddings against the fp32 model over `sentences` held-out Shakespeare sentences (plays
   `zstack.recipes.data.VAL_TITLES`); LKD and GPTQ calibrate on sentences of the other plays
-  (`lkd_sentences`, `gptq_sentences`), never on the evaluation text.
+  (`lkd_sentences`, `gptq_sentences`; `gptq_lm_sentences` for SmolLM2), never on the
+  evaluation text.
 - SmolLM2-135M (fp32 dequantized from its 4-bit GGUF; that fp32 model is the baseline):
   perplexity of the first `ppl_tokens` tokens of a held-out play, in windows of 256.
 - size: packed codes + scales (+ fp32 biases) of the quantized linears against the same
@@ -44,6 +46,24 @@ def _log(message: str) -> None:
 
 
 RECIPES = ("w8a8", "w4a8", "w6a16", "w8", "w4")
+
+
+def _split_group(label: str) -> tuple[str, int | None]:
+    """`w6a16:g32` -> ("w6a16", 32); a plain recipe name -> (name, None)."""
+    name, _, group = label.partition(":")
+    if not group:
+        return name, None
+    if not (group.startswith("g") and group[1:].isdigit() and int(group[1:]) > 0):
+        raise ValueError(f"recipe {label!r}: write a group size as `{name}:g32` (N > 0)")
+    return name, int(group[1:])
+
+
+def _recipe(label: str, group_size: int | None) -> Any:
+    """The recipe a bench label names: `:gN` wins, else `group_size` for the INT4 recipes."""
+    from zquant.recipes import get_recipe
+
+    name, group = _split_group(label)
+    return get_recipe(name, group_size=group or (group_size if "w4" in name else None))
 
 
 def _sentences(split: str, limit: int) -> list[str]:
@@ -89,12 +109,12 @@ def _minilm(
     group_size: int | None,
     gptq: list[str],
     gptq_sentences: int,
+    gptq_refits: int,
 ) -> dict[str, Any]:
     from zquant.hf import load_model, load_tokenizer
     from zquant.lkd import calibration_batches
     from zquant.metrics import embedding_similarity, sentence_embeddings
     from zquant.ptq import quantize
-    from zquant.recipes import get_recipe
 
     path = _model_dir("all-MiniLM-L6-v2")
     base, tokenizer = load_model(path), load_tokenizer(path)
@@ -103,9 +123,8 @@ def _minilm(
     rows: dict[str, Any] = {}
 
     def measure(label: str, recipe_name: str, **options: Any) -> None:
-        recipe = get_recipe(recipe_name, group_size=group_size if "w4" in recipe_name else None)
         t0 = time.perf_counter()
-        model = quantize(copy.deepcopy(base), recipe, **options)
+        model = quantize(copy.deepcopy(base), _recipe(recipe_name, group_size), **options)
         seconds = time.perf_counter() - t0
         cosine = embedding_similarity(model, tokenizer, evals, reference)
         rows[label] = {"cosine": round(cosine, 5), "quantize_s": round(seconds, 2), **_size(model)}
@@ -119,10 +138,10 @@ def _minilm(
     if gptq:
         calib = calibration_batches(tokenizer, _sentences("train", gptq_sentences))
         for name in gptq:
-            measure(f"{name}+gptq", name, calib=calib, rounding="gptq")
+            measure(f"{name}+gptq", name, calib=calib, rounding="gptq", scale_refits=gptq_refits)
     out: dict[str, Any] = {"eval_sentences": len(evals), "recipes": rows}
     if gptq:
-        out["gptq"] = {"calib_sentences": gptq_sentences}
+        out["gptq"] = {"calib_sentences": gptq_sentences, "scale_refits": gptq_refits}
     if "w4+lkd" in rows:
         out["lkd"] = {
             "steps_per_block": lkd_steps,
@@ -138,12 +157,12 @@ def _smollm2(
     group_size: int | None,
     gptq: list[str],
     gptq_sentences: int,
+    gptq_refits: int,
 ) -> dict[str, Any]:
     from zquant.hf import load_model, load_tokenizer
     from zquant.lkd import calibration_batches
     from zquant.metrics import perplexity
     from zquant.ptq import quantize
-    from zquant.recipes import get_recipe
     from zstack.recipes.data import load_plays, split_plays
 
     path = _model_dir("SmolLM2-135M-Instruct")
@@ -157,11 +176,11 @@ def _smollm2(
         else None
     )
     runs = [(name, name, {}) for name in recipes]
-    runs += [(f"{name}+gptq", name, {"calib": calib, "rounding": "gptq"}) for name in gptq]
-    for label, name, options in runs:
-        recipe = get_recipe(name, group_size=group_size if "w4" in name else None)
+    options = {"calib": calib, "rounding": "gptq", "scale_refits": gptq_refits}
+    runs += [(f"{name}+gptq", name, options) for name in gptq]
+    for label, name, opts in runs:
         t0 = time.perf_counter()
-        model = quantize(load_model(path), recipe, **options)
+        model = quantize(load_model(path), _recipe(name, group_size), **opts)
         seconds = time.perf_counter() - t0
         ppl = perplexity(model, tokenizer, text, max_tokens=tokens)
         rows[label] = {
@@ -175,7 +194,11 @@ def _smollm2(
         _log(f"smollm2 {label}: ppl {ppl:.4f} (fp32 {base:.4f})")
     out = {"text": title, "tokens": tokens, "window": 256, "fp32_ppl": round(base, 4)}
     if gptq:
-        out["gptq"] = {"calib_sentences": gptq_sentences, "max_length": 128}
+        out["gptq"] = {
+            "calib_sentences": gptq_sentences,
+            "max_length": 128,
+            "scale_refits": gptq_refits,
+        }
     return {**out, "recipes": rows}
 
 
@@ -194,6 +217,16 @@ def _xtc(steps: int, sentences: int, n: int) -> dict[str, Any] | str:
     return result
 
 
+def check_recipes(recipes: str, gptq: str) -> tuple[list[str], list[str]]:
+    """The comma-separated `recipes` and `gptq` lists, or a ValueError naming the bad entry."""
+    names = [r.strip() for r in recipes.split(",") if r.strip()]
+    gptq_names = [r.strip() for r in gptq.split(",") if r.strip()]
+    unknown = sorted({_split_group(n)[0] for n in names + gptq_names} - set(RECIPES))
+    if unknown:
+        raise ValueError(f"unknown recipe(s) {unknown}; use some of {', '.join(RECIPES)}")
+    return names, gptq_names
+
+
 def run(
     recipes: str = ",".join(RECIPES),
     sentences: int = 200,
@@ -201,8 +234,10 @@ def run(
     group_size: int | None = None,
     lkd_steps: int = 3,
     lkd_sentences: int = 32,
-    gptq: str = "w8a8,w6a16",
-    gptq_sentences: int = 256,
+    gptq: str = "w8a8,w6a16,w6a16:g32",
+    gptq_sentences: int = 1024,
+    gptq_lm_sentences: int = 256,
+    gptq_refits: int = 3,
     smollm2: bool = True,
     latency: bool = True,
     batches: str = "1,16,64,256",
@@ -211,11 +246,7 @@ def run(
     threads: int = 2,
 ) -> dict[str, Any]:
     """Measure every recipe in `recipes` (comma-separated); see the module docstring."""
-    names = [r.strip() for r in recipes.split(",") if r.strip()]
-    gptq_names = [r.strip() for r in gptq.split(",") if r.strip()]
-    unknown = sorted(set(names + gptq_names) - set(RECIPES))
-    if unknown:
-        raise ValueError(f"unknown recipe(s) {unknown}; use some of {', '.join(RECIPES)}")
+    names, gptq_names = check_recipes(recipes, gptq)
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
     result: dict[str, Any] = {
@@ -223,11 +254,20 @@ def run(
         "torch_threads": torch.get_num_threads(),
         "group_size": group_size or 32,
         "minilm": _minilm(
-            names, sentences, lkd_steps, lkd_sentences, group_size, gptq_names, gptq_sentences
+            names,
+            sentences,
+            lkd_steps,
+            lkd_sentences,
+            group_size,
+            gptq_names,
+            gptq_sentences,
+            gptq_refits,
         ),
     }
     if smollm2:
-        result["smollm2"] = _smollm2(names, ppl_tokens, group_size, gptq_names, gptq_sentences)
+        result["smollm2"] = _smollm2(
+            names, ppl_tokens, group_size, gptq_names, gptq_lm_sentences, gptq_refits
+        )
     if latency:
         _log("latency of quantized linears")
         sizes = tuple(int(b) for b in batches.split(","))

@@ -1,6 +1,6 @@
 """`z` commands of zquant. Imports only typer at load time; zquant loads when a command runs.
 
-- `z quantize MODEL_DIR --recipe w8a8 --out DIR [--lkd | --gptq] [--group-size N] [--skip PATTERN]`
+- `z quantize MODEL_DIR --recipe w8a8 --out DIR [--lkd | --gptq [--gptq-refits K]] [--group-size N] [--skip PATTERN]`
 - `z eval MODEL_DIR --ppl TEXT_FILE` / `z eval MODEL_DIR --embeddings [--reference DIR]`
 - `z bench quant` (`benchmarks/quant.py`)
 """
@@ -77,6 +77,9 @@ def quantize_cmd(
     gptq_sentences: int = typer.Option(
         256, "--gptq-sentences", min=1, help="GPTQ calibration sentences."
     ),
+    gptq_refits: int = typer.Option(
+        3, "--gptq-refits", min=0, help="Least-squares scale refits after GPTQ rounding."
+    ),
 ) -> None:
     """Quantize MODEL_DIR with a recipe and save it (safetensors + `zquant.json`) to OUT."""
     import time
@@ -106,7 +109,9 @@ def quantize_cmd(
         n = lkd_sentences if lkd else gptq_sentences
         calib = calibration_batches(load_tokenizer(model_dir), _shakespeare("train", n))
         options = (
-            {"calib": calib, "steps": lkd_steps} if lkd else {"calib": calib, "rounding": "gptq"}
+            {"calib": calib, "steps": lkd_steps}
+            if lkd
+            else {"calib": calib, "rounding": "gptq", "scale_refits": gptq_refits}
         )
     try:
         quantize(model, spec, **options)
@@ -114,7 +119,11 @@ def quantize_cmd(
         raise _fail(str(exc)) from None
     seconds = time.perf_counter() - t0
     path = save_quantized(
-        model, out, recipe=spec, source_dir=model_dir, extra={"lkd": lkd, "gptq": gptq}
+        model,
+        out,
+        recipe=spec,
+        source_dir=model_dir,
+        extra={"lkd": lkd, "gptq": gptq, **({"gptq_refits": gptq_refits} if gptq else {})},
     )
     size = model_size(model)
     how = " + lkd" if lkd else " + gptq" if gptq else ""
@@ -195,10 +204,19 @@ def bench_quant(
         3, "--lkd-steps", min=0, help="LKD passes per block (0: no LKD row)."
     ),
     gptq: str = typer.Option(
-        "w8a8,w6a16", "--gptq", help="Recipes to run again with GPTQ rounding ('' for none)."
+        "w8a8,w6a16,w6a16:g32",
+        "--gptq",
+        help="Recipes to run again with GPTQ rounding, `name` or `name:gN` for groups of N "
+        "('' for none).",
     ),
     gptq_sentences: int = typer.Option(
-        256, "--gptq-sentences", min=1, help="GPTQ calibration sentences."
+        1024, "--gptq-sentences", min=1, help="MiniLM GPTQ calibration sentences."
+    ),
+    gptq_lm_sentences: int = typer.Option(
+        256, "--gptq-lm-sentences", min=1, help="SmolLM2 GPTQ calibration sentences."
+    ),
+    gptq_refits: int = typer.Option(
+        3, "--gptq-refits", min=0, help="Least-squares scale refits after GPTQ rounding."
     ),
     no_smollm2: bool = typer.Option(False, "--no-smollm2", help="Skip the SmolLM2 perplexities."),
     no_latency: bool = typer.Option(False, "--no-latency", help="Skip the per-linear latencies."),
@@ -212,7 +230,12 @@ def bench_quant(
     json_out: bool = typer.Option(False, "--json", help="Print only the JSON object."),
 ) -> None:
     """Size vs fp16 and accuracy per recipe on MiniLM/SmolLM2, and quantized-linear latency."""
-    from zstack.bench import run_benchmark
+    from zstack.bench import load, run_benchmark
+
+    try:
+        load("quant").check_recipes(recipes, gptq)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
 
     raise typer.Exit(
         run_benchmark(
@@ -225,6 +248,8 @@ def bench_quant(
             lkd_steps=lkd_steps,
             gptq=gptq,
             gptq_sentences=gptq_sentences,
+            gptq_lm_sentences=gptq_lm_sentences,
+            gptq_refits=gptq_refits,
             smollm2=not no_smollm2,
             latency=not no_latency,
             batches=batches,

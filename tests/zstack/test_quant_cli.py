@@ -35,11 +35,12 @@ def test_quantize_then_eval_embeddings(tmp_path):
 def test_quantize_with_gptq_rounding(tmp_path):
     out = tmp_path / "minilm-w8-gptq"
     done = run_z("quantize", str(minilm_dir()), "--recipe", "w8", "--gptq",
-                 "--gptq-sentences", "8", "--out", str(out))  # fmt: skip
+                 "--gptq-sentences", "8", "--gptq-refits", "1", "--out", str(out))  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "with w8 + gptq" in done.stdout
     manifest = json.loads((out / "zquant.json").read_text())
     assert manifest["extra"]["gptq"] is True and len(manifest["layers"]) == 36
+    assert manifest["extra"]["gptq_refits"] == 1
     both = run_z("quantize", str(minilm_dir()), "--recipe", "w8", "--gptq", "--lkd",
                  "--out", str(tmp_path / "x"))  # fmt: skip
     assert both.returncode == 2 and "pick one" in both.stderr
@@ -57,6 +58,8 @@ def test_bad_input_fails_with_the_fix(tmp_path):
     assert bad.returncode == 2 and "no `config.json`" in bad.stderr
     bad = run_z("eval", str(minilm_dir()), "--ppl", str(tmp_path / "missing.txt"))
     assert bad.returncode == 2 and "missing.txt` not found" in bad.stderr
+    bad = run_z("bench", "quant", "--gptq", "w6a16:32", "--json")
+    assert bad.returncode == 2 and "`w6a16:g32`" in bad.stderr
     assert not (tmp_path / "x").exists()
 
 
@@ -64,12 +67,15 @@ def test_bad_input_fails_with_the_fix(tmp_path):
 def test_bench_quant_small_run_prints_json():
     done = run_z("bench", "quant", "--recipes", "w8a8,w4", "--sentences", "40", "--no-smollm2",
                  "--batches", "16", "--repeats", "3", "--lkd-steps", "1", "--xtc-steps", "0",
-                 "--gptq", "w8a8", "--gptq-sentences", "16", "--json")  # fmt: skip
+                 "--gptq", "w8a8,w4:g64", "--gptq-sentences", "16", "--gptq-refits", "1",
+                 "--json")  # fmt: skip
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     rows = result["minilm"]["recipes"]
-    assert set(rows) == {"w8a8", "w4", "w4+lkd", "w8a8+gptq"}
-    assert result["minilm"]["gptq"] == {"calib_sentences": 16}
+    assert set(rows) == {"w8a8", "w4", "w4+lkd", "w8a8+gptq", "w4:g64+gptq"}
+    assert result["minilm"]["gptq"] == {"calib_sentences": 16, "scale_refits": 1}
+    # groups of 64 instead of the recipe's 32: fewer scales, so a larger size ratio
+    assert rows["w4:g64+gptq"]["linear_ratio_vs_fp16"] > rows["w4"]["linear_ratio_vs_fp16"]
     assert rows["w8a8"]["cosine"] > 0.99 and rows["w4"]["linear_ratio_vs_fp16"] > 3
     latency = result["latency"]["shapes"][0]["rows"]
     assert {r["batch"] for r in latency} == {16} and all(r["speedup"] > 0 for r in latency)
