@@ -106,6 +106,32 @@ def test_ternary_is_twn() -> None:
     assert torch.allclose(dequantize_weight(qw), want)
 
 
+SIGN_SPECS = [
+    QuantSpec(1, "binary"),
+    QuantSpec(1, "binary", granularity="group", group_size=16),
+    QuantSpec(1, "binary", granularity="tensor"),
+    QuantSpec(2, "ternary"),
+    QuantSpec(2, "ternary", granularity="group", group_size=24),
+]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    spec=st.sampled_from(SIGN_SPECS),
+    out=st.integers(1, 9),
+    in_=st.integers(1, 120),
+    seed=st.integers(0, 999),
+)
+def test_binary_and_ternary_fake_quantize_equal_the_packed_path(
+    spec: QuantSpec, out: int, in_: int, seed: int
+) -> None:
+    """fake_quantize skips building codes for binary/ternary; its values stay bit-identical
+    to packing and unpacking (padded last groups, exact zeros included)."""
+    w = torch.randn(out, in_, generator=torch.Generator().manual_seed(seed))
+    w[0, 0] = 0.0  # zero counts as + for binary, as dropped for ternary
+    assert torch.equal(fake_quantize(w, spec), dequantize_weight(quantize_weight(w, spec)))
+
+
 def test_fake_quantize_passes_gradient_straight_through_and_keeps_dtype() -> None:
     w = torch.randn(4, 32, dtype=torch.bfloat16, requires_grad=True)
     y = fake_quantize(w, QuantSpec(4, granularity="group", group_size=8))

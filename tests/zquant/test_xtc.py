@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from tests.zquant.compress_utils import encode, minilm, pooled, shakespeare_sentences
 from zquant.nn import QuantLinear
-from zquant.quantizers import dequantize_weight, fake_quantize
+from zquant.quantizers import dequantize_weight, quantize_weight
 from zquant.xtc import (
     QuantEmbedding,
     WeightFakeQuant,
@@ -43,12 +43,12 @@ def test_reduce_layers_copies_the_kept_teacher_layers() -> None:
         reduce_layers(teacher, [0, 6])
 
 
-def test_fast_binary_path_equals_the_reference_quantizer() -> None:
+def test_weight_fake_quant_is_the_packed_binary_weight_with_a_straight_through_gradient() -> None:
     w = minilm().encoder.layer[0].intermediate.dense.weight.detach().clone().requires_grad_()
     spec = xtc_spec(1)
-    fast = WeightFakeQuant(spec)(w)
-    assert torch.equal(fast, fake_quantize(w, spec))
-    fast.sum().backward()  # straight-through: the latent weight gets the gradient unchanged
+    fake = WeightFakeQuant(spec)(w)
+    assert torch.equal(fake, dequantize_weight(quantize_weight(w.detach(), spec)))
+    fake.sum().backward()  # straight-through: the latent weight gets the gradient unchanged
     assert torch.equal(w.grad, torch.ones_like(w))
 
 

@@ -289,8 +289,16 @@ def _grouped(w: Tensor, spec: QuantSpec) -> tuple[Tensor, Tensor, tuple[int, ...
 
 
 def _masked_mean(x: Tensor, mask: Tensor, dims: tuple[int, ...]) -> Tensor:
+    if bool(mask.all()):  # no padded group: a plain mean, several times cheaper
+        return x.mean(dim=dims, keepdim=True)
     count = mask.expand_as(x).sum(dim=dims, keepdim=True).clamp(min=1)
     return (x * mask).sum(dim=dims, keepdim=True) / count
+
+
+def _twn_keep(wg: Tensor, mask: Tensor, dims: tuple[int, ...]) -> Tensor:
+    """TWN's kept weights: those above 0.7 times the group's mean magnitude."""
+    keep = wg.abs() > 0.7 * _masked_mean(wg.abs(), mask, dims)
+    return keep if bool(mask.all()) else keep & mask
 
 
 def _ungroup(codes: Tensor, in_: int) -> Tensor:
@@ -316,8 +324,7 @@ def _scales(
         return torch.where(absmax > 0, absmax / FP6_MAX, torch.ones_like(absmax)), None
     if spec.fmt == "binary":
         return _masked_mean(wg.abs(), mask, dims), None
-    keep = (wg.abs() > 0.7 * _masked_mean(wg.abs(), mask, dims)) & mask  # ternary (TWN)
-    return _masked_mean(wg.abs(), keep, dims), None
+    return _masked_mean(wg.abs(), _twn_keep(wg, mask, dims), dims), None  # ternary (TWN)
 
 
 def encode(w: Tensor, scale: Tensor, zero: Tensor | None, spec: QuantSpec) -> Tensor:
@@ -347,8 +354,7 @@ def _quantize_codes(w: Tensor, spec: QuantSpec) -> tuple[Tensor, Tensor, Tensor 
     elif spec.fmt == "binary":
         codes = (wg >= 0).to(torch.uint8)
     else:  # ternary: the kept weights are those above TWN's threshold
-        delta = 0.7 * _masked_mean(wg.abs(), mask, dims)
-        keep = (wg.abs() > delta) & mask
+        keep = _twn_keep(wg, mask, dims)
         codes = torch.where(keep, torch.where(wg > 0, 1, 2), 0).to(torch.uint8)
     scale = scale.squeeze(-1)
     return _ungroup(codes, in_), scale, None if zero is None else zero.squeeze(-1)
@@ -391,7 +397,7 @@ def _check_weight(w: Tensor, spec: QuantSpec, layer: str) -> None:
         raise ValueError(
             f"layer {layer!r}: weight dtype {w.dtype} is not floating point; pass the float weight"
         )
-    if not torch.isfinite(w).all():
+    if not torch.isfinite((w * 0).sum()):  # NaN iff some element is NaN/inf; one cheap pass
         raise ValueError(
             f"layer {layer!r} (weight shape {tuple(w.shape)}): weight has NaN/inf; fix the checkpoint"
         )
@@ -463,7 +469,23 @@ def fake_quantize(w: Tensor, spec: QuantSpec) -> Tensor:
     w2 = w.reshape(1, -1) if w.dim() == 1 else w.reshape(w.shape[0], -1)
     _check_weight(w2, spec, "")
     with torch.no_grad():
-        codes, scale, zero = _quantize_codes(w2.detach(), spec)
         out, in_ = w2.shape
-        deq = levels(codes, spec, zero, in_) * expand_groups(scale, spec, out, in_)
+        if spec.fmt in ("binary", "ternary"):
+            deq = _sign_values(w2.detach(), spec)
+        else:
+            codes, scale, zero = _quantize_codes(w2.detach(), spec)
+            deq = levels(codes, spec, zero, in_) * expand_groups(scale, spec, out, in_)
     return StraightThrough.apply(w, deq.reshape(w.shape).to(w.dtype))
+
+
+def _sign_values(w: Tensor, spec: QuantSpec) -> Tensor:
+    """Binary/ternary ``w (out, in)`` dequantized without building codes: the values
+    :func:`_quantize_codes` and :func:`levels` give, at a fraction of the cost (XTC runs
+    this on every weight at every training step)."""
+    wg, mask, dims = _grouped(w.to(torch.float32), spec)
+    scale, _ = _scales(wg, mask, dims, spec)
+    # + 0.0 turns -0.0 into +0.0, which (like 0) takes the + sign
+    signed = torch.copysign(scale.expand_as(wg), wg + 0.0)
+    if spec.fmt == "ternary":
+        signed = signed * _twn_keep(wg, mask, dims)
+    return _ungroup(signed, w.shape[1])

@@ -26,7 +26,6 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from zquant.activations import StraightThrough
 from zquant.distill import distill_loss, layer_map
 from zquant.nn import QuantLinear
 from zquant.quantizers import (
@@ -68,13 +67,6 @@ class WeightFakeQuant(nn.Module):
         return self._cache[1]
 
     def _quantize(self, weight: Tensor) -> Tensor:
-        if self.spec.fmt == "binary" and self.spec.granularity == "channel" and weight.dim() == 2:
-            # Same values as `fake_quantize` (sign, 0 counts as +, times the row's mean |w|),
-            # without building packed codes: ~10x cheaper per training step.
-            with torch.no_grad():
-                q = torch.where(weight >= 0, 1.0, -1.0).to(weight.dtype)
-                q = q * weight.abs().mean(1, keepdim=True)
-            return StraightThrough.apply(weight, q)
         return fake_quantize(weight, self.spec)
 
 
