@@ -133,16 +133,23 @@ def test_one_layer_at_a_time_frees_each_fp32_weight_as_it_goes():
     assert max(steps) == largest and min(steps) > 0
 
 
-def _smollm2_ppl(recipe: str | None) -> float:
+def _smollm2_ppl(recipe: str | None, group_size: int | None = None, gptq: int = 0) -> float:
+    """Perplexity of SmolLM2 on 1,024 held-out tokens; `gptq` > 0 calibrates GPTQ (3 scale
+    refits) on that many sentences of the other plays."""
     from zquant.hf import load_model, load_tokenizer
     from zquant.metrics import perplexity
     from zstack.recipes.data import load_plays, split_plays
 
     text = split_plays(load_plays())[1][0][1]  # Julius Caesar, held out
     model = load_model(smollm2_dir())
+    tok = load_tokenizer(smollm2_dir())
     if recipe is not None:
-        quantize(model, get_recipe(recipe))
-    return perplexity(model, load_tokenizer(smollm2_dir()), text, max_tokens=1024)
+        options = {}
+        if gptq:
+            calib = calibration_batches(tok, sentences("train", gptq), max_length=128)
+            options = {"calib": calib, "rounding": "gptq", "scale_refits": 3}
+        quantize(model, get_recipe(recipe, group_size=group_size), **options)
+    return perplexity(model, tok, text, max_tokens=1024)
 
 
 @pytest.mark.slow
@@ -153,10 +160,9 @@ def test_smollm2_w8a8_perplexity_within_2_percent():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="FP6 e3m2 measured 42.71 vs 40.85 fp32 (+4.5%) on SmolLM2 (already 4-bit weights)",
-)
-def test_smollm2_fp6_perplexity_within_2_percent():
-    ratio = _smollm2_ppl("w6a16") / _smollm2_ppl(None)
+@pytest.mark.timeout(1800)  # GPTQ over SmolLM2's 30 blocks: about 8 minutes on one thread
+def test_smollm2_fp6_group32_with_gptq_perplexity_within_2_percent():
+    """Data-free per-channel FP6 measured 42.71 vs 40.85 (+4.5%) here; group 32 + GPTQ with
+    scale refits is the path that meets 2% (`z bench quant`: +0.8% on 4,096 tokens)."""
+    ratio = _smollm2_ppl("w6a16", group_size=32, gptq=256) / _smollm2_ppl(None)
     assert abs(ratio - 1) <= 0.02, ratio
