@@ -295,10 +295,14 @@ def _masked_mean(x: Tensor, mask: Tensor, dims: tuple[int, ...]) -> Tensor:
     return (x * mask).sum(dim=dims, keepdim=True) / count
 
 
-def _twn_keep(wg: Tensor, mask: Tensor, dims: tuple[int, ...]) -> Tensor:
-    """TWN's kept weights: those above 0.7 times the group's mean magnitude."""
-    keep = wg.abs() > 0.7 * _masked_mean(wg.abs(), mask, dims)
-    return keep if bool(mask.all()) else keep & mask
+def _twn(wg: Tensor, mask: Tensor, dims: tuple[int, ...]) -> tuple[Tensor, Tensor]:
+    """TWN's kept weights (above 0.7 times the group's mean magnitude) and their scale
+    (the mean magnitude of the kept weights), keepdim."""
+    mag = wg.abs()
+    keep = mag > 0.7 * _masked_mean(mag, mask, dims)
+    if not bool(mask.all()):
+        keep &= mask
+    return keep, _masked_mean(mag, keep, dims)
 
 
 def _ungroup(codes: Tensor, in_: int) -> Tensor:
@@ -324,7 +328,7 @@ def _scales(
         return torch.where(absmax > 0, absmax / FP6_MAX, torch.ones_like(absmax)), None
     if spec.fmt == "binary":
         return _masked_mean(wg.abs(), mask, dims), None
-    return _masked_mean(wg.abs(), _twn_keep(wg, mask, dims), dims), None  # ternary (TWN)
+    return _twn(wg, mask, dims)[1], None  # ternary
 
 
 def encode(w: Tensor, scale: Tensor, zero: Tensor | None, spec: QuantSpec) -> Tensor:
@@ -348,14 +352,16 @@ def _quantize_codes(w: Tensor, spec: QuantSpec) -> tuple[Tensor, Tensor, Tensor 
     """Unpacked codes ``(out, in)`` (int32 levels or format codes), scale and zero ``(R, G)``."""
     in_ = w.shape[1]
     wg, mask, dims = _grouped(w.to(torch.float32), spec)
-    scale, zero = _scales(wg, mask, dims, spec)
-    if spec.fmt in ("int", "fp6"):
-        codes = encode(wg, scale, zero, spec)
-    elif spec.fmt == "binary":
-        codes = (wg >= 0).to(torch.uint8)
-    else:  # ternary: the kept weights are those above TWN's threshold
-        keep = _twn_keep(wg, mask, dims)
+    if spec.fmt == "ternary":  # codes from the kept weights, which also set the scale
+        keep, scale = _twn(wg, mask, dims)
+        zero = None
         codes = torch.where(keep, torch.where(wg > 0, 1, 2), 0).to(torch.uint8)
+    else:
+        scale, zero = _scales(wg, mask, dims, spec)
+        if spec.fmt == "binary":
+            codes = (wg >= 0).to(torch.uint8)
+        else:
+            codes = encode(wg, scale, zero, spec)
     scale = scale.squeeze(-1)
     return _ungroup(codes, in_), scale, None if zero is None else zero.squeeze(-1)
 
@@ -483,9 +489,9 @@ def _sign_values(w: Tensor, spec: QuantSpec) -> Tensor:
     :func:`_quantize_codes` and :func:`levels` give, at a fraction of the cost (XTC runs
     this on every weight at every training step)."""
     wg, mask, dims = _grouped(w.to(torch.float32), spec)
-    scale, _ = _scales(wg, mask, dims, spec)
+    keep, scale = (
+        _twn(wg, mask, dims) if spec.fmt == "ternary" else (None, _scales(wg, mask, dims, spec)[0])
+    )
     # + 0.0 turns -0.0 into +0.0, which (like 0) takes the + sign
     signed = torch.copysign(scale.expand_as(wg), wg + 0.0)
-    if spec.fmt == "ternary":
-        signed = signed * _twn_keep(wg, mask, dims)
-    return _ungroup(signed, w.shape[1])
+    return _ungroup(signed if keep is None else signed * keep, w.shape[1])
