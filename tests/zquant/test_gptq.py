@@ -128,6 +128,9 @@ def test_padding_does_not_enter_the_hessians() -> None:
     padded = hessians(calibration_batches(tok, pair))
     single = hessians(calibration_batches(tok, pair, batch_size=1))
     assert len(padded) == 6
+    # query, key and value read the same tensor: one product, shared
+    qkv = [padded[f"encoder.layer.0.attention.self.{n}"] for n in ("query", "key", "value")]
+    assert torch.equal(qkv[0], qkv[1]) and torch.equal(qkv[1], qkv[2])
     for name, h in padded.items():
         torch.testing.assert_close(h, single[name], rtol=1e-4, atol=1e-3 * float(h.abs().max()))
 

@@ -256,26 +256,35 @@ def _hessians(
     calls: list[tuple[tuple[Any, ...], dict[str, Any]]],
     masks: list[Tensor | None],
 ) -> dict[str, Tensor]:
-    """``X^T X`` of every planned linear of ``block`` over the non-padding calibration tokens."""
+    """``X^T X`` of every planned linear of ``block`` over the non-padding calibration tokens.
+
+    Linears fed the same tensor (query/key/value, gate/up) share one product per batch: the
+    cache holds the input itself, so its ``id`` cannot be reused while the entry lives."""
     sums: dict[str, Tensor] = {}
     handles = []
     current: list[Tensor | None] = [None]
+    seen: dict[int, tuple[Tensor, Tensor]] = {}  # id(input) -> (input, X^T X), one batch
     for plan in plans:
         linear = model.get_submodule(plan.name)
 
         def hook(_m: nn.Module, inputs: Any, _out: Any, name: str = plan.name) -> None:
             x = inputs[0]
-            mask = current[0]
-            if mask is not None and x.dim() == 3 and tuple(mask.shape) == tuple(x.shape[:2]):
-                x = x[mask.bool()]
-            x = x.reshape(-1, x.shape[-1]).to(torch.float64)
-            sums[name] = sums.get(name, 0) + x.T @ x
+            if id(x) not in seen:
+                mask = current[0]
+                xs = x
+                if mask is not None and x.dim() == 3 and tuple(mask.shape) == tuple(x.shape[:2]):
+                    xs = x[mask.bool()]
+                xs = xs.reshape(-1, xs.shape[-1]).to(torch.float64)
+                seen[id(x)] = (x, xs.T @ xs)
+            sums[name] = sums.get(name, 0) + seen[id(x)][1]
 
         handles.append(linear.register_forward_hook(hook))
     try:
         for h, (args, kwargs), mask in zip(hidden, calls, masks, strict=True):
             current[0] = mask
+            seen.clear()
             _call(block, h, args, kwargs)
+        seen.clear()
     finally:
         for handle in handles:
             handle.remove()
