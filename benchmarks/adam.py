@@ -10,7 +10,10 @@ exp_avg_sq and writes param, exp_avg, exp_avg_sq — 28 bytes with fp32 states,
 
 All optimizers are timed in interleaved rounds (one step of each per round, the
 order rotating from round to round) so they share whatever else the machine is
-doing; medians are reported. Every contender, and the ceiling probe, works on
+doing; medians are reported. With ``--dtype bf16-states`` a second probe runs in
+the same rounds: the same pattern in the bf16-state layout (20 bytes, on our bf16
+states), whose time over the fp32 probe's is the most any bf16-state step can
+gain over an fp32 one on this machine (``bf16_states_ceiling.speedup_bound``). Every contender, and the ceiling probe, works on
 the same parameter, gradient and fp32 state buffers: which physical pages a
 1.6 GB set of buffers lands on alone moves a memory-bound step by up to ~10%
 here, so separate buffers per contender would compare page placement, not
@@ -75,11 +78,14 @@ class _Shared:
 
 class _StreamCeiling:
     """The bandwidth probe as a contender: ``step()`` is one 4-read/3-write pass over
-    the shared buffers (param, grad, exp_avg, exp_avg_sq; grad is only read)."""
+    the shared buffers (param, grad, exp_avg, exp_avg_sq; grad is only read), or over
+    `states` in their place (bf16 states: the 20-byte layout)."""
 
-    def __init__(self, shared: _Shared):
-        tensors = [shared.param.detach(), shared.param.grad, *shared.state.values()]
-        self._views = [t.numpy() for t in tensors]
+    def __init__(self, shared: _Shared, states: list[torch.Tensor] | None = None):
+        states = list(shared.state.values()) if states is None else states
+        tensors = [shared.param.detach(), shared.param.grad, *states]
+        self._views = [t.view(torch.int16) if t.dtype == torch.bfloat16 else t for t in tensors]
+        self._views = [t.numpy() for t in self._views]
 
     def step(self) -> None:
         znative.stream_4r3w(*self._views)
@@ -144,6 +150,11 @@ def run(
     # The ceiling runs in the same rounds as the optimizers, so it sees the same machine.
     timed: dict[str, Any] = {name: opt for name, (opt, _) in contenders.items()}
     timed["ceiling"] = _StreamCeiling(shared)
+    if dtype == "bf16-states":
+        ours_state = contenders["zstack_cpu_adam"][0].state[p]
+        timed["ceiling_bf16_states"] = _StreamCeiling(
+            shared, [ours_state["exp_avg"], ours_state["exp_avg_sq"]]
+        )
     names = list(timed)
     times: dict[str, list[float]] = {name: [] for name in timed}
     for i in range(warmup + steps):
@@ -186,7 +197,7 @@ def run(
         for name in results
         if name != "zstack_cpu_adam"
     }
-    return {
+    out: dict[str, Any] = {
         "benchmark": "adam",
         "numel": numel,
         "dtype": dtype,
@@ -213,6 +224,18 @@ def run(
         "speedup_of_ours_per_round_median": speedup_per_round,
         "deepspeed_cpu_adam": ds_status,
     }
+    if "ceiling_bf16_states" in times:
+        c16 = statistics.median(times["ceiling_bf16_states"])
+        ours_r = results["zstack_cpu_adam"]
+        ours_r["fraction_of_bf16_states_ceiling"] = c16 / ours_r["median_step_s"]
+        out["bf16_states_ceiling"] = {
+            "kernel": "stream 4 reads + 3 writes, fp32 param/grad + 16-bit states",
+            "median_s": c16,
+            "gb_per_s": BYTES_PER_PARAM["bf16-states"] * numel / c16 / 1e9,
+            # the most a bf16-state step can gain over an fp32-state step here
+            "speedup_bound": ceiling_s / c16,
+        }
+    return out
 
 
 def report(result: dict[str, Any]) -> str:
@@ -224,10 +247,21 @@ def report(result: dict[str, Any]) -> str:
         f"{'ceiling (stream 4r/3w)':<24} {c['median_s'] * 1e3:9.2f} ms  {c['gb_per_s']:7.2f} GB/s  "
         f"{c['params_per_s_at_28_bytes'] / 1e9:6.3f} Gparam/s",
     ]
+    c16 = result.get("bf16_states_ceiling")
+    if c16 is not None:
+        lines.append(
+            f"{'ceiling (bf16 states)':<24} {c16['median_s'] * 1e3:9.2f} ms  {c16['gb_per_s']:7.2f} GB/s  "
+            f"bound on bf16/fp32 speedup {c16['speedup_bound']:.3f}x"
+        )
     for name, r in result["results"].items():
         lines.append(
             f"{name:<24} {r['median_step_s'] * 1e3:9.2f} ms  {r['gb_per_s']:7.2f} GB/s  "
             f"{r['params_per_s'] / 1e9:6.3f} Gparam/s  {r['fraction_of_ceiling'] * 100:5.1f}% of ceiling"
+            + (
+                f" ({r['fraction_of_bf16_states_ceiling'] * 100:.1f}% of the bf16-state one)"
+                if "fraction_of_bf16_states_ceiling" in r
+                else ""
+            )
         )
     per_round = result["speedup_of_ours_per_round_median"]
     for name, s in result["speedup_of_ours"].items():

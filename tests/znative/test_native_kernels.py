@@ -141,4 +141,11 @@ def test_stream_probe_and_threads():
     a, b, c, d = (np.full(50000, x, np.float32) for x in (1.0, 2.0, 4.0, 8.0))
     znative.stream_4r3w(a, b, c, d)
     np.testing.assert_array_equal(a, np.full(50000, 0.5 - 6.0 + 4.0, np.float32))
+    # The bf16-state layout: 16-bit states (bfloat16 bits as int16) flip their lowest bit.
+    c16, d16 = np.full(50000, 0x3F80, np.int16), np.zeros(50000, np.int16)
+    znative.stream_4r3w(a, b, c16, d16)
+    np.testing.assert_array_equal(a, np.full(50000, -1.5 / 2 + 2.0, np.float32))
+    assert (c16 == 0x3F81).all() and (d16 == 1).all()
+    with pytest.raises(znative.DTypeError, match="share one dtype"):
+        znative.stream_4r3w(a, b, c, d16)
     assert znative.num_threads() >= 1

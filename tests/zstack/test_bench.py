@@ -34,6 +34,9 @@ def test_bench_adam_prints_one_json_object_with_baselines():
     assert result["results"]["zstack_cpu_adam"]["bytes_per_param"] == 20
     assert result["results"]["torch_adam_fused"]["bytes_per_param"] == 28
     assert result["ceiling"]["gb_per_s"] > 0
+    c16 = result["bf16_states_ceiling"]
+    assert c16["gb_per_s"] > 0 and c16["speedup_bound"] > 0
+    assert result["results"]["zstack_cpu_adam"]["fraction_of_bf16_states_ceiling"] > 0
     assert set(result["speedup_of_ours"]) == {f"vs_{n}" for n in names - {"zstack_cpu_adam"}}
     assert set(result["speedup_of_ours_per_round_median"]) == set(result["speedup_of_ours"])
     assert result["machine"]["simd"] in ("avx512", "avx2", "scalar")
@@ -45,7 +48,7 @@ def test_bench_adam_human_report_then_json():
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
     assert "ceiling (stream 4r/3w)" in out.stdout and "torch_adam_fused" in out.stdout
-    json.loads(lines[-1])
+    assert "bf16_states_ceiling" not in json.loads(lines[-1])  # fp32 runs have one probe
 
 
 def test_bench_adam_rejects_unknown_dtype():

@@ -98,6 +98,7 @@ def lion_step(
     step: int,
     maximize: bool = False,
 ) -> None: ...
+# c and d: float32 (28 bytes per element) or both bfloat16 bits as int16 (20 bytes).
 def stream_4r3w(a: _Array, b: _Array, c: _Array, d: _Array) -> None: ...
 
 # Quantization kernels (zquant). int8/uint8/int32/float32 arrays, C-contiguous; weights (n, k).

@@ -150,7 +150,8 @@ pub fn lion_step(
     .map_err(to_py)
 }
 
-/// One pass of the 4-read/3-write bandwidth probe (28 bytes per element).
+/// One pass of the 4-read/3-write bandwidth probe: 28 bytes per element, or 20
+/// when `c` and `d` are bfloat16 bits (the bf16-state layout).
 #[pyfunction]
 pub fn stream_4r3w(
     py: Python<'_>,
@@ -160,13 +161,21 @@ pub fn stream_4r3w(
     d: &Bound<'_, PyAny>,
 ) -> PyResult<()> {
     let (mut a, b) = (rw_f32("a", a)?, ro_f32("b", b)?);
-    let (mut c, mut d) = (rw_f32("c", c)?, rw_f32("d", d)?);
+    let (mut c, mut d) = (rw("c", c, true)?, rw("d", d, true)?);
     let b = f32_ref("b", &b)?;
-    let (a, c, d) = (
-        f32_mut("a", &mut a)?,
-        f32_mut("c", &mut c)?,
-        f32_mut("d", &mut d)?,
-    );
-    py.detach(|| zkernels::stream::stream_4r3w(a, b, c, d))
-        .map_err(to_py)
+    let a = f32_mut("a", &mut a)?;
+    match (c.slice_mut("c")?, d.slice_mut("d")?) {
+        (SliceMut::F32(c), SliceMut::F32(d)) => {
+            py.detach(|| zkernels::stream::stream_4r3w(a, b, c, d))
+        }
+        (SliceMut::Bf16(c), SliceMut::Bf16(d)) => {
+            py.detach(|| zkernels::stream::stream_4r3w_bf16(a, b, c, d))
+        }
+        _ => {
+            return Err(DTypeError::new_err(
+                "c and d must share one dtype (both float32, or both bfloat16 bits)",
+            ))
+        }
+    }
+    .map_err(to_py)
 }
