@@ -26,6 +26,11 @@ def benchmarks_dir() -> Path:
 
 
 def load(name: str) -> ModuleType:
+    """The benchmark module `name`, executed once per process (a command that checks
+    its options with the module and then runs it loads it twice)."""
+    cached = sys.modules.get(f"zstack_benchmarks.{name}")
+    if cached is not None:
+        return cached
     path = benchmarks_dir() / f"{name}.py"
     if not path.is_file():
         known = sorted(p.stem for p in benchmarks_dir().glob("*.py") if not p.stem.startswith("_"))

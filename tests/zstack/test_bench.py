@@ -57,6 +57,13 @@ def test_bench_adam_rejects_unknown_dtype():
     assert "fp64" in out.stderr and "bf16-states" in out.stderr
 
 
+def test_a_benchmark_module_is_executed_once_per_process():
+    from zstack.bench import load
+
+    first = load("adam")
+    assert load("adam") is first and callable(first.run)
+
+
 def test_unknown_benchmark_names_the_known_ones():
     from zstack.bench import load
 
