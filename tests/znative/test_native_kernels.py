@@ -148,4 +148,11 @@ def test_stream_probe_and_threads():
     assert (c16 == 0x3F81).all() and (d16 == 1).all()
     with pytest.raises(znative.DTypeError, match="share one dtype"):
         znative.stream_4r3w(a, b, c, d16)
+    # Paced: d goes through `pace` rounds of sqrt(y) / (y + 1) from |d| first.
+    a, c, d = (np.full(50000, x, np.float32) for x in (1.0, 4.0, -8.0))
+    znative.stream_4r3w(a, b, c, d, pace=1)
+    y = np.float32(np.sqrt(np.float32(8.0)) / np.float32(9.0))
+    np.testing.assert_array_equal(d, np.full(50000, np.float32(0.5) * y + 2, np.float32))
+    with pytest.raises(znative.HyperparameterError, match="pace"):
+        znative.stream_4r3w(a, b, c, d, pace=4)
     assert znative.num_threads() >= 1

@@ -151,14 +151,17 @@ pub fn lion_step(
 }
 
 /// One pass of the 4-read/3-write bandwidth probe: 28 bytes per element, or 20
-/// when `c` and `d` are bfloat16 bits (the bf16-state layout).
+/// when `c` and `d` are bfloat16 bits (the bf16-state layout). `pace`: dependent
+/// square-root/divide pairs per vector (0-3; see `zkernels::stream`).
 #[pyfunction]
+#[pyo3(signature = (a, b, c, d, *, pace=0))]
 pub fn stream_4r3w(
     py: Python<'_>,
     a: &Bound<'_, PyAny>,
     b: &Bound<'_, PyAny>,
     c: &Bound<'_, PyAny>,
     d: &Bound<'_, PyAny>,
+    pace: u32,
 ) -> PyResult<()> {
     let (mut a, b) = (rw_f32("a", a)?, ro_f32("b", b)?);
     let (mut c, mut d) = (rw("c", c, true)?, rw("d", d, true)?);
@@ -166,10 +169,10 @@ pub fn stream_4r3w(
     let a = f32_mut("a", &mut a)?;
     match (c.slice_mut("c")?, d.slice_mut("d")?) {
         (SliceMut::F32(c), SliceMut::F32(d)) => {
-            py.detach(|| zkernels::stream::stream_4r3w(a, b, c, d))
+            py.detach(|| zkernels::stream::stream_4r3w(a, b, c, d, pace))
         }
         (SliceMut::Bf16(c), SliceMut::Bf16(d)) => {
-            py.detach(|| zkernels::stream::stream_4r3w_bf16(a, b, c, d))
+            py.detach(|| zkernels::stream::stream_4r3w_bf16(a, b, c, d, pace))
         }
         _ => {
             return Err(DTypeError::new_err(
