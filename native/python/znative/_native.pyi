@@ -98,6 +98,7 @@ def lion_step(
     step: int,
     maximize: bool = False,
 ) -> None: ...
+
 # c and d: float32 (28 bytes per element) or both bfloat16 bits as int16 (20 bytes);
 # pace: 0-3 dependent sqrt/divide pairs per vector (the fastest pace is the ceiling).
 def stream_4r3w(a: _Array, b: _Array, c: _Array, d: _Array, *, pace: int = 0) -> None: ...
