@@ -15,7 +15,7 @@ PKG_DIRS     := $(sort $(wildcard packages/*))
 MANIFESTS    := pyproject.toml native/pyproject.toml $(addsuffix /pyproject.toml,$(PKG_DIRS))
 NATIVE_SRC   := $(shell find native/Cargo.toml native/Cargo.lock native/pyproject.toml native/crates native/python -type f -not -path '*/__pycache__/*' 2>/dev/null)
 
-.PHONY: all setup demo test test-rust test-python lint stubtest bench clean
+.PHONY: all setup demo test test-rust test-python lint stubtest bench bench-deepspeed clean
 
 all: setup
 
@@ -83,6 +83,19 @@ test-python: setup
 
 bench: setup
 	$(BIN)/z bench adam --numel $(NUMEL) --json
+
+# DeepSpeed for the benchmarks' DeepSpeed columns, never a dependency: installed beside our
+# environment into DS_DIR, which only these runs put on PYTHONPATH. Its CPU Adam JIT-builds
+# with g++ on first use (about a minute, cached in ~/.cache/torch_extensions).
+DS_DIR  ?= $(HOME)/.cache/zstack/deepspeed
+DS_PKGS := deepspeed==0.19.8 hjson==3.1.0 ninja==1.13.2 py-cpuinfo==9.0.0 msgpack==1.2.4 einops==0.8.2
+$(STAMP)/deepspeed: $(STAMP)/deps
+	$(UV) pip install --python $(PY) --target $(DS_DIR) --no-deps --no-build-isolation $(DS_PKGS)
+	@touch $@
+
+bench-deepspeed: setup $(STAMP)/deepspeed
+	PATH="$(DS_DIR)/bin:$$PATH" PYTHONPATH="$(DS_DIR)" $(BIN)/z bench adam --numel $(NUMEL) --json
+	PATH="$(DS_DIR)/bin:$$PATH" PYTHONPATH="$(DS_DIR)" $(BIN)/z bench adam --numel $(NUMEL) --dtype bf16-states --json
 
 clean:
 	rm -rf $(VENV) $(STAMP) dist native/target
