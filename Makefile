@@ -61,6 +61,7 @@ $(STAMP)/models: $(STAMP)/deps tools/fetch_models.py
 
 demo: setup
 	$(BIN)/z doctor
+	$(BIN)/z bench adam --numel $(NUMEL)
 	$(BIN)/z train
 	$(BIN)/z generate --checkpoint runs/shakespeare --prompt "ROMEO:" --max-new-tokens 120
 
