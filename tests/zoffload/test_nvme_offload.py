@@ -12,7 +12,7 @@ import torch
 
 import zcore
 from tests.utils.distributed import run_ranks
-from tests.zcore.zero.common import config, full_params, make_model, train
+from tests.zcore.zero.common import config, full_params, make_model, micro_batch, train
 from tests.zoffload.equivalence import assert_matches, offload_vs_plain
 
 TILE = 1024  # elements: each rank's ~4k-element partition walks four tiles (three sets rotate)
@@ -143,6 +143,48 @@ def test_swap_faults_stop_every_rank_and_the_checkpoint_still_loads(
     assert first["losses"] == other["losses"]
     for name, value in first["params"].items():
         torch.testing.assert_close(other["params"][name], value, atol=0, rtol=0)
+
+
+def _grad_fault(rank: int, world: int, root: str, when: str) -> dict[str, Any]:
+    """Corrupt a written gradient slot on rank 0, before the next micro-step adds to it
+    (``when="accumulate"``) or before the step reads it back (``when="step"``)."""
+    engine, *_ = zcore.initialize(make_model(), config=nvme_config(2, Path(root)))
+    train(engine, 1)
+    before = full_params(engine)
+    zopt = engine.zopt
+    gas, mb = engine.batch.gradient_accumulation_steps, engine.batch.micro_batch_size
+    corrupt_after = 0 if when == "accumulate" else gas - 1
+    error = ""
+    try:
+        for micro in range(gas):
+            x, y = micro_batch(1, micro, rank, world, mb, gas)
+            engine.backward(engine(x, y))
+            if rank == 0 and micro == corrupt_after:
+                zopt._finish_grad_writes()  # the slots are on the file
+                g, offset = max(zopt._grad_crc)  # the last slot of the partition
+                with open(zopt.swap.path(f"g{g}.grad"), "r+b") as f:
+                    f.seek(offset * 4 + 4)
+                    f.write(b"\xff" * 8)
+            engine.step()
+    except OSError as err:
+        error = str(err)
+    after = full_params(engine)
+    swap = str(zopt.swap.path("g0.grad"))
+    engine.destroy()
+    return {"error": error, "swap": swap, "before": before, "after": after}
+
+
+@pytest.mark.parametrize("when", ["accumulate", "step"])
+def test_a_corrupt_gradient_slot_stops_the_step_before_any_weight_moves(
+    when: str, tmp_path: Path
+) -> None:
+    first, other = run_ranks(_grad_fault, 2, args=(str(tmp_path / "nvme"), when), timeout=300)
+    assert "corrupt" in first["error"] and "gradient slot" in first["error"]
+    assert first["swap"] in first["error"] and "restart from the last checkpoint" in first["error"]
+    assert "another rank" in other["error"]
+    for got in (first, other):
+        for name, value in got["before"].items():
+            torch.testing.assert_close(got["after"][name], value, atol=0, rtol=0)
 
 
 def _edit(rank: int, world: int, root: str, offloaded: bool) -> dict[str, torch.Tensor]:

@@ -6,7 +6,8 @@ memory holds the published weights at stages 1-2 (the parameters' dtype; at stag
 parameter shards, themselves offloadable with ``offload_param``) and two sets of tile
 buffers. Each reduced gradient slot is written out as its bucket completes (read, added
 and rewritten when micro-steps accumulate), with its squared norm and finiteness noted,
-so the global norm needs no pass over the file. The master is built and written a tile at
+so the global norm needs no pass over the file, and with its CRC-32, which the step
+checks when it reads the slot back as part of its tiles. The master is built and written a tile at
 a time at start, so the whole partition is never in memory. The step walks every partition in tiles
 of ``sub_group_size`` elements: while tile *i* is updated by zcore's native CPU kernel, tile
 *i+1* is being read and tile *i-1* written (``pipeline_read`` / ``pipeline_write``, on
@@ -31,7 +32,7 @@ from zcore.optim._base import NativeOptimizer
 from zcore.zero.layout import ParamShard
 from zcore.zero.optimizer import ZeroOptimizer
 from zoffload.aio import AioConfig, AioHandle, new_aligned_tensor
-from zoffload.swap import SwapError, SwapIO, SwapSpace
+from zoffload.swap import SwapError, SwapIO, SwapSpace, crc32
 
 _ALIGN = 1024  # elements per 4 KiB of fp32: tiles start on O_DIRECT boundaries
 
@@ -82,6 +83,7 @@ class NvmeZeroOptimizer(ZeroOptimizer):
         sets = 3 if self.pipeline_read and self.pipeline_write else 2
         self._tiles = [_Tile(min(self.tile, max(largest, 1)), self.keys) for _ in range(sets)]
         self._written: dict[tuple[int, int], float] = {}  # gradient slots of this cycle: sq
+        self._grad_crc: dict[tuple[int, int], int] = {}  # ... and the CRC-32 of what was written
         self._nonfinite = False
         self._grad_writes: list[SwapIO] = []
         # a gradient swap failure inside backward is raised at the step, on every rank at
@@ -132,7 +134,7 @@ class NvmeZeroOptimizer(ZeroOptimizer):
         try:
             self._accumulate(g, shard, values, alpha)
         except SwapError as err:
-            self._grad_failure = err
+            self._grad_failure = self._grad_failure or err
 
     def _accumulate(self, g: int, shard: ParamShard, values: torch.Tensor, alpha: float) -> None:
         key = (g, shard.offset)
@@ -140,12 +142,17 @@ class NvmeZeroOptimizer(ZeroOptimizer):
         torch.mul(values.to(buf.device), alpha, out=buf)
         if key in self._written:  # accumulating micro-steps: add what is on the file
             self._finish_grad_writes()
+            if self._grad_failure is not None:
+                return  # a write failed: what is on the file is not this slot's (reported first)
             old = torch.empty_like(buf)
             self.swap.read(f"g{g}.grad", old, shard.offset, check=False).wait()
+            if crc32(old) != self._grad_crc[key]:
+                raise self.swap.corrupt(f"g{g}.grad", shard.offset, buf.numel(), "a gradient slot")
             buf.add_(old)
         sq = float(torch.linalg.vector_norm(buf)) ** 2
         self._nonfinite |= not math.isfinite(sq)
         self._written[key] = sq
+        self._grad_crc[key] = crc32(buf)
         self._grad_writes.append(self.swap.write(f"g{g}.grad", buf, shard.offset, check=False))
         self._grad_write_elems += buf.numel()
         if self._grad_write_elems > 4 * self.tile:  # bound the copies held by writes in flight
@@ -174,10 +181,28 @@ class NvmeZeroOptimizer(ZeroOptimizer):
         super().zero_grad()
         self._finish_grad_writes()
         self._written.clear()
+        self._grad_crc.clear()
         self._nonfinite = False
 
     def grad_bytes(self) -> int:
         return 0  # on NVMe
+
+    def _check_grads(self, g: int, a: int, b: int, grad: torch.Tensor,
+                     partial: dict[int, int]) -> None:  # fmt: skip
+        """Check the gradient slots met by tile ``[a, b)`` against the CRC-32 of what was
+        written. A slot that runs on into the next tile leaves its CRC so far in
+        ``partial`` and is checked when its last tile is read (tiles come in order)."""
+        for _, shard, lo, hi in self._overlaps(g, a, b):
+            want = self._grad_crc.get((g, shard.offset))
+            if want is None:
+                continue  # no gradient this cycle: zeroed, not read
+            crc = crc32(grad[lo - a : hi - a], partial.pop(shard.offset, 0))
+            if hi < shard.offset + shard.shard_size:
+                partial[shard.offset] = crc
+            elif crc != want:
+                raise self.swap.corrupt(
+                    f"g{g}.grad", shard.offset, shard.shard_size, "a gradient slot"
+                )
 
     def _zero_unwritten(self, g: int, a: int, b: int, grad: torch.Tensor) -> None:
         """Zero the parts of a gradient tile whose slots got no gradient this cycle."""
@@ -273,6 +298,7 @@ class NvmeZeroOptimizer(ZeroOptimizer):
         self.steps[g] += 1
         self._finish_grad_writes()
         ranges = self._ranges(g)
+        partial: dict[int, int] = {}  # CRCs of gradient slots read in part so far
         ahead = self.pipeline_read
         pending = self._read_tile(g, *ranges[0], self._tiles[0]) if ranges and ahead else []
         for i, (a, b) in enumerate(ranges):
@@ -285,6 +311,7 @@ class NvmeZeroOptimizer(ZeroOptimizer):
                 pending = self._read_tile(
                     g, *ranges[i + 1], self._tiles[(i + 1) % len(self._tiles)]
                 )
+            self._check_grads(g, a, b, t.grad[:n], partial)
             self._zero_unwritten(g, a, b, t.grad[:n])
             if coef != 1.0:
                 t.grad[:n].mul_(coef)

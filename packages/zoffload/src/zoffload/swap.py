@@ -9,7 +9,9 @@ write overlap the current tile's compute.
 
 What was written is checked when it is read back: every tile's CRC-32 is kept in memory
 when it is written and compared after the read, and a short file fails the read, so a
-truncated or corrupted swap file is detected and never trained on.
+truncated or corrupted swap file is detected and never trained on. (Data read back in
+other pieces than it was written in, such as gradient slots read as tiles, is written
+with ``check=False`` and checked by its owner with :func:`crc32` and :meth:`SwapSpace.corrupt`.)
 """
 
 from __future__ import annotations
@@ -125,7 +127,7 @@ class SwapSpace:
         such data lives one step and a short file still fails its read)."""
         key = (name, offset)
         if check:
-            self._crc[key] = (buf.numel(), zlib.crc32(_bytes(buf)))
+            self._crc[key] = (buf.numel(), crc32(buf))
         try:
             handle = self.aio.async_pwrite(buf, str(self.path(name)), offset * buf.element_size())
         except OSError as err:
@@ -149,15 +151,18 @@ class SwapSpace:
 
     def verify(self, key: tuple[str, int], buf: torch.Tensor) -> None:
         numel, crc = self._crc[key]
-        if buf.numel() != numel or zlib.crc32(_bytes(buf)) != crc:
-            name, offset = key
-            raise SwapError(
-                errno.EIO,
-                f"swap file `{self.path(name)}` is corrupt: the tile at element {offset} "
-                f"({numel} elements) does not read back as written; the drive or another "
-                "process changed it. Training stopped before using it: restart from the last "
-                "checkpoint",
-            )
+        if buf.numel() != numel or crc32(buf) != crc:
+            raise self.corrupt(key[0], key[1], numel)
+
+    def corrupt(self, name: str, offset: int, numel: int, what: str = "the tile") -> SwapError:
+        """The error for data of file ``name`` that does not read back as it was written."""
+        return SwapError(
+            errno.EIO,
+            f"swap file `{self.path(name)}` is corrupt: {what} at element {offset} "
+            f"({numel} elements) does not read back as written; the drive or another "
+            "process changed it. Training stopped before using it: restart from the last "
+            "checkpoint",
+        )
 
     def error(self, path: Path, offset: int, err: OSError) -> SwapError:
         code = err.errno or errno.EIO
@@ -183,6 +188,12 @@ def _remove_dir(root: Path) -> None:
         root.parent.rmdir()
     except OSError:
         pass
+
+
+def crc32(t: torch.Tensor, value: int = 0) -> int:
+    """CRC-32 of a contiguous CPU tensor's bytes, continuing from ``value`` (the CRC of
+    what comes before it), as :func:`zlib.crc32`."""
+    return zlib.crc32(_bytes(t), value)
 
 
 def _bytes(t: torch.Tensor) -> memoryview:
