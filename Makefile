@@ -87,7 +87,8 @@ bench: setup
 
 # DeepSpeed for the benchmarks' DeepSpeed columns, never a dependency: installed beside our
 # environment into DS_DIR, which only these runs put on PYTHONPATH. Its CPU Adam JIT-builds
-# with g++ on first use (about a minute, cached in ~/.cache/torch_extensions).
+# with g++ on first use (about a minute, cached in ~/.cache/torch_extensions). The ZeRO step
+# comparison takes about ten minutes.
 DS_DIR  ?= $(HOME)/.cache/zstack/deepspeed
 DS_PKGS := deepspeed==0.19.8 hjson==3.1.0 ninja==1.13.2 py-cpuinfo==9.0.0 msgpack==1.2.4 einops==0.8.2
 $(STAMP)/deepspeed: $(STAMP)/deps
@@ -97,6 +98,7 @@ $(STAMP)/deepspeed: $(STAMP)/deps
 bench-deepspeed: setup $(STAMP)/deepspeed
 	PATH="$(DS_DIR)/bin:$$PATH" PYTHONPATH="$(DS_DIR)" $(BIN)/z bench adam --numel $(NUMEL) --json
 	PATH="$(DS_DIR)/bin:$$PATH" PYTHONPATH="$(DS_DIR)" $(BIN)/z bench adam --numel $(NUMEL) --dtype bf16-states --json
+	PATH="$(DS_DIR)/bin:$$PATH" PYTHONPATH="$(DS_DIR)" $(BIN)/z bench zero-step --stages 1,2,3 --json
 
 clean:
 	rm -rf $(VENV) $(STAMP) dist native/target
