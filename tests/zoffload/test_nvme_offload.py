@@ -161,7 +161,7 @@ def _grad_fault(rank: int, world: int, root: str, when: str) -> dict[str, Any]:
             engine.backward(engine(x, y))
             if rank == 0 and micro == corrupt_after:
                 zopt._finish_grad_writes()  # the slots are on the file
-                g, offset = max(zopt._grad_crc)  # the last slot of the partition
+                g, offset = max(zopt._written)  # the last slot of the partition
                 with open(zopt.swap.path(f"g{g}.grad"), "r+b") as f:
                     f.seek(offset * 4 + 4)
                     f.write(b"\xff" * 8)

@@ -82,8 +82,8 @@ class NvmeZeroOptimizer(ZeroOptimizer):
         # for i-1's writes, which then never overlap any compute.
         sets = 3 if self.pipeline_read and self.pipeline_write else 2
         self._tiles = [_Tile(min(self.tile, max(largest, 1)), self.keys) for _ in range(sets)]
-        self._written: dict[tuple[int, int], float] = {}  # gradient slots of this cycle: sq
-        self._grad_crc: dict[tuple[int, int], int] = {}  # ... and the CRC-32 of what was written
+        # gradient slots written this cycle: their squared norm and the CRC-32 of the bytes
+        self._written: dict[tuple[int, int], tuple[float, int]] = {}
         self._nonfinite = False
         self._grad_writes: list[SwapIO] = []
         # a gradient swap failure inside backward is raised at the step, on every rank at
@@ -146,13 +146,12 @@ class NvmeZeroOptimizer(ZeroOptimizer):
                 return  # a write failed: what is on the file is not this slot's (reported first)
             old = torch.empty_like(buf)
             self.swap.read(f"g{g}.grad", old, shard.offset, check=False).wait()
-            if crc32(old) != self._grad_crc[key]:
+            if crc32(old) != self._written[key][1]:
                 raise self.swap.corrupt(f"g{g}.grad", shard.offset, buf.numel(), "a gradient slot")
             buf.add_(old)
         sq = float(torch.linalg.vector_norm(buf)) ** 2
         self._nonfinite |= not math.isfinite(sq)
-        self._written[key] = sq
-        self._grad_crc[key] = crc32(buf)
+        self._written[key] = (sq, crc32(buf))
         self._grad_writes.append(self.swap.write(f"g{g}.grad", buf, shard.offset, check=False))
         self._grad_write_elems += buf.numel()
         if self._grad_write_elems > 4 * self.tile:  # bound the copies held by writes in flight
@@ -168,7 +167,7 @@ class NvmeZeroOptimizer(ZeroOptimizer):
 
     def global_grad_norm(self, inv_scale: float) -> float:
         self._finish_grad_writes()
-        sq = sum(self._written.values())
+        sq = sum(sq for sq, _ in self._written.values())
         if self.shard_world > 1:
             sq = self.comm.sum_scalar(sq, "all_reduce(gradient norm)")
         return math.sqrt(sq) * inv_scale
@@ -181,34 +180,29 @@ class NvmeZeroOptimizer(ZeroOptimizer):
         super().zero_grad()
         self._finish_grad_writes()
         self._written.clear()
-        self._grad_crc.clear()
         self._nonfinite = False
 
     def grad_bytes(self) -> int:
         return 0  # on NVMe
 
-    def _check_grads(self, g: int, a: int, b: int, grad: torch.Tensor,
+    def _prepare_grad_tile(self, g: int, a: int, b: int, grad: torch.Tensor,
                      partial: dict[int, int]) -> None:  # fmt: skip
         """Check the gradient slots met by tile ``[a, b)`` against the CRC-32 of what was
-        written. A slot that runs on into the next tile leaves its CRC so far in
-        ``partial`` and is checked when its last tile is read (tiles come in order)."""
+        written, and zero the parts of slots that got no gradient this cycle. A slot that
+        runs on into the next tile leaves its CRC so far in ``partial`` and is checked when
+        its last tile is read (tiles come in order)."""
         for _, shard, lo, hi in self._overlaps(g, a, b):
-            want = self._grad_crc.get((g, shard.offset))
-            if want is None:
-                continue  # no gradient this cycle: zeroed, not read
+            written = self._written.get((g, shard.offset))
+            if written is None:
+                grad[lo - a : hi - a].zero_()
+                continue
             crc = crc32(grad[lo - a : hi - a], partial.pop(shard.offset, 0))
             if hi < shard.offset + shard.shard_size:
                 partial[shard.offset] = crc
-            elif crc != want:
+            elif crc != written[1]:
                 raise self.swap.corrupt(
                     f"g{g}.grad", shard.offset, shard.shard_size, "a gradient slot"
                 )
-
-    def _zero_unwritten(self, g: int, a: int, b: int, grad: torch.Tensor) -> None:
-        """Zero the parts of a gradient tile whose slots got no gradient this cycle."""
-        for _, shard, lo, hi in self._overlaps(g, a, b):
-            if (g, shard.offset) not in self._written:
-                grad[lo - a : hi - a].zero_()
 
     # -- swap files -------------------------------------------------------------------------
     def _overlaps(
@@ -311,8 +305,7 @@ class NvmeZeroOptimizer(ZeroOptimizer):
                 pending = self._read_tile(
                     g, *ranges[i + 1], self._tiles[(i + 1) % len(self._tiles)]
                 )
-            self._check_grads(g, a, b, t.grad[:n], partial)
-            self._zero_unwritten(g, a, b, t.grad[:n])
+            self._prepare_grad_tile(g, a, b, t.grad[:n], partial)
             if coef != 1.0:
                 t.grad[:n].mul_(coef)
             state = {k: v[:n] for k, v in t.state.items()}
