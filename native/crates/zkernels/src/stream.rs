@@ -7,12 +7,12 @@
 //! states: 20 bytes).
 //!
 //! `pace` adds that many dependent square-root/divide pairs per vector to one of the
-//! values written. A bare pass (`pace = 0`) is not always the fastest way to stream:
-//! on the 2-core Zen 4 VMs this was written on, with DRAM otherwise idle, a paced
-//! pass moved 4-9% more bytes per second than a bare one (and the Adam step itself,
-//! which does a square root and a divide per vector, outran the bare pass by up to
-//! 16%), while with DRAM shared all passes tie. So a ceiling is the fastest of a
-//! few paces, each timed on the same buffers.
+//! values written. A bare pass (`pace = 0`) is not always the fastest way to stream: on
+//! the 2-core Zen 4 VMs this was written on, pace 2 moved about 6% more bytes per second
+//! than a bare pass with DRAM shared with other tenants, and up to 25% more with DRAM idle
+//! (where the Adam step itself, one square root and one divide per vector, had outrun the
+//! bare pass by up to 16%). So a ceiling is the fastest of a few paces, each timed on the
+//! same buffers.
 
 use crate::simd::multiversion;
 use crate::{par, KernelError};
@@ -63,54 +63,41 @@ fn stream_bf16_body(a: &mut [f32], b: &[f32], c: &mut [u16], d: &mut [u16], k: &
 
 multiversion!(stream_bf16_auto => stream_bf16_body<>(a: &mut [f32], b: &[f32], c: &mut [u16], d: &mut [u16], k: &(f32, u32)));
 
-/// The probe should stream no worse than the best kernel with its access pattern,
-/// so on AVX-512 it is written like the hand-written Adam kernel: 32 elements per
-/// iteration, all loads before the stores.
-fn stream_dispatch(a: &mut [f32], b: &[f32], c: &mut [f32], d: &mut [f32], k: &(f32, u32)) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::simd::active() == crate::simd::SimdLevel::Avx512 {
-        // SAFETY: `active()` only reports AVX-512 when the CPU has it.
-        let done = unsafe {
-            match k.1 {
-                0 => avx512::stream::<0>(a, b, c, d, k.0),
-                1 => avx512::stream::<1>(a, b, c, d, k.0),
-                2 => avx512::stream::<2>(a, b, c, d, k.0),
-                _ => avx512::stream::<3>(a, b, c, d, k.0),
+/// A probe's dispatcher: the hand-written AVX-512 loop at the pace asked for where the
+/// CPU has it, its scalar body on the tail; else the compiler-vectorized body.
+macro_rules! dispatch {
+    ($name:ident, $state:ty, $body:ident, $auto:ident, $avx512:ident) => {
+        fn $name(a: &mut [f32], b: &[f32], c: &mut [$state], d: &mut [$state], k: &(f32, u32)) {
+            #[cfg(target_arch = "x86_64")]
+            if crate::simd::active() == crate::simd::SimdLevel::Avx512 {
+                // SAFETY: `active()` only reports AVX-512 when the CPU has it.
+                let done = unsafe {
+                    match k.1 {
+                        0 => avx512::$avx512::<0>(a, b, c, d, k.0),
+                        1 => avx512::$avx512::<1>(a, b, c, d, k.0),
+                        2 => avx512::$avx512::<2>(a, b, c, d, k.0),
+                        _ => avx512::$avx512::<3>(a, b, c, d, k.0),
+                    }
+                };
+                let (a, b, c, d) = (&mut a[done..], &b[done..], &mut c[done..], &mut d[done..]);
+                return $body(a, b, c, d, k);
             }
-        };
-        return stream_body(
-            &mut a[done..],
-            &b[done..],
-            &mut c[done..],
-            &mut d[done..],
-            k,
-        );
-    }
-    stream_auto(a, b, c, d, k)
+            $auto(a, b, c, d, k)
+        }
+    };
 }
 
-fn stream_bf16_dispatch(a: &mut [f32], b: &[f32], c: &mut [u16], d: &mut [u16], k: &(f32, u32)) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::simd::active() == crate::simd::SimdLevel::Avx512 {
-        // SAFETY: `active()` only reports AVX-512 when the CPU has it.
-        let done = unsafe {
-            match k.1 {
-                0 => avx512::stream_bf16::<0>(a, b, c, d, k.0),
-                1 => avx512::stream_bf16::<1>(a, b, c, d, k.0),
-                2 => avx512::stream_bf16::<2>(a, b, c, d, k.0),
-                _ => avx512::stream_bf16::<3>(a, b, c, d, k.0),
-            }
-        };
-        return stream_bf16_body(
-            &mut a[done..],
-            &b[done..],
-            &mut c[done..],
-            &mut d[done..],
-            k,
-        );
-    }
-    stream_bf16_auto(a, b, c, d, k)
-}
+// The probes should stream no worse than the best kernel with their access pattern, so on
+// AVX-512 they are written like the hand-written Adam kernel: 32 elements per iteration,
+// all loads before the stores.
+dispatch!(stream_dispatch, f32, stream_body, stream_auto, stream);
+dispatch!(
+    stream_bf16_dispatch,
+    u16,
+    stream_bf16_body,
+    stream_bf16_auto,
+    stream_bf16
+);
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
