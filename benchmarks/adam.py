@@ -41,6 +41,7 @@ import torch
 
 import znative
 from zcore.optim import CPUAdam
+from zcore.optim._buffers import view
 
 #: bytes moved per parameter by one Adam step (read p, g, m, v; write p, m, v)
 BYTES_PER_PARAM = {"fp32": 28, "bf16-states": 20}
@@ -92,9 +93,8 @@ class _StreamCeiling:
     ) -> None:
         self.pace = pace
         states = list(shared.state.values()) if states is None else states
-        tensors = [shared.param.detach(), shared.param.grad, *states]
-        self._views = [t.view(torch.int16) if t.dtype == torch.bfloat16 else t for t in tensors]
-        self._views = [t.numpy() for t in self._views]
+        # float32 as is, bfloat16 as its int16 bits: what the native kernels take
+        self._views = [view(t) for t in (shared.param, shared.param.grad, *states)]
 
     def step(self) -> None:
         znative.stream_4r3w(*self._views, pace=self.pace)
