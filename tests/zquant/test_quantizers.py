@@ -35,6 +35,20 @@ def _tol(qw: QuantizedWeight) -> torch.Tensor:
     return expand_groups(qw.scale, qw.spec, *qw.shape) * (0.5 + 1e-5) + 1e-7
 
 
+def _range_bound(w: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """Half a step of a grid spanning the whole row (the whole tensor at tensor
+    granularity) and zero: a bound on the error that does not trust the scale under test.
+    A group's own range is never wider, so its step is never coarser."""
+    dims = None if spec.granularity == "tensor" else 1
+    lo = w.clamp(max=0).amin() if dims is None else w.clamp(max=0).amin(dim=1, keepdim=True)
+    hi = w.clamp(min=0).amax() if dims is None else w.clamp(min=0).amax(dim=1, keepdim=True)
+    if spec.symmetric:
+        step = torch.maximum(hi, -lo) / (2 ** (spec.bits - 1) - 1)
+    else:
+        step = (hi - lo) / (2**spec.bits - 1)
+    return step * (0.5 + 1e-5) + 1e-7
+
+
 @settings(max_examples=30, deadline=None)
 @given(
     spec=st.sampled_from(INT_SPECS),
@@ -48,11 +62,42 @@ def test_int_error_is_at_most_half_a_step(spec: QuantSpec, out: int, in_: int, s
     deq = dequantize_weight(qw)
     assert deq.shape == w.shape and deq.dtype == torch.float32
     assert bool(((w - deq).abs() <= _tol(qw)).all())
+    assert bool(((w - deq).abs() <= _range_bound(w, spec)).all())
     # The packed path and the fake-quantize path agree bit for bit.
     assert torch.equal(fake_quantize(w, spec), deq)
     # Serialization round trip is exact.
     again = QuantizedWeight.from_state(qw.to_state())
     assert again.spec == spec and torch.equal(dequantize_weight(again), deq)
+
+
+@pytest.mark.parametrize(
+    "spec, in_",
+    [
+        (QuantSpec(4, symmetric=False, granularity="group", group_size=32), 33),
+        (QuantSpec(8, symmetric=False), 1),
+        (QuantSpec(3, symmetric=False), 5),
+    ],
+)
+def test_asymmetric_constant_groups_are_exact(spec: QuantSpec, in_: int) -> None:
+    """A group holding one value (a one-column tail group, a one-column layer, a
+    constant row) dequantizes to that value: it used to round it to an integer (0.05
+    to 0)."""
+    w = torch.randn(6, in_, generator=torch.Generator().manual_seed(3)) * 0.05
+    w[2] = 0.05  # constant rows: positive, negative, zero
+    w[3] = -0.3
+    w[4] = 0.0
+    deq = dequantize_weight(quantize_weight(w, spec))
+    if in_ in (1, 33):  # every row's last group holds one column
+        torch.testing.assert_close(deq[:, -1], w[:, -1], rtol=1e-6, atol=0.0)
+    torch.testing.assert_close(deq[2:5], w[2:5], rtol=1e-6, atol=0.0)
+    assert bool(((w - deq).abs() <= _range_bound(w, spec)).all())
+
+
+def test_asymmetric_activation_of_a_constant_token_is_exact() -> None:
+    x = torch.tensor([[0.05] * 8, [-2.5] * 8, [0.0] * 8])
+    torch.testing.assert_close(
+        fake_quantize_activation(x, 8, symmetric=False), x, rtol=1e-6, atol=0.0
+    )
 
 
 def test_group_128_on_576_pads_the_last_group() -> None:

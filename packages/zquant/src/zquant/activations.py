@@ -26,15 +26,28 @@ class StraightThrough(torch.autograd.Function):
         return grad, None
 
 
+def minmax_scale(lo: Tensor, hi: Tensor, bits: int) -> tuple[Tensor, Tensor]:
+    """Asymmetric scale and zero point (float32 holding integers) for values in
+    ``[lo, hi]`` on codes ``0 .. 2**bits - 1``.
+
+    A constant group (``lo == hi``) takes the range from zero to its value, so the value
+    is a code exactly (a scale of 1 would round it to the nearest integer: 0.05 to 0).
+    """
+    const = hi == lo
+    zero = torch.zeros_like(lo)
+    lo = torch.where(const, torch.minimum(lo, zero), lo)
+    hi = torch.where(const, torch.maximum(hi, zero), hi)
+    scale = torch.where(hi > lo, (hi - lo) / (2**bits - 1), torch.ones_like(hi))
+    return scale, torch.round(-lo / scale)
+
+
 def _act_scale(x: Tensor, bits: int, symmetric: bool) -> tuple[Tensor, Tensor | None]:
     x = x.to(torch.float32)
     if symmetric:
         absmax = x.abs().amax(dim=-1, keepdim=True)
         qmax = 2 ** (bits - 1) - 1
         return torch.where(absmax > 0, absmax / qmax, torch.ones_like(absmax)), None
-    lo, hi = x.amin(dim=-1, keepdim=True), x.amax(dim=-1, keepdim=True)
-    scale = torch.where(hi > lo, (hi - lo) / (2**bits - 1), torch.ones_like(hi))
-    return scale, torch.round(-lo / scale)
+    return minmax_scale(x.amin(dim=-1, keepdim=True), x.amax(dim=-1, keepdim=True), bits)
 
 
 def _check_act_bits(bits: int) -> None:

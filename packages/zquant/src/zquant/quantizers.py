@@ -20,7 +20,8 @@ Formats (``value = scale * level``):
   offset codes ``q + 2**(b-1)`` packed two (``b`` 3-4) or four (``b`` 2) per byte.
 * ``int`` asymmetric: ``level = code - zero``, ``code`` in ``[0, 2**b-1]``,
   ``scale = (max-min) / (2**b-1)``, ``zero = round(-min/scale)`` (float32 holding
-  integers, kept in ``zero``).
+  integers, kept in ``zero``); a constant group spans zero to its value, so the value
+  is exact.
 * ``fp6``: e3m2 codes (see :mod:`zquant.packing`), ``scale = absmax / 28``, stored
   as the 4+2 bit split (``data`` the 4-bit plane, ``data2`` the 2-bit plane).
 * ``binary`` (XNOR-Net / BinaryBERT): ``level = sign(w)`` (0 counts as +),
@@ -41,6 +42,7 @@ from torch import Tensor
 from zquant.activations import (
     StraightThrough,
     fake_quantize_activation,
+    minmax_scale,
     quantize_activation_tokenwise,
 )
 from zquant.packing import (
@@ -321,8 +323,7 @@ def _scales(
     if spec.fmt == "int":
         lo = wg.masked_fill(~mask, float("inf")).amin(dim=dims, keepdim=True)
         hi = wg.masked_fill(~mask, float("-inf")).amax(dim=dims, keepdim=True)
-        scale = torch.where(hi > lo, (hi - lo) / (2**spec.bits - 1), torch.ones_like(hi))
-        return scale, torch.round(-lo / scale)
+        return minmax_scale(lo, hi, spec.bits)
     if spec.fmt == "fp6":
         absmax = wg.abs().amax(dim=dims, keepdim=True)
         return torch.where(absmax > 0, absmax / FP6_MAX, torch.ones_like(absmax)), None
