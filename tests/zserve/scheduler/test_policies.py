@@ -65,6 +65,34 @@ def test_splitfuse_puts_decodes_first_and_fuses_prompt_chunks() -> None:
     assert sizes[:-1] == [32] * (len(sizes) - 1) and sizes[-1] == 4 + 100 - 28 * 3
 
 
+def test_splitfuse_decodes_take_turns_when_they_outnumber_the_budget() -> None:
+    """8 decoding sequences, a budget of 3: each decodes once every ceil(8/3) = 3 steps
+    (the first 3 used to decode every step and the other 5 never)."""
+    kv = BlockManager(256, 4)
+    s = SplitFuseScheduler(kv, max_num_seqs=8, token_budget=3)
+    seqs = [make_seq(2, max_tokens=100) for _ in range(8)]
+    for seq in seqs:
+        s.add(seq)
+    # All prompts in at once (with 3 tokens a step the first decodes would fill every
+    # forward and the rest would wait to be admitted), then the budget of 3.
+    s.token_budget = 64
+    _run(s, s.schedule())
+    assert all(seq.num_remaining == 1 for seq in seqs)
+    s.token_budget = 3
+    served: list[list[int]] = []
+    for _ in range(12):
+        out = s.schedule()
+        assert out.num_tokens == 3 and all(c.num_tokens == 1 for c in out.chunks)
+        served.append([c.seq.seq_id for c in out.chunks])
+        _run(s, out)
+    ids = [seq.seq_id for seq in seqs]
+    for start in range(len(served) - 2):  # any 3 consecutive steps serve everyone
+        window = {sid for step in served[start : start + 3] for sid in step}
+        assert window == set(ids), (start, served)
+    counts = [sum(step.count(sid) for step in served) for sid in ids]
+    assert max(counts) - min(counts) <= 1, counts  # 36 decodes over 8 sequences: 4 or 5
+
+
 def test_max_num_seqs_bounds_live_sequences() -> None:
     kv = BlockManager(256, 4)
     s = SplitFuseScheduler(kv, max_num_seqs=3, token_budget=64)

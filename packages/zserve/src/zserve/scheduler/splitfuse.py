@@ -4,7 +4,10 @@ Order of filling one step's budget:
 
 1. every running decode (one token each) — decode latency stays flat however many
    prompts arrive; when blocks run out, the newest running sequences are preempted
-   (their KV dropped, recomputed later) so the older ones keep going;
+   (their KV dropped, recomputed later) so the older ones keep going. When more
+   sequences decode than the budget holds (`token_budget < max_num_seqs`), the decodes
+   take turns: each step starts after the last one served, so every sequence advances
+   at least once every ceil(decoding / token_budget) steps;
 2. running sequences still prefilling, continuing their prompt where the last chunk
    ended;
 3. waiting sequences, first come first served, while live sequences < `max_num_seqs`:
@@ -17,8 +20,12 @@ hardware's best operating point while per-token latency stays bounded.
 
 from __future__ import annotations
 
+import logging
+
 from zserve.block_manager import BlockManager
 from zserve.scheduler.interface import BaseScheduler, ScheduledChunk, SchedulerOutput
+
+log = logging.getLogger(__name__)
 
 
 class SplitFuseScheduler(BaseScheduler):
@@ -27,25 +34,40 @@ class SplitFuseScheduler(BaseScheduler):
         if token_budget < 1:
             raise ValueError(f"token_budget is {token_budget}; it must be >= 1")
         self.token_budget = token_budget
+        self._last_decoded = -1  # seq_id of the last decode served when they take turns
+        if token_budget < max_num_seqs:
+            log.warning(
+                "token_budget %d < max_num_seqs %d: when more sequences decode than the "
+                "budget holds they take turns and no prompt is prefilled; raise "
+                "token_budget to at least max_num_seqs for steady decode latency",
+                token_budget, max_num_seqs,
+            )  # fmt: skip
 
     def schedule(self) -> SchedulerOutput:
         out = self._new_output()
         budget = self.token_budget
         scheduled: set[int] = set()
 
-        # 1. decodes. Iterate by index: preemption removes from the end of `running`.
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            if seq.num_remaining != 1:
-                i += 1
-                continue
+        # 1. decodes, oldest first; in turns when they outnumber the budget.
+        decodes = [seq for seq in self.running if seq.num_remaining == 1]
+        if len(decodes) > budget:
+            ids = [seq.seq_id for seq in decodes]
+            if self._last_decoded in ids:  # start right after it
+                turn = ids.index(self._last_decoded) + 1
+            else:  # it finished: after where it was
+                turn = next((i for i, sid in enumerate(ids) if sid > self._last_decoded), 0)
+            decodes = decodes[turn:] + decodes[:turn]
+        for seq in decodes:
+            if budget == 0:
+                break
+            if seq not in self.running:
+                continue  # preempted for an earlier decode's blocks
             if not self._grow_or_preempt(seq, 1, scheduled, out):
-                break  # seq was the newest and went itself; nothing after it is left
+                continue  # seq was the newest unscheduled one and went itself
             out.chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, 1))
             scheduled.add(seq.seq_id)
+            self._last_decoded = seq.seq_id
             budget -= 1
-            i += 1
 
         # 2. prefills already running, oldest first.
         for seq in list(self.running):
