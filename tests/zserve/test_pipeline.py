@@ -40,6 +40,19 @@ def test_stop_string_on_real_text(pipe) -> None:
     assert cut.finish_reason == "stop" and cut.text == full[: full.index(stop)]
 
 
+def test_a_long_chunked_prefill_is_progress(pipe, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prefill steps return no output but compute their chunk: a prompt of many chunks
+    (here ~3 forwards of 32 tokens with a no-progress limit of 1) must not be taken for
+    a stuck engine."""
+    import zserve.pipeline as zp
+
+    monkeypatch.setattr(zp, "_MAX_IDLE_STEPS", 1)
+    prompt = " ".join([PROMPTS[0]] * 8)  # ~100 tokens
+    assert len(pipe.engine.tokenizer.encode(prompt)) > 3 * 32
+    out = pipe(prompt, max_tokens=2, temperature=0)[0]
+    assert out.finish_reason in ("stop", "length") and out.token_ids
+
+
 def test_unknown_sampling_option_is_a_type_error(pipe) -> None:
     with pytest.raises(TypeError, match="max_new_tokens"):
         pipe("hi", max_new_tokens=3)

@@ -20,7 +20,8 @@ from zserve.outputs import Completion
 from zserve.sampling import SamplingParams
 
 _SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
-# Steps in a row that schedule nothing while requests are pending: a scheduler bug.
+# Steps in a row that compute no token while requests are pending: a scheduler bug.
+# (A chunked prefill step returns no output but computes its chunk: that is progress.)
 _MAX_IDLE_STEPS = 1000
 
 
@@ -50,8 +51,10 @@ class Pipeline:
                 done[rid] = Completion(text="")
             idle = 0
             while self.engine.has_unfinished():
+                computed = self.engine.num_forward_tokens
                 outs = self.engine.step()
-                idle = 0 if outs else idle + 1
+                progressed = outs or self.engine.num_forward_tokens != computed
+                idle = 0 if progressed else idle + 1
                 if idle > _MAX_IDLE_STEPS:
                     raise RuntimeError(
                         f"engine made no progress in {idle} steps: {self.engine.stats()}"
