@@ -45,6 +45,8 @@ class RequestStream:
     submitted_at: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
     finished: bool = False
+    #: ended with an error (the engine's or its own) rather than an output
+    failed: bool = False
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
 
     _pending: asyncio.Task | None = None
@@ -63,12 +65,13 @@ class RequestStream:
         item = self._pending.result()
         self._pending = None
         if isinstance(item, BaseException):
-            self.finished = True
+            self.finished = self.failed = True
             raise item
         if item.token_ids and self.first_token_at is None:
             self.first_token_at = time.perf_counter()
         if item.finished:
             self.finished = True
+            self.failed = getattr(item, "finish_reason", None) == "error"
         return item
 
     async def __aiter__(self) -> AsyncIterator[Any]:

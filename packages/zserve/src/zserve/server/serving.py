@@ -62,11 +62,11 @@ class ServerMetrics:
     def finished(self, stream: Any, completion_tokens: int) -> None:
         """Record one request that ended (completed, aborted or failed)."""
         now = time.perf_counter()
-        how = "completed" if stream.finished else "aborted"
+        how = "failed" if stream.failed else "completed" if stream.finished else "aborted"
         self.requests.inc(outcome=how)
         self.prompt_tokens.inc(stream.prompt_tokens)
         self.generation_tokens.inc(completion_tokens)
-        if stream.finished:
+        if stream.finished and not stream.failed:
             self.latency.observe(now - stream.submitted_at)
         if stream.first_token_at is not None:
             self.ttft.observe(stream.first_token_at - stream.submitted_at)
@@ -86,10 +86,12 @@ class StatusMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path = scope.get("path", "")
 
         async def counting_send(message: dict) -> None:
             if message["type"] == "http.response.start":
+                # The route's template, set on this scope by the router; a path no route
+                # matched is "unmatched", so scanners cannot add a series per URL.
+                path = getattr(scope.get("route"), "path", None) or "unmatched"
                 self.counter.inc(path=path, code=str(message["status"]))
             await send(message)
 
