@@ -115,12 +115,14 @@ class GradReducer:
         size = shard.shard_size
         dtype = self.comm_dtype or grad.dtype
         b = self._bucket
+        # A reduce-scatter bucket is a (w, cols) grid; an oversized one is sized to its
+        # single parameter (cols = its shard size), so nothing joins it.
         fits = (
             b is not None
             and b.buf.dtype == dtype
             and (
-                b.used + size <= self.cols
-                if self.scatter and b.pooled
+                b.pooled and b.used + size <= self.cols
+                if self.scatter
                 else b.used + size * w <= b.buf.numel()
             )
         )
