@@ -96,6 +96,26 @@ def test_many_files_in_flight(backend: str, tmp_path) -> None:
         assert torch.equal(s, d)
 
 
+def test_two_threads_waiting_on_one_request_both_get_its_result(backend: str, tmp_path) -> None:
+    """One thread collects every request (handle.wait) while another waits on one of
+    them: the second used to return before the first had stored the result."""
+    import threading
+
+    h = handle(backend)
+    src = aligned_copy(random_bytes(8 * MIB, 5))
+    path = tmp_path / "f"
+    h.sync_pwrite(src, path)
+    for _ in range(20):
+        dst = new_aligned_tensor(8 * MIB, torch.uint8)
+        req = h.async_pread(dst, path)
+        got: list[int] = []
+        other = threading.Thread(target=lambda got=got: got.append(h.wait()))
+        other.start()
+        assert req.wait() == 8 * MIB
+        other.join()
+        assert got == [8 * MIB] and torch.equal(dst, src)
+
+
 def test_file_spanning_many_blocks(backend: str, tmp_path) -> None:
     h = handle(backend, block_size=64 << 10, queue_depth=4, overlap_events=False)
     src = aligned_copy(random_bytes(5 * MIB + 7, 1).view(-1))

@@ -87,6 +87,7 @@ class AioRequest:
         self._handle, self.id, self.tensor, self.path, self.op = handle, rid, tensor, path, op
         self._result: int | None = None
         self._error: BaseException | None = None
+        self._settled = threading.Event()  # set once the result or error is stored
 
     @property
     def done(self) -> bool:
@@ -171,12 +172,16 @@ class AioHandle:
 
     def _collect(self, req: AioRequest) -> None:
         with self._lock:
-            if self._pending.pop(req.id, None) is None:
-                return  # collected by another thread's wait()
+            mine = self._pending.pop(req.id, None) is not None
+        if not mine:  # another thread's wait() is collecting it: wait for its outcome
+            req._settled.wait()
+            return
         try:
             req._result = self._native.wait(req.id)
         except BaseException as e:
             req._error = e
+        finally:
+            req._settled.set()
 
     def wait(self) -> int:
         """Waits for every pending request; total bytes. Raises the first error
