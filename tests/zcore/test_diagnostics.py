@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +15,7 @@ from tests.zcore.zero.common import config, make_model, train
 from zcore.comm import CollectiveError
 
 
-def _dies(rank: int, world: int, stage: int) -> str:
+def _dies(rank: int, world: int, stage: int, report: str) -> None:
     engine, *_ = zcore.initialize(make_model(), config=config(stage, comm_timeout_s=20))
     train(engine, 2)
     if engine.rank == 1:
@@ -21,8 +23,11 @@ def _dies(rank: int, world: int, stage: int) -> str:
     try:
         train(engine, 1, start=2)
     except CollectiveError as err:
-        return str(err)
-    return "no error"
+        msg = str(err)
+    else:
+        msg = "no error"
+    # the harness reports rank 1's death, not what rank 0 returned: leave it a file
+    Path(report).write_text(msg)
 
 
 def _stuck(rank: int, world: int) -> tuple[str, float]:
@@ -43,11 +48,17 @@ def _stuck(rank: int, world: int) -> tuple[str, float]:
     return "no error", 0.0
 
 
-def test_dead_rank_is_reported_with_step_and_collective() -> None:
-    with pytest.raises(AssertionError) as info:
-        run_ranks(_dies, 2, args=(2,), timeout=60)
-    # rank 1 died (exit code 3); rank 0 returned before or the harness saw the death first
-    assert "rank 1" in str(info.value)
+def test_dead_rank_is_reported_with_step_and_collective(tmp_path: Path) -> None:
+    report = tmp_path / "rank0.txt"
+    with pytest.raises(AssertionError, match="rank 1 of 2 exited with exit code 3"):
+        run_ranks(_dies, 2, args=(2, str(report)), timeout=60)
+    assert report.exists(), "rank 0 did not report the failed collective before it was stopped"
+    msg = report.read_text()
+    # this rank, the collective and the step it failed in, and the rank to look at
+    assert msg.startswith("rank 0/2: collective `"), msg
+    assert re.search(r"collective `[a-z_]+\(.+\)` at step 2 failed: ", msg), msg
+    assert "the peer rank 1 may have died" in msg, msg
+    assert "did not complete within" not in msg, msg  # gloo saw the peer go: not a timeout
 
 
 def test_stuck_rank_times_out_with_a_named_collective() -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from zcore.comm import Comm, ProcessGroups
 from zcore.config import ZConfig
@@ -132,9 +133,12 @@ class ZEngine:
             allgather_partitions=zc.allgather_partitions,
         )
         self.optimizer = self.zopt.optimizer
+        # Kept so that destroy() can take them off again: each one holds this engine, and
+        # a stale one would keep taking the gradients of an engine that wraps the model next.
+        self._grad_hooks: list[RemovableHandle] = []
         for ps in self.zopt.params:
             for p in ps:
-                p.register_post_accumulate_grad_hook(self._on_grad)
+                self._grad_hooks.append(p.register_post_accumulate_grad_hook(self._on_grad))
                 p._z_on_edit = [self.zopt._refresh_master]  # type: ignore[attr-defined]
         self.lr_scheduler = self._scheduler(lr_scheduler)
         self.monitor = MonitorMaster(
@@ -376,9 +380,25 @@ class ZEngine:
         return {"params": params, "grads": grads, "optimizer": self.zopt.optimizer_bytes()}
 
     def destroy(self) -> None:
-        """Remove hooks and close monitors (the process group stays up)."""
+        """Remove hooks and close monitors (the process group stays up).
+
+        Afterwards the model holds no reference to this engine, so its master weights and
+        optimizer state can be freed, and at stages 0-2 the same model can be wrapped by a
+        new engine.
+        """
+        for handle in self._grad_hooks:
+            handle.remove()
+        self._grad_hooks.clear()
+        for ps in self.zopt.params:
+            for p in ps:
+                edit = getattr(p, "_z_on_edit", None)
+                if edit == [self.zopt._refresh_master]:  # not a later engine's
+                    del p._z_on_edit  # type: ignore[attr-defined]
         if self.stage3 is not None:
             self.stage3.remove_hooks()
+            # a zero.Init-built Stage3Params outlives this engine (the parameters hold it)
+            if self.zopt._refresh_master in self.stage3.on_repartition:
+                self.stage3.on_repartition.remove(self.zopt._refresh_master)
             self.stage3.store.close()
         self.zopt.close()
         self.monitor.close()

@@ -3,7 +3,9 @@
 A collective whose peer died fails fast inside gloo/NCCL; one whose peers are alive but
 never join (a rank stuck elsewhere) would wait forever. Every wait here is bounded by
 ``timeout_s`` and both cases are re-raised as :class:`CollectiveError` with the rank, the
-collective, the step and the fix, so a job ends instead of hanging.
+collective, the step and the fix, so a job ends instead of hanging. A collective that the
+backend refuses to start (a tensor of the wrong size or device) is reported as that
+error, with the same names, not as a timeout.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from zcore.comm.groups import CUDA_BACKEND
 
 
 class CollectiveError(RuntimeError):
@@ -40,14 +44,14 @@ class Handle:
             job = _Job(work)
             self._comm.waiter().put(job)
             if not job.done.wait(self._comm.timeout_s):
-                raise self._comm.error(self.what, self.step, None)
+                raise self._comm.timed_out(self.what, self.step)
             if job.error is not None:
-                raise self._comm.error(self.what, self.step, job.error) from job.error
+                raise self._comm.failed(self.what, self.step, job.error) from job.error
             return
         try:
             work.wait()
-        except RuntimeError as err:
-            raise self._comm.error(self.what, self.step, err) from err
+        except Exception as err:
+            raise self._comm.failed(self.what, self.step, err) from err
 
 
 class _Job:
@@ -88,13 +92,39 @@ class Comm:
             ).start()
         return self._jobs
 
-    def error(self, what: str, step: int, cause: BaseException | None) -> CollectiveError:
-        reason = f": {cause}" if cause is not None else ""
+    def _where(self, what: str, step: int) -> str:
+        return f"rank {self.rank}/{self.size}: collective `{what}` at step {step}"
+
+    def _peers(self) -> str:
+        """Who a failed wait points at: the other rank of two, else any peer."""
+        return f"the peer rank {1 - self.rank}" if self.size == 2 else "a peer rank"
+
+    def timed_out(self, what: str, step: int) -> CollectiveError:
+        """The error for a collective still not complete after ``timeout_s``."""
         return CollectiveError(
-            f"rank {self.rank}/{self.size}: collective `{what}` at step {step} did not complete "
-            f"within {self.timeout_s:g}s{reason}\n"
-            "a peer rank died or is stuck; check the other ranks' logs for the first error "
+            f"{self._where(what, step)} did not complete within {self.timeout_s:g}s\n"
+            f"{self._peers()} died or is stuck; check the other ranks' logs for the first error "
             "(raise `comm_timeout_s` in the config if steps are legitimately slower)"
+        )
+
+    def failed(self, what: str, step: int, cause: BaseException) -> CollectiveError:
+        """The error for a collective that started but failed while this rank waited."""
+        return CollectiveError(
+            f"{self._where(what, step)} failed: {type(cause).__name__}: {cause}\n"
+            f"{self._peers()} may have died; check the other ranks' logs for the first error"
+        )
+
+    def refused(self, what: str, step: int, cause: BaseException) -> CollectiveError:
+        """The error for a collective the backend refused to start (raise it ``from cause``)."""
+        hint = ""
+        if "No backend type associated with device type" in str(cause):
+            hint = (
+                "\nthe process group has no backend for this tensor's device (zcore reduces "
+                "its scalars as CPU tensors); for a CUDA model initialize torch.distributed "
+                f"with backend={CUDA_BACKEND!r}, as zcore does when it initializes it itself"
+            )
+        return CollectiveError(
+            f"{self._where(what, step)} could not be started: {type(cause).__name__}: {cause}{hint}"
         )
 
     def _issue(self, what: str, fn: Any, *args: Any) -> Handle:
@@ -102,8 +132,8 @@ class Comm:
             return Handle(self, None, what, self.step)
         try:
             work = fn(*args, group=self.group, async_op=True)
-        except RuntimeError as err:
-            raise self.error(what, self.step, err) from err
+        except Exception as err:  # refused before it started (bad argument, no backend)
+            raise self.refused(what, self.step, err) from err
         return Handle(self, work, what, self.step)
 
     def all_reduce(self, t: torch.Tensor, what: str, op: Any = None) -> Handle:
