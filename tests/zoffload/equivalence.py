@@ -26,8 +26,9 @@ def offload_vs_plain(
     zero: dict[str, Any] | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
-    """``zero``: more ``zero_optimization`` keys; ``extra``: more top-level config keys."""
-    plain, *_ = zcore.initialize(make_model(), config=config(stage))
+    """``zero``: more ``zero_optimization`` keys of the offloaded engine; ``extra``: more
+    top-level config keys of both (an optimizer, say)."""
+    plain, *_ = zcore.initialize(make_model(), config=config(stage, **extra))
     plain_losses = train(plain, steps)
     plain_params = full_params(plain)
     plain.destroy()

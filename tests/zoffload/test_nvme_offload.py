@@ -3,6 +3,8 @@ that come and go with the engine, and IO faults that stop training cleanly."""
 
 from __future__ import annotations
 
+import functools
+import math
 import resource
 from pathlib import Path
 from typing import Any
@@ -45,6 +47,36 @@ def test_nvme_offload_matches_plain_training(stage: int, pipeline: bool, tmp_pat
         assert got["zopt"] == "NvmeZeroOptimizer"
         assert_matches(got)
     assert list((tmp_path / "nvme").iterdir()) == []  # swap files removed with the engines
+
+
+def test_nvme_adagrad_starts_from_its_initial_accumulator(tmp_path: Path) -> None:
+    """The swapped ``sum`` starts at ``initial_accumulator_value``, as CPUAdagrad's does
+    in memory (the swap files used to start at zero whatever the value)."""
+    adagrad = {"type": "Adagrad", "params": {"lr": 3e-2, "initial_accumulator_value": 0.5}}
+    args = (2, nvme(tmp_path / "nvme"), str(tmp_path / "ckpt"), 6, {"sub_group_size": TILE})
+    fn = functools.partial(offload_vs_plain, optimizer=adagrad)
+    for got in run_ranks(fn, 2, args=args, timeout=300):
+        assert got["zopt"] == "NvmeZeroOptimizer"
+        assert_matches(got)
+
+
+def _bf16_states(rank: int, world: int, root: str) -> str:
+    from zcore.optim import CPUAdam
+
+    model = make_model()
+    opt = CPUAdam(model.parameters(), lr=1e-3, state_dtype=torch.bfloat16)
+    cfg = nvme_config(2, Path(root))
+    del cfg["optimizer"]
+    try:
+        zcore.initialize(model, optimizer=opt, config=cfg)
+    except ValueError as err:
+        return str(err)
+    return ""
+
+
+def test_bf16_states_are_refused_by_nvme_offload_with_the_fix(tmp_path: Path) -> None:
+    for msg in run_ranks(_bf16_states, 2, args=(str(tmp_path / "nvme"),), timeout=120):
+        assert "state_dtype=torch.bfloat16" in msg and "state_dtype=torch.float32" in msg
 
 
 def _swap_state(rank: int, world: int, root: str) -> dict[str, Any]:
@@ -145,13 +177,16 @@ def test_swap_faults_stop_every_rank_and_the_checkpoint_still_loads(
         torch.testing.assert_close(other["params"][name], value, atol=0, rtol=0)
 
 
-def _grad_fault(rank: int, world: int, root: str, when: str) -> dict[str, Any]:
+def _grad_fault(rank: int, world: int, root: str, ckpt: str, when: str) -> dict[str, Any]:
     """Corrupt a written gradient slot on rank 0, before the next micro-step adds to it
-    (``when="accumulate"``) or before the step reads it back (``when="step"``)."""
+    (``when="accumulate"``) or before the step reads it back (``when="step"``); then try
+    to go on."""
     engine, *_ = zcore.initialize(make_model(), config=nvme_config(2, Path(root)))
     train(engine, 1)
+    engine.save_checkpoint(ckpt)
     before = full_params(engine)
     zopt = engine.zopt
+    swapped = zopt.master_for_save()
     gas, mb = engine.batch.gradient_accumulation_steps, engine.batch.micro_batch_size
     corrupt_after = 0 if when == "accumulate" else gas - 1
     error = ""
@@ -168,23 +203,52 @@ def _grad_fault(rank: int, world: int, root: str, when: str) -> dict[str, Any]:
             engine.step()
     except OSError as err:
         error = str(err)
-    after = full_params(engine)
-    swap = str(zopt.swap.path("g0.grad"))
+    out: dict[str, Any] = {"error": error, "before": before, "after": full_params(engine)}
+    out["swap"] = str(zopt.swap.path("g0.grad"))
+    if when == "accumulate":
+        # found before any rank stepped: nothing moved, and training goes on
+        out["swapped_unchanged"] = all(
+            torch.equal(a, b) for a, b in zip(zopt.master_for_save(), swapped, strict=True)
+        )
+        out["next"] = train(engine, 1, start=1)
+    else:
+        # found part-way: stepping on and saving are refused until a checkpoint loads
+        for attempt in ("step", "save"):
+            try:
+                if attempt == "step":
+                    train(engine, 1, start=1)
+                else:
+                    engine.save_checkpoint(ckpt)
+                out[attempt] = ""
+            except OSError as err:
+                out[attempt] = str(err)
+        engine.load_checkpoint(ckpt)
+        out["next"] = train(engine, 1, start=1)
     engine.destroy()
-    return {"error": error, "swap": swap, "before": before, "after": after}
+    return out
 
 
 @pytest.mark.parametrize("when", ["accumulate", "step"])
 def test_a_corrupt_gradient_slot_stops_the_step_before_any_weight_moves(
     when: str, tmp_path: Path
 ) -> None:
-    first, other = run_ranks(_grad_fault, 2, args=(str(tmp_path / "nvme"), when), timeout=300)
+    args = (str(tmp_path / "nvme"), str(tmp_path / "ckpt"), when)
+    first, other = run_ranks(_grad_fault, 2, args=args, timeout=300)
     assert "corrupt" in first["error"] and "gradient slot" in first["error"]
     assert first["swap"] in first["error"] and "restart from the last checkpoint" in first["error"]
     assert "another rank" in other["error"]
     for got in (first, other):
         for name, value in got["before"].items():
             torch.testing.assert_close(got["after"][name], value, atol=0, rtol=0)
+        assert len(got["next"]) == 1 and math.isfinite(got["next"][0])
+        if when == "accumulate":
+            assert got["swapped_unchanged"]
+        else:
+            for attempt in ("step", "save"):
+                assert "failed part-way" in got[attempt], got[attempt]
+                assert "engine.load_checkpoint" in got[attempt]
+    # both ranks trained the step after it from the same state
+    assert first["next"] == other["next"]
 
 
 def _edit(rank: int, world: int, root: str, offloaded: bool) -> dict[str, torch.Tensor]:

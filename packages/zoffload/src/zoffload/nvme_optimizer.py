@@ -12,7 +12,10 @@ a time at start, so the whole partition is never in memory. The step walks every
 of ``sub_group_size`` elements: while tile *i* is updated by zcore's native CPU kernel, tile
 *i+1* is being read and tile *i-1* written (``pipeline_read`` / ``pipeline_write``, on
 by default; off, each read or write is waited on at once). An IO failure on any rank stops the step on
-every rank before the weights are published, with the file and the fix in the message.
+every rank before the weights are published, with the file and the fix in the message. A failed
+gradient write is agreed on before any rank steps, so it changes nothing; a failure part-way
+through the step (a read, a write, a corrupt gradient slot) leaves the swapped master and state a
+mix of two steps, so further steps and checkpoint saves are refused until a checkpoint is loaded.
 
 Only zcore's element-wise CPU optimizers (Adam, AdamW, Adagrad, Lion) can be stepped a tile
 at a time; another optimizer is rejected at start.
@@ -66,6 +69,13 @@ class NvmeZeroOptimizer(ZeroOptimizer):
                 f"tile at a time, which needs zcore's CPU optimizers (Adam, AdamW, Adagrad, "
                 f"Lion); got {type(inner).__name__}: set optimizer.type to one of those"
             )
+        if inner.state_dtype != torch.float32:
+            raise ValueError(
+                'zero_optimization.offload_optimizer.device = "nvme" keeps optimizer states in '
+                f"float32 swap files; got state_dtype={inner.state_dtype}: construct the "
+                "optimizer with state_dtype=torch.float32, or offload to the CPU "
+                '(device = "cpu") to keep bfloat16 states'
+            )
         self.keys = tuple(inner.state_keys)
         self.numels = [layout.numel for layout in self.layouts]
         self._starts = [[s.offset for s in layout.shards] for layout in self.layouts]
@@ -90,6 +100,10 @@ class NvmeZeroOptimizer(ZeroOptimizer):
         # once, rather than in one rank's hook (which would leave the others in a collective)
         self._grad_failure: SwapError | None = None
         self._grad_write_elems = 0
+        # set when a step failed after some rank had stepped part of its partition: the
+        # master and state on NVMe are then a mix of two steps, so stepping on or saving
+        # them is refused until a checkpoint is loaded
+        self._broken: str | None = None
         # the weights published after each step, in the parameters' dtype (stage 3: the shards)
         self.public: list[torch.Tensor | None] = [None] * len(self.numels)
         for g in range(len(self.numels)):
@@ -122,10 +136,15 @@ class NvmeZeroOptimizer(ZeroOptimizer):
             t.grad[:n].zero_()
             t.writes.append(self.swap.write(f"g{g}.grad", t.grad[:n], a, check=False))
             for k in self.keys:
-                t.state[k][:n].zero_()
+                t.state[k][:n].fill_(self._initial_state(g, k))
                 t.writes.append(self.swap.write(f"g{g}.{k}", t.state[k][:n], a))
         for t in self._tiles:
             t.finish_writes()
+
+    def _initial_state(self, g: int, key: str) -> float:
+        """What state ``key`` of group ``g`` starts at (Adagrad's initial accumulator)."""
+        inner: NativeOptimizer = self.optimizer  # type: ignore[assignment]
+        return inner.initial_state_value(key, inner.param_groups[g])
 
     # -- gradients on NVMe ------------------------------------------------------------------
     def accumulate(self, g: int, shard: ParamShard, values: torch.Tensor, alpha: float) -> None:
@@ -236,7 +255,7 @@ class NvmeZeroOptimizer(ZeroOptimizer):
                 if state is not None and k in state:
                     t.state[k][:n].copy_(state[k][a:b])
                 elif zero_state or state is not None:
-                    t.state[k][:n].zero_()
+                    t.state[k][:n].fill_(self._initial_state(g, k))
                 t.writes.append(self.swap.write(f"g{g}.{k}", t.state[k][:n], a))
         for t in self._tiles:
             t.finish_writes()
@@ -262,13 +281,23 @@ class NvmeZeroOptimizer(ZeroOptimizer):
 
     # -- the step ---------------------------------------------------------------------------
     def update(self, coef: float) -> None:
-        # a gradient write that failed during backward was kept for here
+        self._check_not_broken("step")
+        # A gradient write that failed during backward was kept for here. Every rank learns
+        # of it before any rank steps, so a lost gradient leaves every partition as it was.
         failure: BaseException | None = self._grad_failure
         self._grad_failure = None
+        if self.comm.max_flag(failure is not None, "all_reduce(nvme gradients written)"):
+            self.zero_grad()  # this step's gradients are lost; the next starts clean
+            if failure is not None:
+                raise failure
+            raise SwapError(
+                5,
+                "another rank's NVMe gradient swap failed; see that rank's error (no "
+                "weights or optimizer state changed)",
+            )
         try:
-            if failure is None:
-                for g in range(len(self.numels)):
-                    self._update_group(g, coef)
+            for g in range(len(self.numels)):
+                self._update_group(g, coef)
         except SwapError as err:
             failure = err
         finally:
@@ -279,10 +308,22 @@ class NvmeZeroOptimizer(ZeroOptimizer):
                     failure = failure or err
         # every rank learns of a failure before any publishes (no rank hangs in the gather)
         if self.comm.max_flag(failure is not None, "all_reduce(nvme step failed)"):
+            # Some tiles of some partitions took this step and others did not.
+            self._broken = str(failure) if failure is not None else "another rank's swap failed"
+            self.zero_grad()
             if failure is not None:
                 raise failure
             raise SwapError(
                 5, "another rank's NVMe swap failed during the step; see that rank's error"
+            )
+
+    def _check_not_broken(self, what: str) -> None:
+        if self._broken is not None:
+            raise SwapError(
+                5,
+                f"cannot {what}: an earlier optimizer step failed part-way ({self._broken}), "
+                "so the master weights and optimizer state on NVMe mix two steps; load the "
+                "last checkpoint with engine.load_checkpoint(...) to continue",
             )
 
     def _update_group(self, g: int, coef: float) -> None:
@@ -369,6 +410,7 @@ class NvmeZeroOptimizer(ZeroOptimizer):
 
     # -- checkpoints ------------------------------------------------------------------------
     def master_for_save(self) -> list[torch.Tensor]:
+        self._check_not_broken("save a checkpoint")
         return [self._read_group(g)[0] for g in range(len(self.numels))]
 
     def optimizer_state_for_save(self) -> dict[int, dict[str, Any]]:
@@ -383,6 +425,7 @@ class NvmeZeroOptimizer(ZeroOptimizer):
         return [torch.zeros(n, dtype=torch.float32) for n in self.numels]
 
     def finish_load(self, masters: list[torch.Tensor], state: dict[str, Any] | None) -> None:
+        self._broken = None  # every group's master and state is rewritten below
         for g, m in enumerate(masters):
             saved = (state or {}).get("state", {}).get(g, {})
             if state is not None:

@@ -39,8 +39,16 @@ class NativeOptimizer(TorchStateCompat):
     def _check_group(self, group: dict[str, Any], where: str) -> None:
         """Raise ValueError naming the field if a hyperparameter is invalid."""
 
+    def initial_state_value(self, key: str, group: dict[str, Any]) -> float:
+        """The value state tensor ``key`` of a parameter in ``group`` starts at (states
+        built elsewhere, such as NVMe swap files, start from it too)."""
+        return 0.0
+
     def _init_state(self, p: torch.Tensor, group: dict[str, Any]) -> dict[str, torch.Tensor]:
-        return {k: new_state(p, self.state_dtype) for k in self.state_keys}
+        return {
+            k: new_state(p, self.state_dtype, fill=self.initial_state_value(k, group))
+            for k in self.state_keys
+        }
 
     def _kernel(
         self,

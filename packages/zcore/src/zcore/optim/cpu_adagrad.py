@@ -8,7 +8,7 @@ import torch
 
 import znative
 from zcore.optim._base import NativeOptimizer, ParamsT, check_range
-from zcore.optim._buffers import new_state, view
+from zcore.optim._buffers import view
 
 
 class CPUAdagrad(NativeOptimizer):
@@ -51,9 +51,8 @@ class CPUAdagrad(NativeOptimizer):
             where, "initial_accumulator_value", float(group["initial_accumulator_value"]), 0.0
         )
 
-    def _init_state(self, p: torch.Tensor, group: dict[str, Any]) -> dict[str, torch.Tensor]:
-        init = float(group["initial_accumulator_value"])
-        return {"sum": new_state(p, self.state_dtype, fill=init)}
+    def initial_state_value(self, key: str, group: dict[str, Any]) -> float:
+        return float(group["initial_accumulator_value"])
 
     def _kernel(
         self,
