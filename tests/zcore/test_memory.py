@@ -103,11 +103,12 @@ def test_nvme_offload_reports_nvme_separately() -> None:
     shard = psi // n
     e = model_state_bytes(psi, n, 3, offload_optimizer="nvme", offload_param="nvme")
     assert e.total == 0
-    assert e.nvme_per_rank == 12 * shard + 2 * shard and e.nvme_per_node == e.nvme_per_rank * n
-    # the fp32 gradient shard the CPU optimizer steps on stays in host RAM
-    assert e.host_grads == e.host_per_rank == 4 * shard
+    # optimizer state, fp16 parameters and the fp32 gradient partition (zoffload swaps it)
+    assert e.nvme_per_rank == 12 * shard + 2 * shard + 4 * shard
+    assert e.nvme_per_node == e.nvme_per_rank * n
+    assert e.host_grads == e.host_per_rank == 0
     e = model_state_bytes(psi, n, 3, offload_optimizer="nvme", offload_param="cpu")
-    assert (e.host_params, e.nvme_per_rank) == (2 * shard, 12 * shard)
+    assert (e.host_params, e.nvme_per_rank) == (2 * shard, 12 * shard + 4 * shard)
 
 
 def test_param_offload_without_optimizer_offload() -> None:

@@ -16,6 +16,7 @@ import zcore
 from tests.utils.distributed import run_ranks
 from tests.zcore.zero.common import config, full_params, make_model, micro_batch, train
 from tests.zoffload.equivalence import assert_matches, offload_vs_plain
+from zcore.memory import model_state_bytes
 
 TILE = 1024  # elements: each rank's ~4k-element partition walks four tiles (three sets rotate)
 
@@ -102,6 +103,9 @@ def test_master_and_adam_state_live_in_swap_files(tmp_path: Path) -> None:
             "g0.exp_avg.swp", "g0.exp_avg_sq.swp", "g0.grad.swp", "g0.master.swp"
         ]  # fmt: skip
         assert got["nvme_bytes"] == 4 * 4 * got["partition"]
+        # what the estimator (`z estimate-memory`) says NVMe offload puts there
+        est = model_state_bytes(got["partition"] * 2, 2, 2, offload_optimizer="nvme")
+        assert est.nvme_per_rank == got["nvme_bytes"] and est.host_grads == 0
         # host memory: three tile sets (read-ahead, compute, write-behind), each the master,
         # two moments and a gradient copy; not the partition
         assert got["host_optimizer_bytes"] == 3 * 4 * 4 * got["tile"]

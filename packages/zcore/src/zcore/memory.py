@@ -124,9 +124,10 @@ def model_state_bytes(
     stage 1-3; `offload_param` needs stage 3. `gpus_per_node` (default: all N on one node)
     only scales the per-node host/NVMe numbers. `largest_layer_params` (stage 3 only) adds
     the gathered working set `(param_bytes + grad_bytes) * largest_layer_params` to the
-    device total. `offload_grad_bytes` is the width of the gradient copy kept on the host
-    when the optimizer is offloaded (fp32). `additional_buffer_factor` scales only
-    `host_per_node`.
+    device total. `offload_grad_bytes` is the width of the gradient partition the offloaded
+    optimizer steps on (fp32): in host memory with CPU offload, in a swap file with NVMe
+    offload (zoffload swaps it with the master and state). `additional_buffer_factor`
+    scales only `host_per_node`.
 
     Differences from DeepSpeed's estimators, which count more than model state: without
     offload its stage 2 number is 4Ψ + 16Ψ/N (full fp16 gradients before reduction plus an
@@ -193,9 +194,13 @@ def model_state_bytes(
         else:
             nvme_per_rank += dev_optim
         dev_optim = 0
-        # The CPU optimizer steps on an fp32 gradient shard in host memory (with NVMe too:
-        # only optimizer state is swapped). At stage 1 the device still holds full gradients.
-        host_grads = shard * offload_grad_bytes
+        # The CPU optimizer steps on an fp32 gradient partition: in host memory, or with
+        # NVMe in a swap file beside the master and state (zoffload's NvmeZeroOptimizer).
+        # At stage 1 the device still holds full gradients.
+        if offload_optimizer == "cpu":
+            host_grads = shard * offload_grad_bytes
+        else:
+            nvme_per_rank += shard * offload_grad_bytes
         if stage >= 2:
             dev_grads = 0
     gathered = largest_layer_params * (param_bytes + grad_bytes)
