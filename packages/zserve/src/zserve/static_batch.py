@@ -45,6 +45,7 @@ class StaticBatchEngine:
         self._waiting: list[tuple[str, list[int], SamplingParams]] = []
         self.token_times: dict[str, list[float]] = {}
         self.num_steps = 0
+        self.num_forward_tokens = 0  # padded prompt tokens plus generated ones, as computed
 
         times = self._step_times = []
 
@@ -80,7 +81,12 @@ class StaticBatchEngine:
         return bool(self._waiting)
 
     def stats(self) -> dict[str, int | float]:
-        return {"num_waiting": len(self._waiting), "num_running": 0, "num_steps": self.num_steps}
+        return {
+            "num_waiting": len(self._waiting),
+            "num_running": 0,
+            "num_steps": self.num_steps,
+            "num_forward_tokens": self.num_forward_tokens,
+        }
 
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
@@ -121,6 +127,7 @@ class StaticBatchEngine:
             **kwargs,
         )
         out_ids = gen[:, width:].tolist()
+        self.num_forward_tokens += gen.numel()
         results = []
         for (rid, ids, p), toks in zip(batch, out_ids, strict=True):
             kept: list[int] = []
