@@ -49,6 +49,7 @@ ON_VALUES = {
 OWNERS = {
     "zero_optimization.zero_quantized_weights": "zcomm",
     "zero_optimization.zero_quantized_gradients": "zcomm",
+    "zero_optimization.zero_hpz_partition_size": "zcomm",
     "aio": "zoffload",
     "compression_training": "zquant",
     "moe": "zmoe",

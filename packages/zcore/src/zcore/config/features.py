@@ -97,7 +97,7 @@ _GATED: tuple[Feature, ...] = (
     Feature("zero_optimization.zero_quantized_gradients", "zcomm", _equals(False)),
     Feature(
         "zero_optimization.zero_hpz_partition_size",
-        None,
+        "zcomm",
         _equals(1),
         "remove it from the config or set it to 1",
     ),
