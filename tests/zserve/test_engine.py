@@ -110,13 +110,22 @@ def test_request_validation_names_the_field() -> None:
         engine.add_request("y", [1], {"max_tokens": 3})
 
 
-def test_request_too_big_for_the_cache_finishes_with_error() -> None:
-    engine = make_engine(num_blocks=4, block_size=4)  # 16 slots
-    engine.add_request("big", [1] * 12, SamplingParams(max_tokens=8, **GREEDY))
+def test_kv_cache_caps_max_model_len_and_too_big_requests_are_refused_up_front() -> None:
+    # 16 slots hold a 17-token sequence (its last token is never fed back), whatever the
+    # model's own context (FakeRunner: 512)
+    engine = make_engine(num_blocks=4, block_size=4)
+    assert engine.max_model_len == 17
+    with pytest.raises(ValueError, match=r"max_tokens \(8\) = 20 exceeds max_model_len 17"):
+        engine.add_request("big", [1] * 12, SamplingParams(max_tokens=8, **GREEDY))
+    engine.add_request("full", [1] * 12, SamplingParams(max_tokens=5, **GREEDY))
     engine.add_request("ok", [1] * 4, SamplingParams(max_tokens=4, **GREEDY))
     res = run_to_completion(engine)
-    assert res["big"][2] == "error" and res["ok"][2] == "length"
+    assert set(res) == {"full", "ok"}
+    assert res["full"][0] == reference_generate([1] * 12, 5) and res["full"][2] == "length"
+    assert res["ok"][2] == "length"
     assert engine.stats()["free_blocks"] == 4
+    # a runner whose own limit is the smaller one keeps it
+    assert make_engine(num_blocks=1000, block_size=4).max_model_len == 512
 
 
 def test_eos_and_stop_token_ids_end_requests() -> None:
@@ -154,7 +163,7 @@ def test_any_workload_finishes_exactly_and_returns_every_block(
     policy, num_blocks, block_size, token_budget, max_num_seqs, prefix_caching, reqs
 ) -> None:
     """Whatever the cache size, budget and live bound: no hang, no crash, outputs equal
-    the unpaged reference (or an error for requests that can never fit), blocks back."""
+    the unpaged reference (requests that can never fit are refused up front), blocks back."""
     engine = make_engine(
         num_blocks=num_blocks,
         block_size=block_size,
@@ -163,13 +172,17 @@ def test_any_workload_finishes_exactly_and_returns_every_block(
         max_num_seqs=max_num_seqs,
         prefix_caching=prefix_caching,
     )
+    fits = [-(-(len(p) + n - 1) // block_size) <= num_blocks for p, n in reqs]
     for i, (prompt, n) in enumerate(reqs):
-        engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=n, **GREEDY))
-    res = run_to_completion(engine, max_steps=20_000)
-    for i, (prompt, n) in enumerate(reqs):
-        fits = -(-(len(prompt) + n - 1) // block_size) <= num_blocks
-        if fits:
-            assert res[f"r{i}"][0] == reference_generate(prompt, n)
+        params = SamplingParams(max_tokens=n, **GREEDY)
+        if fits[i]:
+            engine.add_request(f"r{i}", prompt, params)
         else:
-            assert res[f"r{i}"][2] == "error"
+            with pytest.raises(ValueError, match="exceeds max_model_len"):
+                engine.add_request(f"r{i}", prompt, params)
+    res = run_to_completion(engine, max_steps=20_000)
+    assert set(res) == {f"r{i}" for i in range(len(reqs)) if fits[i]}
+    for i, (prompt, n) in enumerate(reqs):
+        if fits[i]:
+            assert res[f"r{i}"][0] == reference_generate(prompt, n)
     assert engine.stats()["free_blocks"] == num_blocks

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from tests.zserve.fakes import make_engine, reference_generate, run_to_completion
-from zserve.sampling import Sampler, SamplingParams
+from zserve.config import SEED_MAX, SEED_MIN
+from zserve.sampling import MIN_TEMPERATURE, Sampler, SamplingParams
 
 
 def _logits(n: int = 1, v: int = 50, seed: int = 0) -> torch.Tensor:
@@ -26,6 +27,38 @@ def test_greedy_and_top_k_1_are_argmax() -> None:
     s = Sampler()
     for p in (SamplingParams(temperature=0), SamplingParams(top_k=1, temperature=1.5)):
         assert s.sample(logits, [p] * 4, [None] * 4) == want
+
+
+def test_tiny_temperatures_are_greedy_and_fail_no_neighbour() -> None:
+    # logits / 1e-45 overflow to inf and softmax gives NaN: below MIN_TEMPERATURE is greedy
+    logits = _logits(3) * 20
+    want = logits.argmax(-1).tolist()
+    s = Sampler()
+    for t in (1e-45, 1e-38, 1e-6):
+        p = SamplingParams(temperature=t)
+        assert p.greedy
+        assert s.sample(logits, [p] * 3, [None] * 3) == want
+    assert not SamplingParams(temperature=MIN_TEMPERATURE).greedy
+    # through the engine, beside a sampled request that must not be failed with it
+    prompt = [3, 1, 4, 1, 5]
+    engine = make_engine()
+    engine.add_request("tiny", prompt, SamplingParams(max_tokens=6, temperature=1e-45))
+    engine.add_request("other", prompt, SamplingParams(max_tokens=6, temperature=1.0, seed=1))
+    res = run_to_completion(engine)
+    assert res["tiny"][0] == reference_generate(prompt, 6)
+    assert res["tiny"][2] == res["other"][2] == "length"
+
+
+def test_seeds_span_the_signed_64_bit_range() -> None:
+    s = Sampler()
+    logits = _logits(1, v=1000)
+    for seed in (SEED_MIN, -1, 0, SEED_MAX):
+        p = SamplingParams(temperature=1.0, seed=seed)
+        draws = [s.sample(logits, [p], [s.generator_for(p)]) for _ in range(2)]
+        assert draws[0] == draws[1]  # each request's own generator, seeded alike
+    for seed in (SEED_MAX + 1, SEED_MIN - 1, 2**64):
+        with pytest.raises(ValueError, match=r"`seed` is .*it must be an integer in \["):
+            SamplingParams(seed=seed)
 
 
 def test_seed_reproduces_and_differs_across_seeds() -> None:

@@ -11,6 +11,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,15 +78,22 @@ class ServerThread:
         self.sock.close()
 
 
+@contextmanager
+def serving(engine: Any, max_queue: int = MAX_QUEUE) -> Iterator[LiveServer]:
+    """``engine``'s app served on loopback while the block runs."""
+    from zserve.server.app import create_app
+
+    app = create_app(engine, max_queue=max_queue)
+    with ServerThread(app) as st:
+        yield LiveServer(f"http://127.0.0.1:{st.port}", app, engine)
+
+
 @pytest.fixture(scope="session")
 def live_server() -> Iterator[LiveServer]:
     from zserve.engine import Engine
-    from zserve.server.app import create_app
 
-    engine = Engine(smollm2_dir(), **ENGINE_OPTIONS)
-    app = create_app(engine, max_queue=MAX_QUEUE)
-    with ServerThread(app) as st:
-        yield LiveServer(f"http://127.0.0.1:{st.port}", app, engine)
+    with serving(Engine(smollm2_dir(), **ENGINE_OPTIONS)) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

@@ -82,6 +82,21 @@ BAD_REQUESTS = [
         "600",
     ),
     ("/v1/completions", {"model": MODEL, "prompt": [1, 99999999]}, 400, "prompt", "99999999"),
+    # torch's generators take no seed wider than 64 bits
+    (
+        "/v1/completions",
+        {"model": MODEL, "prompt": "hi", "seed": 2**64},
+        400,
+        "seed",
+        str(2**63 - 1),
+    ),
+    (
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "seed": -(2**63) - 1},
+        400,
+        "seed",
+        str(-(2**63)),
+    ),
     (
         "/v1/chat/completions",
         {"model": MODEL, "messages": [{"role": "user", "content": 7}]},
@@ -170,6 +185,30 @@ def test_greedy_completions_equal_the_engine(live_server: LiveServer, reference_
     body = {"model": MODEL, "prompt": ids, "max_tokens": 8, "temperature": 0}
     resp = httpx.post(f"{live_server.url}/v1/completions", json=body, timeout=60)
     assert resp.json()["choices"][0]["text"] == want[0]["text"]
+
+
+def test_tiny_temperature_is_greedy_and_fails_no_other_request(live_server: LiveServer) -> None:
+    # logits / 1e-45 overflow to inf, softmax gives NaN: before, the engine step failed and
+    # took every request in flight with it
+    prompts = shakespeare_prompts(2, start=60)
+
+    async def ask(client: httpx.AsyncClient, prompt: str, temperature: float) -> dict:
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 6, "temperature": temperature}
+        resp = await client.post("/v1/completions", json=body)
+        assert resp.status_code == 200, resp.text
+        return resp.json()["choices"][0]
+
+    async def main() -> list[dict]:
+        async with httpx.AsyncClient(base_url=live_server.url, timeout=60) as client:
+            return await asyncio.gather(
+                ask(client, prompts[0], 1e-45),
+                ask(client, prompts[1], 0.8),
+                ask(client, prompts[0], 0.0),
+            )
+
+    tiny, other, greedy = asyncio.run(main())
+    assert tiny == greedy
+    assert other["finish_reason"] in ("stop", "length")
 
 
 def test_chat_uses_the_models_template(live_server: LiveServer, reference_engine) -> None:

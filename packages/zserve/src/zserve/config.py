@@ -9,6 +9,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 Policy = Literal["splitfuse", "prefill-first", "static"]
 DType = Literal["float32", "bfloat16", "float16"]
 
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+"""Seeds accepted (engine and per request): a signed 64-bit integer, OpenAI's `seed`;
+torch's generators refuse wider ones."""
+
 
 class EngineConfig(BaseModel):
     """How the engine schedules, caches and runs requests.
@@ -53,8 +57,8 @@ class EngineConfig(BaseModel):
     device: str = "cpu"
     """Torch device of the model runner (`cpu`, `cuda`, `cuda:1`...)."""
 
-    seed: int = 0
-    """Seed of the sampler for requests that give no seed of their own."""
+    seed: int = Field(default=0, ge=SEED_MIN, le=SEED_MAX)
+    """Seed (64-bit) of the sampler for requests that give no seed of their own."""
 
     @model_validator(mode="after")
     def _check(self) -> EngineConfig:

@@ -11,6 +11,7 @@ Not thread-safe: one thread drives it (the HTTP server runs it in its own thread
 from __future__ import annotations
 
 import itertools
+import logging
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -28,6 +29,8 @@ from zserve.scheduler import (
     SplitFuseScheduler,
 )
 
+log = logging.getLogger(__name__)
+
 
 class Runner(Protocol):
     num_blocks: int
@@ -41,6 +44,15 @@ def merge_config(config: EngineConfig | None, overrides: dict[str, Any]) -> Engi
     """`config` with `overrides` applied (validated again)."""
     base = config.model_dump(exclude_unset=True) if config is not None else {}
     return EngineConfig(**{**base, **overrides})
+
+
+def served_max_model_len(runner: Runner) -> int:
+    """The longest request (prompt + max_tokens) the engine accepts: the runner's limit
+    (the model's context, or the configured `max_model_len`), capped at what the KV cache
+    can hold. A sequence of L tokens keeps L - 1 in the cache (the last sampled token is
+    never fed back), so the cache caps it at ``num_blocks * block_size + 1``; a longer
+    request could never run, and is refused up front instead of failing in the scheduler."""
+    return min(runner.max_model_len, runner.num_blocks * runner.block_size + 1)
 
 
 def make_scheduler(config: EngineConfig, kv: BlockManager, max_model_len: int) -> Scheduler:
@@ -97,7 +109,17 @@ class Engine:
         self.runner = runner
         self.tokenizer = tokenizer
         self.model_name = name
-        self.max_model_len = runner.max_model_len
+        self.max_model_len = served_max_model_len(runner)
+        if self.max_model_len < runner.max_model_len:
+            log.warning(
+                "zserve: max_model_len capped at %d tokens (was %d): the KV cache holds only "
+                "%d blocks x %d tokens; give it more (num_blocks / kv_cache_bytes) to serve "
+                "longer requests",
+                self.max_model_len,
+                runner.max_model_len,
+                runner.num_blocks,
+                runner.block_size,
+            )
         self.eos_token_ids = set(getattr(tokenizer, "eos_token_ids", []) or []) | set(
             getattr(runner, "eos_token_ids", []) or []
         )
@@ -114,7 +136,8 @@ class Engine:
         self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None
     ) -> None:
         """Queue a request. ValueError (naming the field) for a duplicate id, an empty
-        prompt, or a prompt that leaves no room for `max_tokens` in `max_model_len`."""
+        prompt, or a prompt that leaves no room for `max_tokens` in `max_model_len`
+        (which the KV cache's size caps, see `served_max_model_len`)."""
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params is a {type(params).__name__}; pass a SamplingParams")

@@ -1,9 +1,10 @@
 """Sampling parameters and the sampler that turns a forward's logits into tokens.
 
-Greedy when `temperature == 0` (or `top_k == 1`); otherwise temperature, then top-k,
-then top-p (nucleus) filtering, then one multinomial draw. A request with a `seed`
-draws from its own `torch.Generator`, so its output does not depend on which other
-requests share its batches.
+Greedy when `temperature < MIN_TEMPERATURE` (0 included) or `top_k == 1`; otherwise
+temperature, then top-k, then top-p (nucleus) filtering, then one multinomial draw. (A
+smaller temperature is greedy in all but name, and logits divided by it overflow fp32 to
+inf, whose softmax is NaN.) A request with a `seed` draws from its own `torch.Generator`,
+so its output does not depend on which other requests share its batches.
 """
 
 from __future__ import annotations
@@ -12,6 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
+
+from zserve.config import SEED_MAX, SEED_MIN
+
+MIN_TEMPERATURE = 1e-5
+"""Temperatures below this sample greedily (vLLM's threshold too): logits / 1e-45 overflow."""
 
 
 @dataclass(frozen=True)
@@ -22,13 +28,14 @@ class SamplingParams:
     max_tokens: int = 16
     """Most tokens to generate (>= 1)."""
     temperature: float = 1.0
-    """Softmax temperature; 0 means greedy."""
+    """Softmax temperature; 0 (or anything below `MIN_TEMPERATURE`) means greedy."""
     top_k: int = 0
     """Keep only the k most likely tokens; 0 (or -1) keeps all."""
     top_p: float = 1.0
     """Keep the smallest set of tokens whose probability reaches top_p; in (0, 1]."""
     seed: int | None = None
-    """Seed of this request's own generator (reproducible sampling), or None."""
+    """Seed of this request's own generator (reproducible sampling), a signed 64-bit
+    integer, or None."""
     stop: tuple[str, ...] = ()
     """Strings that end generation; the returned text stops before them."""
     stop_token_ids: tuple[int, ...] = ()
@@ -69,7 +76,10 @@ class SamplingParams:
             "a number in (0, 1]",
         )
         _check(
-            self.seed is None or isinstance(self.seed, int), "seed", self.seed, "an integer or None"
+            self.seed is None or (isinstance(self.seed, int) and SEED_MIN <= self.seed <= SEED_MAX),
+            "seed",
+            self.seed,
+            f"an integer in [{SEED_MIN}, {SEED_MAX}] (64-bit) or None",
         )
         _check(
             all(isinstance(s, str) and s for s in self.stop), "stop", self.stop, "non-empty strings"
@@ -83,7 +93,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
+        return self.temperature < MIN_TEMPERATURE or self.top_k == 1
 
 
 def _check(ok: bool, name: str, value: object, allowed: str) -> None:

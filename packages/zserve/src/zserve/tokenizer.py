@@ -68,6 +68,8 @@ class Tokenizer:
         self._template = None
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text``; ``add_special_tokens`` adds what the tokenizer's
+        post-processor adds (a Llama tokenizer's BOS), as for a plain completion prompt."""
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
@@ -76,29 +78,55 @@ class Tokenizer:
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
     ) -> str:
-        """The prompt text for `messages` ([{"role": ..., "content": ...}, ...])."""
+        """The prompt text for `messages` ([{"role": ..., "content": ...}, ...]).
+
+        Raises ValueError when the model has no chat template, or when its template
+        cannot render these messages (it calls ``raise_exception``, say "roles must
+        alternate", or fails in jinja2); the message says which and why.
+        """
         if self.chat_template is None:
             raise ValueError(
                 "this model has no chat template (no chat_template.jinja and no "
-                "`chat_template` in tokenizer_config.json); use a plain completion prompt"
+                "`chat_template` in tokenizer_config.json); use a plain completion prompt "
+                "(`/v1/completions`)"
             )
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or "role" not in m or "content" not in m:
                 raise ValueError(f"messages[{i}] is {m!r}; it needs `role` and `content`")
-        if self._template is None:
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
+        from jinja2 import TemplateError
 
-            def raise_exception(message: str) -> None:
-                raise ValueError(f"chat template: {message}")
-
-            env = ImmutableSandboxedEnvironment(
-                trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        try:
+            if self._template is None:
+                self._template = self._compile(self.chat_template)
+            return self._template.render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token or "",
+                eos_token=self.eos_token or "",
             )
-            env.globals["raise_exception"] = raise_exception
-            self._template = env.from_string(self.chat_template)
-        return self._template.render(
-            messages=messages,
-            add_generation_prompt=add_generation_prompt,
-            bos_token=self.bos_token or "",
-            eos_token=self.eos_token or "",
+        except TemplateError as exc:
+            raise ValueError(f"the model's chat template failed on these messages: {exc}") from exc
+
+    def chat_token_ids(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> list[int]:
+        """Token ids of the chat prompt for `messages`, as transformers'
+        ``apply_chat_template(..., tokenize=True)`` gives them: the template writes any
+        BOS itself, so encoding it adds no special tokens (else a Llama-family prompt
+        would start with two BOS). Raises ValueError as `apply_chat_template`."""
+        return self.encode(
+            self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False
         )
+
+    @staticmethod
+    def _compile(template: str) -> Any:
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message: str) -> None:
+            raise ValueError(f"chat template: {message}")
+
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
+        env.globals["raise_exception"] = raise_exception
+        return env.from_string(template)

@@ -118,6 +118,8 @@ def create_app(engine: Any, max_queue: int = 256, model_name: str | None = None)
             )
 
     def check_length(n_prompt: int, max_tokens: int | None, prompt_field: str) -> int:
+        # the engine's max_model_len is already capped at what its KV cache holds, so a
+        # defaulted max_tokens fits and a request that never could is a 400 here
         limit = aengine.max_model_len
         if n_prompt >= limit:
             raise APIError(
@@ -133,7 +135,8 @@ def create_app(engine: Any, max_queue: int = 256, model_name: str | None = None)
             raise APIError(
                 400,
                 f"max_tokens: {max_tokens} + {n_prompt} prompt tokens = {n_prompt + max_tokens} "
-                f"exceeds the context of {limit} tokens; ask for at most {limit - n_prompt}",
+                f"exceeds the context of {limit} tokens (max_model_len in /v1/models: the "
+                f"model's, or what the KV cache holds); ask for at most {limit - n_prompt}",
                 "max_tokens",
                 "context_length_exceeded",
             )
@@ -182,8 +185,11 @@ def create_app(engine: Any, max_queue: int = 256, model_name: str | None = None)
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         check_model(req.model)
         messages = [m.model_dump() for m in req.messages]
-        prompt = aengine.tokenizer.apply_chat_template(messages)
-        prompt_ids = list(aengine.tokenizer.encode(prompt))
+        try:
+            # the template writes the BOS it wants: encoded without special tokens
+            prompt_ids = list(aengine.tokenizer.chat_token_ids(messages))
+        except ValueError as exc:  # no chat template, or one that refuses these messages
+            raise APIError(400, f"messages: {exc}", "messages") from exc
         wanted = req.max_completion_tokens or req.max_tokens
         max_tokens = check_length(len(prompt_ids), wanted, "messages")
         stream = await start(req, prompt_ids, max_tokens)

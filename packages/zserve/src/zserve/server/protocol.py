@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from zserve.config import SEED_MAX, SEED_MIN
+
 
 class _Request(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
@@ -28,13 +30,18 @@ class _SamplingFields(_Request):
     max_tokens: int | None = Field(
         default=None, ge=1, description="Tokens to generate at most (>= 1)."
     )
-    temperature: float = Field(default=1.0, ge=0.0, description="0 means greedy.")
+    temperature: float = Field(default=1.0, ge=0.0, description="0 (or below 1e-5) means greedy.")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus mass in (0, 1].")
     top_k: int | None = Field(default=None, description="Keep the k likeliest tokens (zserve).")
     n: int = Field(default=1, ge=1, le=1, description="Choices per request; only 1 is served.")
     stream: bool = Field(default=False, description="Send Server-Sent Events as tokens arrive.")
     stop: str | list[str] | None = Field(default=None, description="Stop strings (up to 4).")
-    seed: int | None = Field(default=None, description="Seed of this request's sampler.")
+    seed: int | None = Field(
+        default=None,
+        ge=SEED_MIN,
+        le=SEED_MAX,
+        description="Seed (64-bit) of this request's sampler.",
+    )
     ignore_eos: bool = Field(default=False, description="Keep generating past EOS (zserve).")
 
     def stop_strings(self) -> tuple[str, ...]:
