@@ -56,7 +56,7 @@ def test_seeds_span_the_signed_64_bit_range() -> None:
         p = SamplingParams(temperature=1.0, seed=seed)
         draws = [s.sample(logits, [p], [s.generator_for(p)]) for _ in range(2)]
         assert draws[0] == draws[1]  # each request's own generator, seeded alike
-    for seed in (SEED_MAX + 1, SEED_MIN - 1, 2**64):
+    for seed in (SEED_MAX + 1, SEED_MIN - 1, 2**64, True):
         with pytest.raises(ValueError, match=r"`seed` is .*it must be an integer in \["):
             SamplingParams(seed=seed)
 

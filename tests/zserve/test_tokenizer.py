@@ -84,6 +84,8 @@ def test_template_failures_are_value_errors_that_say_why(llama_dir: Path, tmp_pa
         [
             ("{{ messages[0].nope.deeper }}", "has no attribute 'nope'"),
             ("{{ messages | no_such_filter }}", "no_such_filter"),
+            # template logic failing on the messages: a type error, not a jinja2 one
+            ("{{ messages[0].content + 1 }}", "TypeError"),
         ]
     ):
         broken = Tokenizer(llama_style_dir(tmp_path / f"broken{i}", chat_template=template))

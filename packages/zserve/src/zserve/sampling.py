@@ -76,7 +76,12 @@ class SamplingParams:
             "a number in (0, 1]",
         )
         _check(
-            self.seed is None or (isinstance(self.seed, int) and SEED_MIN <= self.seed <= SEED_MAX),
+            self.seed is None
+            or (
+                isinstance(self.seed, int)
+                and not isinstance(self.seed, bool)
+                and SEED_MIN <= self.seed <= SEED_MAX
+            ),
             "seed",
             self.seed,
             f"an integer in [{SEED_MIN}, {SEED_MAX}] (64-bit) or None",

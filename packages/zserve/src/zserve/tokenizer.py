@@ -104,8 +104,13 @@ class Tokenizer:
                 bos_token=self.bos_token or "",
                 eos_token=self.eos_token or "",
             )
-        except TemplateError as exc:
-            raise ValueError(f"the model's chat template failed on these messages: {exc}") from exc
+        except ValueError:
+            raise  # raise_exception(...) in the template: its own message
+        except (TemplateError, TypeError, KeyError, IndexError, AttributeError) as exc:
+            # jinja2's errors, and what template logic raises on messages it cannot use
+            raise ValueError(
+                f"the model's chat template failed on these messages: {type(exc).__name__}: {exc}"
+            ) from exc
 
     def chat_token_ids(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
