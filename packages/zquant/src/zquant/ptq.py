@@ -82,20 +82,16 @@ def quantize(
     without `calib` the quantization is data-free. `rounding="gptq"` rounds with GPTQ on
     `calib` instead (`zquant.gptq.quantize_gptq`, taking `options`). `on_layer(plan,
     qlinear)` is called after every round-to-nearest swap (for progress output or memory
-    accounting). Recipes with `method="xtc"` are delegated to `zquant.xtc` when that module
-    provides `quantize`; otherwise they binarize data-free.
+    accounting). Recipes with `method="xtc"` binarize or ternarize the weights the same way:
+    data-free, or refined block by block with LKD when `calib` is given; XTC's full recipe
+    (layer reduction, then distillation training of the 1-bit student) is
+    `zquant.xtc.xtc_compress`.
     """
     if rounding not in ("nearest", "gptq"):
         raise ValueError(f"rounding={rounding!r} is unknown; use 'nearest' or 'gptq'")
     if recipe.method == "xtc":
         if rounding == "gptq":
             raise ValueError("the xtc recipe binarizes weights; GPTQ rounds int/fp6 recipes only")
-        try:
-            from zquant import xtc
-        except ImportError:
-            xtc = None  # type: ignore[assignment]
-        if xtc is not None and hasattr(xtc, "quantize"):
-            return xtc.quantize(model, recipe, calib=calib)  # type: ignore[no-any-return]
     if rounding == "gptq":
         if calib is None:
             raise ValueError(
