@@ -9,11 +9,14 @@ Layout of ``save_dir``::
 
 A checkpoint is written into ``.tmp-<tag>/`` and renamed into place only when every rank
 has written and fsynced its file; ``latest`` is updated last. A crash or a full disk at any
-point leaves the previous checkpoint, and ``latest``, as they were.
+point leaves the previous checkpoint, and ``latest``, as they were. A load reads and checks
+every file before it changes anything: a damaged checkpoint, or one that does not fit the
+engine, raises :class:`CheckpointError` and leaves training as it was.
 """
 
 from zcore.checkpoint.consolidate import consolidate
 from zcore.checkpoint.files import CheckpointError, atomic_path, atomic_write
-from zcore.checkpoint.sharded import load, save
+from zcore.checkpoint.restore import load
+from zcore.checkpoint.sharded import save
 
 __all__ = ["CheckpointError", "atomic_path", "atomic_write", "consolidate", "load", "save"]

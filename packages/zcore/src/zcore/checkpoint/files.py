@@ -97,11 +97,17 @@ def save_text(text: str, path: Path) -> None:
 def load_torch(path: Path) -> Any:
     """Memory-mapped, weights-only load (only the bytes a caller touches are read)."""
     if not path.exists():
-        raise CheckpointError(f"checkpoint file `{path}` is missing; the checkpoint is incomplete")
+        raise CheckpointError(
+            f"checkpoint file `{path}` is missing; the checkpoint is incomplete: load another "
+            "tag (or save again)"
+        )
     try:
         return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
     except Exception as err:  # corrupt or truncated file
-        raise CheckpointError(f"cannot read `{path}`: {err}") from err
+        raise CheckpointError(
+            f"cannot read `{path}` ({err}); the file is truncated or damaged: load another tag "
+            "(or save again)"
+        ) from err
 
 
 def load_json(path: Path) -> Any:
@@ -110,4 +116,10 @@ def load_json(path: Path) -> Any:
             f"`{path}` not found; is `{path.parent}` a zstack checkpoint? "
             "(pass the directory given to save_checkpoint, and a tag that exists in it)"
         )
-    return json.loads(path.read_text())
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(
+            f"cannot read `{path}` ({err}); the file is truncated or damaged: load another tag "
+            "(or save again)"
+        ) from err

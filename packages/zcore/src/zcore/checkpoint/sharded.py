@@ -1,4 +1,4 @@
-"""Save and load an engine's state as one file per rank plus a manifest."""
+"""Save an engine's state as one file per rank plus a manifest (loading: :mod:`.restore`)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,10 @@ import torch
 from zcore.checkpoint.files import (
     CheckpointError,
     fsync_dir,
-    load_json,
-    load_torch,
     save_json,
     save_text,
     save_torch,
 )
-from zcore.zero.layout import GroupLayout, copy_ranges
 
 if TYPE_CHECKING:
     from zcore.engine import ZEngine
@@ -154,92 +151,3 @@ def resolve_tag(root: Path, tag: str | None) -> str:
             f"{sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith('.')) if root.is_dir() else 'none, the directory does not exist'})"
         )
     return pointer.read_text().strip()
-
-
-def load(
-    engine: ZEngine, load_dir: str, tag: str | None, load_optimizer: bool, load_scheduler: bool
-) -> tuple[str, dict]:
-    """Load a checkpoint written on any world size into ``engine`` (collective)."""
-    root = Path(load_dir)
-    tag = resolve_tag(root, tag)
-    path = root / tag
-    manifest = load_json(path / "manifest.json")
-    if manifest.get("format") != FORMAT:
-        raise CheckpointError(
-            f"`{path}` has format {manifest.get('format')!r}, expected {FORMAT!r}"
-        )
-    zopt = engine.zopt
-    old_layouts = [GroupLayout.from_json(g) for g in manifest["groups"]]
-    if len(old_layouts) != len(zopt.layouts):
-        raise CheckpointError(
-            f"`{path}` has {len(old_layouts)} parameter groups, the engine has "
-            f"{len(zopt.layouts)}; build the optimizer with the same param groups"
-        )
-    for old, new in zip(old_layouts, zopt.layouts, strict=True):
-        missing = {s.name for s in new.shards} - {s.name for s in old.shards}
-        if missing:
-            raise CheckpointError(
-                f"`{path}` has no values for {sorted(missing)[:5]} (model changed since the save?)"
-            )
-    inner = zopt.optimizer
-    state = inner.state_dict()
-    masters = zopt.master_for_load()
-    for g in range(len(masters)):
-        state["state"].setdefault(g, {})
-    for src_rank in range(int(manifest["shard_world"])):
-        shard = load_torch(path / rank_file(src_rank))
-        for g, (old, new) in enumerate(zip(old_layouts, zopt.layouts, strict=True)):
-            copy_ranges(masters[g], new, zopt.shard_rank, shard["master"][g], old, src_rank)
-            if not load_optimizer:
-                continue
-            saved = shard["optimizer"].get(g, {})
-            for key, value in saved.items():
-                mine = state["state"][g].get(key)
-                partitioned = value.ndim == 1 and value.numel() == old.numel
-                if partitioned:
-                    if mine is None or mine.numel() != new.numel:
-                        mine = torch.zeros(new.numel, dtype=value.dtype)
-                        state["state"][g][key] = mine
-                    copy_ranges(mine, new, zopt.shard_rank, value, old, src_rank)
-                elif src_rank == 0:
-                    state["state"][g][key] = value.clone()
-    common = load_torch(path / "common.pt")
-    if load_optimizer:
-        state["state"] = {k: v for k, v in state["state"].items() if v}
-        state["param_groups"] = [
-            {**saved, "params": mine["params"]}
-            for saved, mine in zip(common["param_groups"], state["param_groups"], strict=True)
-        ]
-    zopt.finish_load(masters, state if load_optimizer else None)
-    zopt.publish()
-    _load_frozen_and_buffers(engine, common)
-    if load_scheduler and engine.lr_scheduler is not None and common["lr_scheduler"] is not None:
-        engine.lr_scheduler.load_state_dict(common["lr_scheduler"])
-    engine.global_steps = int(manifest["global_steps"])
-    engine.micro_steps = int(manifest["micro_steps"])
-    engine.global_samples = int(manifest["global_samples"])
-    engine.skipped_steps = int(manifest["skipped_steps"])
-    engine.comm.step = engine.global_steps
-    if engine.scaler is not None and manifest["loss_scaler"] is not None:
-        engine.scaler.load_state_dict(manifest["loss_scaler"])
-    zopt.zero_grad()
-    return str(path), dict(common["client_state"])
-
-
-def _load_frozen_and_buffers(engine: ZEngine, common: dict) -> None:
-    params = dict(engine.module.named_parameters())
-    for name, value in common["frozen"].items():
-        p = params.get(name)
-        if p is None:
-            continue
-        if engine.stage3 is not None and p in engine.stage3.params:
-            engine.stage3.gather([p], "gather(frozen parameter for load)")
-            p.data.copy_(value)
-            engine.stage3.repartition(p)
-            engine.stage3.release([p])
-        else:
-            p.data.copy_(value)
-    buffers = dict(engine.module.named_buffers())
-    for name, value in common["buffers"].items():
-        if name in buffers:
-            buffers[name].copy_(value)

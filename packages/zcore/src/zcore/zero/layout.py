@@ -119,8 +119,9 @@ def copy_ranges(
 ) -> int:
     """Copy into ``dst`` (a rank buffer of ``dst_layout``) every element it shares with ``src``.
 
-    Parameters are matched by name; returns how many elements were copied. Used to re-cut
-    checkpoints for another world size.
+    Parameters are matched by name and must have the same shape in both layouts (else
+    ``ValueError``: the flat ranges of another shape hold other elements); returns how many
+    elements were copied. Used to re-cut checkpoints for another world size.
     """
     by_name = {s.name: s for s in src_layout.shards}
     copied = 0
@@ -128,6 +129,11 @@ def copy_ranges(
         s = by_name.get(d.name)
         if s is None:
             continue
+        if s.shape != d.shape:
+            raise ValueError(
+                f"parameter `{d.name}` has shape {s.shape} in the source layout and {d.shape} "
+                "in the destination; only a parameter of the same shape can be re-cut"
+            )
         d0, d1 = d.owned(dst_rank)
         s0, s1 = s.owned(src_rank)
         lo, hi = max(d0, s0), min(d1, s1)

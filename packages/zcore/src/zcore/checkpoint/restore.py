@@ -1,0 +1,312 @@
+"""Load a sharded checkpoint into an engine: read and check everything, then commit.
+
+The engine changes only after every rank has read every file into new buffers and checked
+them against the engine: parameter names and shapes, the optimizer's kind, the files'
+contents. A problem on any rank raises :class:`CheckpointError` on every rank with the
+engine (master weights, optimizer state, model, counters) exactly as it was, so training
+can go on after catching it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from zcore.checkpoint.files import CheckpointError, load_json, load_torch
+from zcore.checkpoint.sharded import FORMAT, rank_file, resolve_tag
+from zcore.zero.layout import GroupLayout, copy_ranges
+
+if TYPE_CHECKING:
+    from zcore.engine import ZEngine
+    from zcore.zero.optimizer import ZeroOptimizer
+
+#: Optimizer classes whose per-parameter states have the same keys, by that kind of state
+#: (zcore's CPU optimizers load torch.optim's state and the other way round).
+_STATE_KIND = {
+    "Adam": "Adam", "AdamW": "Adam", "CPUAdam": "Adam", "CPUAdamW": "Adam", "FusedAdam": "Adam",
+    "Adagrad": "Adagrad", "CPUAdagrad": "Adagrad",
+    "Lion": "Lion", "CPULion": "Lion",
+}  # fmt: skip
+_COMMON_KEYS = ("frozen", "buffers", "client_state", "lr_scheduler", "param_groups")
+_DAMAGED = "the checkpoint is damaged: load another tag (or save again)"
+
+
+@dataclass
+class _Loaded:
+    """Everything a load commits, read and checked while the engine is untouched."""
+
+    path: Path
+    targets: list[torch.Tensor]  # zopt.master_for_load(): what finish_load receives
+    masters: list[torch.Tensor]  # the checkpoint's values for them (maybe the same tensors)
+    state: dict[str, Any] | None  # the inner optimizer's new state_dict
+    common: dict[str, Any]
+    counters: dict[str, int]
+    loss_scaler: dict[str, Any] | None
+
+
+def load(
+    engine: ZEngine, load_dir: str, tag: str | None, load_optimizer: bool, load_scheduler: bool
+) -> tuple[str, dict]:
+    """Load a checkpoint written on any world size into ``engine`` (collective).
+
+    Raises :class:`CheckpointError` on every rank, leaving the engine unchanged, when any
+    rank cannot read a file or finds that the checkpoint does not fit the engine.
+    """
+    root = Path(load_dir)
+    loaded: _Loaded | None = None
+    failure: Exception | None = None
+    try:
+        loaded = _read(engine, root, tag, load_optimizer)
+    except Exception as err:  # every rank must reach the vote below
+        failure = err
+    if engine.comm.max_flag(failure is not None, "all_reduce(checkpoint read and checked)"):
+        unchanged = "nothing was loaded, the engine is unchanged"
+        if failure is None:
+            raise CheckpointError(
+                f"another rank could not read or check the checkpoint in `{root}` (its error "
+                f"names the file and the fix); {unchanged}"
+            )
+        what = "" if isinstance(failure, CheckpointError) else f"{type(failure).__name__}: "
+        raise CheckpointError(f"{what}{failure}; {unchanged}") from failure
+    assert loaded is not None
+    _commit(engine, loaded, load_scheduler)
+    return str(loaded.path), dict(loaded.common["client_state"])
+
+
+def _read(engine: ZEngine, root: Path, tag: str | None, load_optimizer: bool) -> _Loaded:
+    """Read and check every file into new buffers; changes nothing in ``engine``."""
+    path = root / resolve_tag(root, tag)
+    manifest = load_json(path / "manifest.json")
+    if manifest.get("format") != FORMAT:
+        raise CheckpointError(
+            f"`{path}` has format {manifest.get('format')!r}, expected {FORMAT!r}"
+        )
+    try:
+        old_layouts = [GroupLayout.from_json(g) for g in manifest["groups"]]
+        shard_world = int(manifest["shard_world"])
+        counters = {
+            k: int(manifest[k])
+            for k in ("global_steps", "micro_steps", "global_samples", "skipped_steps")
+        }
+    except (KeyError, TypeError, ValueError) as err:
+        raise CheckpointError(
+            f"`{path / 'manifest.json'}` lacks or mangles {err}; {_DAMAGED}"
+        ) from err
+    zopt = engine.zopt
+    _check_layouts(path, old_layouts, zopt.layouts, shard_world)
+    if load_optimizer:
+        _check_optimizer(path, manifest.get("optimizer"), type(zopt.optimizer).__name__)
+
+    targets = zopt.master_for_load()
+    masters = [_buffer_for(t, zopt.master) for t in targets]
+    states: list[dict[str, Any]] = [{} for _ in targets]
+    copied = [0] * len(targets)
+    for src in range(shard_world):
+        got = _read_shard(path / rank_file(src), src, old_layouts, zopt, masters,
+                          states if load_optimizer else None)  # fmt: skip
+        copied = [a + b for a, b in zip(copied, got, strict=True)]
+    for g, new in enumerate(zopt.layouts):
+        want = sum(hi - lo for lo, hi in (d.owned(zopt.shard_rank) for d in new.shards))
+        if copied[g] != want:
+            raise CheckpointError(
+                f"the rank files of `{path}` hold {copied[g]} of the {want} values this rank "
+                f"needs in parameter group {g}; {_DAMAGED}"
+            )
+    common = load_torch(path / "common.pt")
+    _check_common(path / "common.pt", common, engine, len(old_layouts))
+
+    state = None
+    if load_optimizer:
+        current = zopt.optimizer.state_dict()["param_groups"]
+        state = {
+            "state": {g: s for g, s in enumerate(states) if s},
+            "param_groups": [
+                {**saved, "params": mine["params"]}
+                for saved, mine in zip(common["param_groups"], current, strict=True)
+            ],
+        }
+    return _Loaded(path, targets, masters, state, common, counters, manifest.get("loss_scaler"))
+
+
+def _buffer_for(target: torch.Tensor, live: list[torch.Tensor]) -> torch.Tensor:
+    """Where the loaded master values of ``target`` go until the commit: a new CPU tensor
+    when ``target`` is the live master, ``target`` itself when it is already a new one."""
+    ptr = target.untyped_storage().data_ptr()
+    if target.numel() and any(m.numel() and m.untyped_storage().data_ptr() == ptr for m in live):
+        return torch.zeros(target.shape, dtype=target.dtype)
+    return target
+
+
+def _check_layouts(
+    path: Path, old_layouts: list[GroupLayout], new_layouts: list[GroupLayout], shard_world: int
+) -> None:
+    """Every trainable parameter of the engine is in the checkpoint, with the same shape."""
+    if len(old_layouts) != len(new_layouts):
+        raise CheckpointError(
+            f"`{path}` has {len(old_layouts)} parameter groups, the engine has "
+            f"{len(new_layouts)}; build the optimizer with the same param groups"
+        )
+    for old, new in zip(old_layouts, new_layouts, strict=True):
+        if old.world != shard_world:
+            raise CheckpointError(
+                f"`{path / 'manifest.json'}` says {shard_world} rank files but cuts its "
+                f"groups for {old.world}; {_DAMAGED}"
+            )
+        saved = {s.name: s for s in old.shards}
+        missing = [d.name for d in new.shards if d.name not in saved]
+        if missing:
+            raise CheckpointError(
+                f"`{path}` has no values for {missing[:5]} (model changed since the save?); "
+                "load it into the model it was saved from"
+            )
+        changed = [(d.name, saved[d.name].shape, d.shape) for d in new.shards
+                   if tuple(saved[d.name].shape) != tuple(d.shape)]  # fmt: skip
+        if changed:
+            _raise_shapes(path, "parameter", changed)
+
+
+def _raise_shapes(path: Path, kind: str, changed: list[tuple[str, Any, Any]]) -> None:
+    listing = "; ".join(
+        f"{kind} `{name}` was saved with shape {list(saved)}, the model's is {list(now)}"
+        for name, saved, now in changed[:5]
+    )
+    more = f" (and {len(changed) - 5} more)" if len(changed) > 5 else ""
+    raise CheckpointError(
+        f"`{path}` does not fit the model: {listing}{more}. Build the model with the shapes "
+        "it was saved with (same vocabulary size, widths, layers), or turn the checkpoint "
+        "into a plain state_dict (`z checkpoint consolidate`, zcore.checkpoint.consolidate) "
+        "and adapt those tensors yourself"
+    )
+
+
+def _check_optimizer(path: Path, saved: str | None, current: str) -> None:
+    """The checkpoint's optimizer state is of the kind the engine's optimizer steps with."""
+    if saved is None or _STATE_KIND.get(saved, saved) == _STATE_KIND.get(current, current):
+        return
+    raise CheckpointError(
+        f"`{path}` holds the state of a {saved} optimizer, but this engine's optimizer is "
+        f"{current}: their states differ, so {current} cannot resume from it. Build the "
+        f"engine with the optimizer the checkpoint was saved with (config `optimizer.type`), "
+        f"or pass load_optimizer_states=False to load the weights only and start {current} "
+        "afresh"
+    )
+
+
+def _read_shard(
+    file: Path,
+    src: int,
+    old_layouts: list[GroupLayout],
+    zopt: ZeroOptimizer,
+    masters: list[torch.Tensor],
+    states: list[dict[str, Any]] | None,
+) -> list[int]:
+    """Copy what this rank needs from rank file ``src`` into ``masters`` (and ``states``);
+    returns how many master values each group got."""
+    shard = load_torch(file)
+    saved_master = shard.get("master") if isinstance(shard, dict) else None
+    saved_state = shard.get("optimizer") if isinstance(shard, dict) else None
+    if (
+        not isinstance(saved_master, list | tuple)
+        or len(saved_master) != len(old_layouts)
+        or not isinstance(saved_state, dict)
+    ):
+        raise CheckpointError(
+            f"`{file}` is not a rank file of this checkpoint (expected master values and "
+            f"optimizer state for {len(old_layouts)} parameter groups); {_DAMAGED}"
+        )
+    copied = []
+    for g, (old, new) in enumerate(zip(old_layouts, zopt.layouts, strict=True)):
+        values = saved_master[g]
+        if not torch.is_tensor(values) or values.ndim != 1 or values.numel() != old.numel:
+            got = list(values.shape) if torch.is_tensor(values) else type(values).__name__
+            raise CheckpointError(
+                f"`{file}` holds master values of shape {got} for parameter group {g}, the "
+                f"manifest says [{old.numel}]; {_DAMAGED}"
+            )
+        copied.append(copy_ranges(masters[g], new, zopt.shard_rank, values, old, src))
+        if states is None:
+            continue
+        for key, value in saved_state.get(g, {}).items():
+            if torch.is_tensor(value) and value.ndim == 1 and value.numel() == old.numel:
+                mine = states[g].get(key)
+                if mine is None:
+                    mine = states[g][key] = torch.zeros(new.numel, dtype=value.dtype)
+                copy_ranges(mine, new, zopt.shard_rank, value, old, src)
+            elif src == 0:  # per-group scalars (the step count) are the same on every rank
+                states[g][key] = value.clone() if torch.is_tensor(value) else value
+    return copied
+
+
+def _check_common(file: Path, common: Any, engine: ZEngine, groups: int) -> None:
+    """``common.pt`` is whole and its frozen parameters and buffers fit the model."""
+    if not isinstance(common, dict) or any(k not in common for k in _COMMON_KEYS):
+        raise CheckpointError(
+            f"`{file}` is not the common file of this checkpoint (expected the keys "
+            f"{list(_COMMON_KEYS)}); {_DAMAGED}"
+        )
+    if len(common["param_groups"]) != groups:
+        raise CheckpointError(
+            f"`{file}` has {len(common['param_groups'])} optimizer param groups, the manifest "
+            f"{groups}; {_DAMAGED}"
+        )
+    params = dict(engine.module.named_parameters())
+    buffers = dict(engine.module.named_buffers())
+    changed = []
+    for name, value in common["frozen"].items():
+        p = params.get(name)
+        if p is None:
+            continue
+        stage3 = engine.stage3
+        shape = stage3.params[p].shape if stage3 is not None and p in stage3.params else p.shape
+        if tuple(value.shape) != tuple(shape):
+            changed.append((name, value.shape, shape))
+    if changed:
+        _raise_shapes(file.parent, "frozen parameter", changed)
+    changed = [(name, value.shape, buffers[name].shape) for name, value in common["buffers"].items()
+               if name in buffers and tuple(value.shape) != tuple(buffers[name].shape)]  # fmt: skip
+    if changed:
+        _raise_shapes(file.parent, "buffer", changed)
+
+
+def _commit(engine: ZEngine, loaded: _Loaded, load_scheduler: bool) -> None:
+    """Move the checked values into the engine."""
+    zopt = engine.zopt
+    for target, values in zip(loaded.targets, loaded.masters, strict=True):
+        if values is not target:
+            target.copy_(values)
+    zopt.finish_load(loaded.targets, loaded.state)
+    zopt.publish()
+    common = loaded.common
+    _load_frozen_and_buffers(engine, common)
+    if load_scheduler and engine.lr_scheduler is not None and common["lr_scheduler"] is not None:
+        engine.lr_scheduler.load_state_dict(common["lr_scheduler"])
+    engine.global_steps = loaded.counters["global_steps"]
+    engine.micro_steps = loaded.counters["micro_steps"]
+    engine.global_samples = loaded.counters["global_samples"]
+    engine.skipped_steps = loaded.counters["skipped_steps"]
+    engine.comm.step = engine.global_steps
+    if engine.scaler is not None and loaded.loss_scaler is not None:
+        engine.scaler.load_state_dict(loaded.loss_scaler)
+    zopt.zero_grad()
+
+
+def _load_frozen_and_buffers(engine: ZEngine, common: dict) -> None:
+    params = dict(engine.module.named_parameters())
+    for name, value in common["frozen"].items():
+        p = params.get(name)
+        if p is None:
+            continue
+        if engine.stage3 is not None and p in engine.stage3.params:
+            engine.stage3.gather([p], "gather(frozen parameter for load)")
+            p.data.copy_(value)
+            engine.stage3.repartition(p)
+            engine.stage3.release([p])
+        else:
+            p.data.copy_(value)
+    buffers = dict(engine.module.named_buffers())
+    for name, value in common["buffers"].items():
+        if name in buffers:
+            buffers[name].copy_(value)
