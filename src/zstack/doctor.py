@@ -16,6 +16,7 @@ import contextlib
 import importlib
 import importlib.metadata
 import json
+import os
 import platform
 import sys
 import warnings
@@ -52,7 +53,9 @@ def _packages(problems: list[Problem]) -> dict[str, dict[str, Any]]:
             module = importlib.import_module(name)
         except Exception as exc:  # any import failure is a finding, not a crash
             out[name] = {"installed": True, "version": version, "import_error": repr(exc)}
-            problems.append(Problem(name, "error", f"`import {name}` fails: {exc!r}", fix))
+            problems.append(
+                Problem(name, "error", f"`import {name}` fails: {exc!r}", _import_fix(exc, fix))
+            )
             continue
         module_version = getattr(module, "__version__", None)
         out[name] = {"installed": True, "version": version, "module_version": module_version}
@@ -67,6 +70,20 @@ def _packages(problems: list[Problem]) -> dict[str, dict[str, Any]]:
                 )
             )
     return out
+
+
+def _import_fix(exc: BaseException, fix: str) -> str:
+    """The fix for a failed import: a bad ``ZNATIVE_SIMD`` (znative refuses it at import)
+    is fixed in the environment, not by reinstalling."""
+    if type(exc).__name__ == "SimdError" and os.environ.get("ZNATIVE_SIMD"):
+        try:
+            from znative._native import detected_simd_level
+
+            best = f" (this CPU's best is `{detected_simd_level()}`)"
+        except Exception:
+            best = ""
+        return f"unset ZNATIVE_SIMD or set it to a level this CPU has{best}"
+    return fix
 
 
 def _python() -> dict[str, Any]:
@@ -103,12 +120,20 @@ _UNKNOWN_CUDA = "this znative has no `znative.cuda` module"
 _UNKNOWN_FIX = "reinstall znative from the zstack checkout: `make setup`"
 
 
+def _no_cuda_module(exc: BaseException) -> tuple[str, str]:
+    """Why ``znative.cuda`` is not there, and the fix."""
+    if isinstance(exc, ImportError) and "znative.cuda" in str(exc):
+        return _UNKNOWN_CUDA, _UNKNOWN_FIX
+    return f"znative does not import ({exc})", "fix the znative problem reported above"
+
+
 def _nvrtc(torch_cuda: str | None, problems: list[Problem]) -> dict[str, Any]:
     try:
         from znative.cuda import nvrtc
-    except ImportError:
-        problems.append(Problem("nvrtc", "info", f"unknown: {_UNKNOWN_CUDA}", _UNKNOWN_FIX))
-        return {"status": "unknown", "path": None, "version": None, "reason": _UNKNOWN_CUDA}
+    except Exception as exc:  # not built in, or znative itself fails to import
+        reason, fix = _no_cuda_module(exc)
+        problems.append(Problem("nvrtc", "info", f"unknown: {reason}", fix))
+        return {"status": "unknown", "path": None, "version": None, "reason": reason}
     try:
         path = nvrtc.find_nvrtc()
         version = nvrtc.version() if path else None
@@ -141,9 +166,10 @@ def _nvrtc(torch_cuda: str | None, problems: list[Problem]) -> dict[str, Any]:
 def _cupy(torch_cuda: str | None, gpu_available: bool, problems: list[Problem]) -> dict[str, Any]:
     try:
         from znative.cuda import cupy_status
-    except ImportError:
-        problems.append(Problem("cupy", "info", f"unknown: {_UNKNOWN_CUDA}", _UNKNOWN_FIX))
-        return {"status": "unknown", "detail": _UNKNOWN_CUDA}
+    except Exception as exc:  # not built in, or znative itself fails to import
+        reason, fix = _no_cuda_module(exc)
+        problems.append(Problem("cupy", "info", f"unknown: {reason}", fix))
+        return {"status": "unknown", "detail": reason}
     try:
         ok, detail = cupy_status()
     except Exception as exc:

@@ -203,7 +203,7 @@ def _engine_backend() -> dict[str, Any]:
     """The backend znative's async IO engine picks with `backend="auto"`, and why."""
     try:
         from znative import io_backend_probe
-    except ImportError as e:
+    except Exception as e:  # missing, or znative refuses to import (a bad ZNATIVE_SIMD)
         return {"backend": None, "reason": f"znative without async IO: {e}"}
     name, reason = io_backend_probe()
     return {"backend": name, "reason": reason}

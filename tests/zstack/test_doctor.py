@@ -6,6 +6,7 @@ import ctypes
 import errno
 import importlib
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -134,6 +135,25 @@ def test_forced_simd_level_is_a_warning_with_fix() -> None:
     problem = next(p for p in report["problems"] if p["item"] == "simd")
     assert problem["severity"] == "warning"
     assert problem["fix"].endswith(f"to use {detected}")
+
+
+def test_a_bad_znative_simd_is_reported_not_a_crash() -> None:
+    """znative refuses an unknown ZNATIVE_SIMD at import; doctor (a fresh process, so
+    the import really happens) reports it with the fix instead of dying in a probe."""
+    env = {**os.environ, "ZNATIVE_SIMD": "avx9"}
+    run = subprocess.run(
+        [str(Z), "doctor", "--json"], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert "Traceback" not in run.stderr, run.stderr
+    assert run.returncode == 1  # an error was found
+    report = json.loads(run.stdout)
+    problem = next(p for p in report["problems"] if p["item"] == "znative")
+    assert "avx9" in problem["message"] and problem["severity"] == "error"
+    assert problem["fix"].startswith("unset ZNATIVE_SIMD or set it to a level this CPU has")
+    assert (
+        report["nvrtc"]["status"] == "unknown"
+        and "znative does not import" in (report["nvrtc"]["reason"])
+    )
 
 
 def test_missing_package_is_an_error_and_fails_the_exit_code(
