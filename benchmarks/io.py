@@ -253,6 +253,8 @@ def run(
         "queue_depth": queue_depth,
         "intra_op_parallelism": intra_op_parallelism,
         "rounds": rounds,
+        # every contender's read-back equal to what it wrote (z bench exits 1 otherwise)
+        "ok": all(r["verified"] for r in results.values()),
         "dir": str(base),
         "filesystem": _fs_of(base.resolve()),
         "machine": {

@@ -270,7 +270,9 @@ def run(
         )
     if latency:
         _log("latency of quantized linears")
-        sizes = tuple(int(b) for b in batches.split(","))
+        from zstack.bench import numbers
+
+        sizes = tuple(numbers("--batches", batches))
         result["latency"] = _latency.run_all(batch_sizes=sizes, repeats=repeats, threads=threads)
     if xtc_steps:
         _log(f"xtc, {xtc_steps} distillation steps")

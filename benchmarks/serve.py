@@ -306,7 +306,9 @@ def run(
     bad = [p for p in pols if p not in POLICIES]
     if bad:
         raise ValueError(f"--policies {bad} unknown; choose from {', '.join(POLICIES)}")
-    rate_list = [float(r) for r in rates.split(",")]
+    from zstack.bench import numbers
+
+    rate_list = numbers("--rates", rates, float)
     if sla_ema_span < 1 or sla_rate_per_unit <= 0:
         raise ValueError(
             f"need sla_ema_span >= 1 and sla_rate_per_unit > 0 "
@@ -315,13 +317,13 @@ def run(
     if any(r <= 0 for r in rate_list) or num_requests < 1:
         raise ValueError(f"need rates > 0 and num_requests >= 1 (got {rates}, {num_requests})")
 
-    def pair(s: str) -> tuple[int, int]:
-        a, b = (int(x) for x in s.split(","))
+    def pair(flag: str, s: str) -> tuple[int, int]:
+        a, b = numbers(flag, s, int, count=2)
         return a, b
 
     dist = {
-        "short_prompt": pair(short_prompt),
-        "long_prompt": pair(long_prompt),
+        "short_prompt": pair("--short-prompt", short_prompt),
+        "long_prompt": pair("--long-prompt", long_prompt),
         "long_fraction": long_fraction,
         "output": pair(output_len),
     }

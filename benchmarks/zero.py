@@ -93,8 +93,9 @@ def _unique(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
 
 def run(world_size: int = 4, preset: str = "small", stages: str = "0,1,2,3") -> dict[str, Any]:
     from zcore.memory import formula_bytes
+    from zstack.bench import numbers
 
-    [int(s) for s in stages.split(",")]  # validate early
+    numbers("--stages", stages)  # validate early
     port = _ranks.free_port()
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rows.json")

@@ -45,10 +45,42 @@ def load(name: str) -> ModuleType:
     return module
 
 
+def numbers(flag: str, text: str, kind: type[int] | type[float] = int,
+            count: int | None = None) -> list[Any]:  # fmt: skip
+    """A comma-separated option (``--stages 0,1,2``) as numbers; ValueError naming ``flag``
+    and the bad item otherwise."""
+    items = [t.strip() for t in str(text).split(",")]
+    out = []
+    for item in items:
+        try:
+            out.append(kind(item))
+        except ValueError:
+            raise ValueError(
+                f"{flag} {text!r}: {item!r} is not {'an integer' if kind is int else 'a number'}; "
+                f"give comma-separated {'integers' if kind is int else 'numbers'}, e.g. "
+                f"{'1,2' if kind is int else '0.5,1'}"
+            ) from None
+    if count is not None and len(out) != count:
+        raise ValueError(
+            f"{flag} {text!r}: expected {count} comma-separated values, got {len(out)}"
+        )
+    return out
+
+
 def run_benchmark(name: str, json_only: bool, **options: Any) -> int:
-    module = load(name)
-    result = module.run(**options)
+    """Run benchmark ``name`` and print its report and JSON. Returns the exit code: 0; 1
+    when the result says a check failed (``"ok": false``); 2 for bad options or a missing
+    file or directory, reported as one line naming the problem (no traceback)."""
+    try:
+        module = load(name)
+        result = module.run(**options)
+    except (ValueError, OSError) as exc:
+        print(f"error: z bench {name}: {exc}", file=sys.stderr)
+        return 2
     if not json_only and hasattr(module, "report"):
         print(module.report(result))
     print(json.dumps(result))
+    if result.get("ok") is False:
+        print(f"error: z bench {name}: a check failed; see the report above", file=sys.stderr)
+        return 1
     return 0

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import znative
 
 Z = str(Path(sys.executable).parent / "z")
@@ -23,6 +25,7 @@ def test_bench_io_json_shape_and_verified_reads(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["benchmark"] == "io" and r["size_bytes"] == 8 << 20
+    assert r["ok"] is True  # every read-back verified (else z bench exits 1)
     assert (r["block_size"], r["queue_depth"], r["rounds"]) == (256 << 10, 16, 1)
     assert r["dir"] == str(tmp_path) and r["filesystem"]
     names = {"zstack_threads", "python_write_fsync_readinto", "torch_save_load"}
@@ -44,9 +47,20 @@ def test_bench_io_json_shape_and_verified_reads(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == [], "benchmark files are removed"
 
 
-def test_bench_io_rejects_bad_size(tmp_path: Path) -> None:
-    out = subprocess.run(
-        [Z, "bench", "io", "--size", "lots", "--dir", str(tmp_path), "--no-ds"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert out.returncode != 0 and "1GiB" in out.stderr + out.stdout
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["io", "--size", "lots", "--no-ds"], ["size 'lots'", "1GiB"]),
+        (["io", "--size", "1MiB", "--dir", "/nonexistent/zstack", "--no-ds"], ["--dir"]),
+        (["zero", "--stages", "1,x"], ["--stages", "'x' is not an integer"]),
+        (["serve", "--short-prompt", "8"], ["--short-prompt", "expected 2"]),
+    ],
+    ids=["size", "dir", "stages", "pair"],
+)
+def test_bad_bench_options_are_one_line_errors(args: list[str], words: list[str]) -> None:
+    """Exit code 2 and `error: z bench NAME: ...` naming the option; no traceback."""
+    out = subprocess.run([Z, "bench", *args], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr and out.stderr.startswith(f"error: z bench {args[0]}: ")
+    for w in words:
+        assert w in out.stderr, out.stderr
