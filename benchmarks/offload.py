@@ -75,6 +75,17 @@ def _config(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _param_buffer(preset: str, n_layer: int | None, n_embd: int | None, world: int) -> int:
+    """Elements of one offload_param buffer: the largest parameter's shard (an MLP weight,
+    4 n_embd x n_embd, or an embedding, vocab or block_size x n_embd) plus slack."""
+    from zstack.recipes.gpt import GPTConfig
+
+    sizes = {k: v for k, v in (("n_layer", n_layer), ("n_embd", n_embd)) if v}
+    cfg = GPTConfig.preset(preset, vocab_size=2048, **sizes)
+    largest = cfg.n_embd * max(4 * cfg.n_embd, cfg.vocab_size, cfg.block_size)
+    return -(-largest // world) + 4096
+
+
 def _rank_main(spec: dict[str, Any]) -> None:
     rank, world = spec["rank"], spec["world"]
     os.environ.update(
@@ -196,8 +207,7 @@ def run(
             "warmup": warmup, "micro_batch": micro_batch, "sub_group_size": sub_group_size,
             "block_size": block_size, "queue_depth": queue_depth, "lean": beyond_ram,
             "n_layer": n_layer, "n_embd": n_embd, "seq": seq,
-            # the largest shard: a 4*n_embd x n_embd weight cut in world_size slots
-            "param_buffer": -(-4 * (n_embd or 1024) ** 2 // world_size) + 4096,
+            "param_buffer": _param_buffer(preset, n_layer, n_embd, world_size),
         }  # fmt: skip
         results = {m: _summary(_launch({**base, "mode": m}, tmp)) for m in chosen}
     out: dict[str, Any] = {
