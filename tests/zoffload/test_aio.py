@@ -116,6 +116,42 @@ def test_two_threads_waiting_on_one_request_both_get_its_result(backend: str, tm
         assert got == [8 * MIB] and torch.equal(dst, src)
 
 
+def test_dropping_a_handle_with_io_in_flight_lets_other_threads_run(backend: str, tmp_path) -> None:
+    """The drop waits for the writes in flight (their buffers must outlive them) with
+    the GIL released: another Python thread keeps running meanwhile."""
+    import threading
+    import time
+
+    h = handle(backend)
+    buf = new_aligned_tensor(256 * MIB, torch.uint8)
+    for i in range(4):
+        h.async_pwrite(buf[i * 64 * MIB : (i + 1) * 64 * MIB], tmp_path / f"f{i}")
+    loops, stop = [0], threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            loops[0] += 1
+
+    other = threading.Thread(target=spin)
+    other.start()
+    start = loops[0]
+    time.sleep(0.05)  # its pace while this thread sleeps (GIL free)
+    rate = (loops[0] - start) / 0.05
+    before, t0 = loops[0], time.perf_counter()
+    h._native = None  # the native handle goes: its drop waits for the four writes
+    took, ran = time.perf_counter() - t0, loops[0] - before
+    stop.set()
+    other.join()
+    if took < 0.05:
+        pytest.skip(f"the writes finished in {took * 1e3:.0f} ms: too fast to observe")
+    # Holding the GIL, the drop would let it run one switch interval (5 ms) at most.
+    assert ran > 0.45 * rate * took, (
+        f"the other thread ran {ran} loops in the {took * 1e3:.0f} ms drop, "
+        f"{rate * took:.0f} at its free pace"
+    )
+    assert all((tmp_path / f"f{i}").stat().st_size == 64 * MIB for i in range(4))
+
+
 def test_file_spanning_many_blocks(backend: str, tmp_path) -> None:
     h = handle(backend, block_size=64 << 10, queue_depth=4, overlap_events=False)
     src = aligned_copy(random_bytes(5 * MIB + 7, 1).view(-1))

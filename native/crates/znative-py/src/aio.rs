@@ -119,6 +119,15 @@ pub struct AioHandle {
     held: Mutex<HashMap<u64, Py<PyAny>>>,
 }
 
+impl Drop for AioHandle {
+    fn drop(&mut self) {
+        // The engine's own drop waits for the requests in flight; do that here with the
+        // GIL released, so other Python threads run while a dropped handle drains.
+        let engine = &self.engine;
+        Python::attach(|py| py.detach(|| drop(engine.wait_all())));
+    }
+}
+
 impl AioHandle {
     fn submit(
         &self,

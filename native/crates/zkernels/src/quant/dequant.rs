@@ -352,6 +352,16 @@ pub fn dequant_linear(
     if m == 0 || n == 0 {
         return Ok(());
     }
+    if k == 0 {
+        // An empty product: every row is the bias (or zero).
+        for row in out.chunks_exact_mut(n) {
+            match bias {
+                Some(b) => row.copy_from_slice(b),
+                None => row.fill(0.0),
+            }
+        }
+        return Ok(());
+    }
     let job = LinearJob {
         x,
         w,
@@ -522,5 +532,28 @@ mod tests {
         ));
         let w = PackedWeight { group: 0, ..w };
         assert!(matches!(w.validate(), Err(QuantError::Param { .. })));
+    }
+
+    /// k = 0: the product is empty, so every output row is the bias (it used to panic
+    /// in `chunks_exact_mut(0)`).
+    #[test]
+    fn linear_with_no_input_features_gives_the_bias() {
+        let (data, scale) = (Vec::<u8>::new(), Vec::<f32>::new());
+        let w = PackedWeight {
+            format: WeightFormat::Int4 { offset: 8 },
+            data: &data,
+            data2: None,
+            scale: &scale,
+            zero: None,
+            n: 3,
+            k: 0,
+            group: 4,
+        };
+        let bias = [1.0f32, -2.0, 0.5];
+        let mut out = vec![9.0f32; 2 * 3];
+        dequant_linear(&[], &w, Some(&bias), &mut out, 2).unwrap();
+        assert_eq!(out, [1.0, -2.0, 0.5, 1.0, -2.0, 0.5]);
+        dequant_linear(&[], &w, None, &mut out, 2).unwrap();
+        assert_eq!(out, [0.0; 6]);
     }
 }
