@@ -27,9 +27,9 @@ class Init:
 
     Every rank must run the same construction code; each parameter is broadcast from rank 0
     before it is cut, so all ranks agree even if their random states differ. Initialisation
-    done after construction through ``model.apply(fn)`` sees full parameters (they are
-    gathered around ``fn`` and re-cut after); anything else that edits parameters later
-    must use :class:`GatheredParameters`.
+    done after construction through ``model.apply(fn)`` sees full parameters (each module's
+    own are gathered around ``fn``, then broadcast from rank 0 and re-cut); anything else
+    that edits parameters later must use :class:`GatheredParameters`.
 
     Args:
         persistence_threshold: parameters with at most this many elements stay whole.
@@ -111,19 +111,30 @@ class Init:
         return wrapped
 
     def _wrap_apply(self, apply: Any) -> Any:
+        """``nn.Module.apply`` that runs ``fn`` on each module with its own parameters whole.
+
+        The original ``apply`` recurses through ``child.apply``, which is this replacement
+        again: a ``fn`` already wrapped is passed on unchanged, so each module is gathered,
+        edited, broadcast from rank 0, re-cut and released exactly once.
+        """
         stage3 = self.stage3
         assert stage3 is not None
 
-        def wrapped(module: nn.Module, fn: Any) -> nn.Module:
-            def gathered_fn(m: nn.Module) -> None:
-                own = [p for p in m.parameters(recurse=False) if p in stage3.params]
-                stage3.gather(own, "gather(zero.Init apply)")
+        def gathered_fn(fn: Any, m: nn.Module) -> None:
+            own = [p for p in m.parameters(recurse=False) if p in stage3.params]
+            stage3.gather(own, "gather(zero.Init apply)")
+            try:
                 fn(m)
-                for p in own:
+                for p in own:  # ranks may draw different random values: rank 0's win
+                    stage3.comm.broadcast(p.data, 0, "broadcast(zero.Init apply)").wait()
                     stage3.repartition(p)
+            finally:
                 stage3.release(own)
 
-            return apply(module, gathered_fn)
+        def wrapped(module: nn.Module, fn: Any) -> nn.Module:
+            if not (isinstance(fn, functools.partial) and fn.func is gathered_fn):
+                fn = functools.partial(gathered_fn, fn)
+            return apply(module, fn)
 
         return wrapped
 
@@ -165,17 +176,20 @@ class GatheredParameters:
         if not self.enabled:
             return
         s3 = self.stage3
-        if self.modifier_rank is not None:
-            comm = s3.comm if s3 is not None else _default_comm()
-            for p in self.params:
-                comm.broadcast(p.data, self.modifier_rank, "broadcast(GatheredParameters)").wait()
-                if s3 is not None and p in s3.params:
-                    s3.repartition(p)
-                else:
-                    for fn in getattr(p, "_z_on_edit", []):
-                        fn(p)
-        if s3 is not None:
-            s3.release(self.params)
+        try:
+            if self.modifier_rank is not None:
+                comm = s3.comm if s3 is not None else _default_comm()
+                for p in self.params:
+                    what = "broadcast(GatheredParameters)"
+                    comm.broadcast(p.data, self.modifier_rank, what).wait()
+                    if s3 is not None and p in s3.params:
+                        s3.repartition(p)
+                    else:
+                        for fn in getattr(p, "_z_on_edit", []):
+                            fn(p)
+        finally:  # a failed exit must not leave parameters gathered
+            if s3 is not None:
+                s3.release(self.params)
 
 
 def _default_comm() -> Comm:

@@ -114,7 +114,15 @@ class ZeroOptimizer:
         return master.pin_memory() if self.pin_memory and device.type == "cpu" else master
 
     def _refresh_master(self, p: nn.Parameter) -> None:
-        g, shard = self.where[p]
+        """``p``'s full value was edited: take this rank's slot of it into the master weights.
+
+        Parameters outside every optimizer group (frozen ones, partitioned at stage 3 like
+        the rest) have no master weights: their shard alone holds the edit.
+        """
+        at = self.where.get(p)
+        if at is None:
+            return
+        g, shard = at
         self.master[g][shard.offset : shard.offset + shard.shard_size].copy_(self._slot_of(p))
 
     # -- gradients ------------------------------------------------------------------------

@@ -102,7 +102,11 @@ class Stage3Params:
         self.prefetch_elems = prefetch_elems
         self.max_live_elems = max_live_elems
         self.max_reuse_elems = max_reuse_elems
-        self._keep_after_fwd: list[set[nn.Parameter]] = []  # by forward-trace position
+        # parameters to keep gathered after each position of the forward trace it was
+        # planned on; a later forward may record another trace (a no-grad eval forward that
+        # runs fewer modules), so the plan keeps its own
+        self._keep_after_fwd: list[set[nn.Parameter]] = []
+        self._keep_trace: list[nn.Module] = []
         self.params: dict[nn.Parameter, ShardedParam] = {}
         self.store = ShardStore()
         self.live_elems = 0
@@ -303,8 +307,9 @@ class Stage3Params:
     def _post_forward(self, m: nn.Module, args: Any, out: Any) -> Any:
         own = self._own(m)
         pos = len(self._fwd_now) - 1
-        keep = self._keep_after_fwd[pos] if pos < len(self._keep_after_fwd) else ()
-        if keep and self.live_elems <= self.max_live_elems and self._fwd_trace[pos] is m:
+        plan, trace = self._keep_after_fwd, self._keep_trace
+        keep = plan[pos] if pos < len(plan) and pos < len(trace) and trace[pos] is m else ()
+        if keep and self.live_elems <= self.max_live_elems:
             own = [p for p in own if p not in keep]
         self.release(own)
         if torch.is_grad_enabled():
@@ -321,6 +326,7 @@ class Stage3Params:
         """After a backward pass: remember its module order and release what is still live."""
         if self._bwd_now:
             self._bwd_trace = self._bwd_now
+            self._keep_trace = self._fwd_trace
             self._keep_after_fwd = self._reused_soon(self._fwd_trace + self._bwd_trace)[
                 : len(self._fwd_trace)
             ]
