@@ -161,6 +161,45 @@ def _fault(rank: int, world: int, root: str, ckpt: str, kind: str) -> dict[str, 
     return {"error": error, "swap": str(swap), "losses": losses, "params": params}
 
 
+def _load_fault(rank: int, world: int, root: str, ckpt: str) -> dict[str, str]:
+    """A load whose swap-file writes fail (as on a full disk) leaves the engine refusing
+    to step until a load succeeds."""
+    engine, *_ = zcore.initialize(make_model(), config=nvme_config(2, Path(root)))
+    train(engine, 2)
+    engine.save_checkpoint(ckpt)
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    out = {}
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, limit[1]))
+    try:
+        engine.load_checkpoint(ckpt)
+        out["load"] = ""
+    except OSError as err:
+        out["load"] = str(err)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+    try:
+        train(engine, 1, start=2)
+        out["step"] = ""
+    except OSError as err:
+        out["step"] = str(err)
+    engine.load_checkpoint(ckpt)
+    out["next"] = str(train(engine, 1, start=2))
+    engine.destroy()
+    return out
+
+
+def test_a_load_that_fails_writing_swap_files_blocks_steps_until_a_load_succeeds(
+    tmp_path: Path,
+) -> None:
+    args = (str(tmp_path / "nvme"), str(tmp_path / "ckpt"))
+    first, other = run_ranks(_load_fault, 2, args=args, timeout=300)
+    for got in (first, other):
+        assert "File too large" in got["load"] or "EFBIG" in got["load"], got["load"]
+        assert "checkpoint load failed part-way" in got["step"], got["step"]
+        assert "engine.load_checkpoint" in got["step"]
+    assert first["next"] == other["next"]
+
+
 @pytest.mark.parametrize("kind", ["corrupt", "file_size_limit"])
 def test_swap_faults_stop_every_rank_and_the_checkpoint_still_loads(
     kind: str, tmp_path: Path

@@ -50,9 +50,17 @@ class _Tile:
         self.writes: list[SwapIO] = []
 
     def finish_writes(self) -> None:
+        """Wait for every write of this set (all of them, even after one fails: the buffers
+        are reused next), then raise the first failure."""
         writes, self.writes = self.writes, []
+        first: SwapError | None = None
         for w in writes:
-            w.wait()
+            try:
+                w.wait()
+            except SwapError as err:
+                first = first or err
+        if first is not None:
+            raise first
 
 
 class NvmeZeroOptimizer(ZeroOptimizer):
@@ -301,15 +309,12 @@ class NvmeZeroOptimizer(ZeroOptimizer):
         except SwapError as err:
             failure = err
         finally:
-            for t in self._tiles:
-                try:
-                    t.finish_writes()
-                except SwapError as err:
-                    failure = failure or err
+            failure = failure or self._drain_writes()
         # every rank learns of a failure before any publishes (no rank hangs in the gather)
         if self.comm.max_flag(failure is not None, "all_reduce(nvme step failed)"):
             # Some tiles of some partitions took this step and others did not.
-            self._broken = str(failure) if failure is not None else "another rank's swap failed"
+            cause = str(failure) if failure is not None else "another rank's swap failed"
+            self._broken = f"an earlier optimizer step failed part-way ({cause})"
             self.zero_grad()
             if failure is not None:
                 raise failure
@@ -317,13 +322,23 @@ class NvmeZeroOptimizer(ZeroOptimizer):
                 5, "another rank's NVMe swap failed during the step; see that rank's error"
             )
 
+    def _drain_writes(self) -> SwapError | None:
+        """Wait for every tile set's writes; the first failure, if any."""
+        first: SwapError | None = None
+        for t in self._tiles:
+            try:
+                t.finish_writes()
+            except SwapError as err:
+                first = first or err
+        return first
+
     def _check_not_broken(self, what: str) -> None:
         if self._broken is not None:
             raise SwapError(
                 5,
-                f"cannot {what}: an earlier optimizer step failed part-way ({self._broken}), "
-                "so the master weights and optimizer state on NVMe mix two steps; load the "
-                "last checkpoint with engine.load_checkpoint(...) to continue",
+                f"cannot {what}: {self._broken}, so the master weights and optimizer state "
+                "on NVMe are a mix of two states; load the last checkpoint with "
+                "engine.load_checkpoint(...) to continue",
             )
 
     def _update_group(self, g: int, coef: float) -> None:
@@ -391,8 +406,12 @@ class NvmeZeroOptimizer(ZeroOptimizer):
         self._all_gather_params(persistent)
 
     def _refresh_master(self, p: torch.nn.Parameter) -> None:
-        """A full value edited under GatheredParameters: rewrite the tiles it touches."""
-        g, shard = self.where[p]
+        """A full value edited under GatheredParameters: rewrite the tiles it touches (a
+        frozen parameter has no master: its shard alone holds the edit)."""
+        at = self.where.get(p)
+        if at is None:
+            return
+        g, shard = at
         slot = self._slot_of(p)
         lo, hi = shard.offset, shard.offset + shard.shard_size
         for a, b in self._ranges(g):
@@ -425,7 +444,18 @@ class NvmeZeroOptimizer(ZeroOptimizer):
         return [torch.zeros(n, dtype=torch.float32) for n in self.numels]
 
     def finish_load(self, masters: list[torch.Tensor], state: dict[str, Any] | None) -> None:
-        self._broken = None  # every group's master and state is rewritten below
+        self._drain_writes()  # writes left by an earlier failure: all rewritten below
+        # Until every group's master and state is rewritten, the files mix two states.
+        self._broken = "a checkpoint load failed part-way while writing the swap files"
+        try:
+            self._finish_load(masters, state)
+        finally:
+            failure = self._drain_writes()
+        if failure is not None:
+            raise failure
+        self._broken = None
+
+    def _finish_load(self, masters: list[torch.Tensor], state: dict[str, Any] | None) -> None:
         for g, m in enumerate(masters):
             saved = (state or {}).get("state", {}).get(g, {})
             if state is not None:
