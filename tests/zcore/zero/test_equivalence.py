@@ -3,8 +3,11 @@
 Tolerances: fp32 runs must match the fp32 baseline to 2e-5 absolute on losses and 1e-4
 on parameters after 10 steps (the only differences are summation order across ranks and
 the native vs torch AdamW kernel). bf16/fp16 runs keep fp32 master weights but compute in
-16 bits; their losses must stay within 0.5% of the fp32 baseline's and their parameters
-within 3e-2.
+16 bits; their losses must stay within 0.5% of the fp32 baseline's, and each parameter's
+distance from the baseline's must be a small part of how far training moved it:
+||θ - θ_ref|| <= 0.25 ||θ_ref - θ_0|| in bf16 (measured 0.15), 0.05 in fp16 (measured
+0.02). (An absolute 3e-2 was about all the movement 10 steps of lr 3e-3 allow, so a run
+that never trained would have passed it.)
 """
 
 from __future__ import annotations
@@ -36,12 +39,22 @@ def _run(
     return losses, full_params(engine)
 
 
-def _check(results: list, world: int, loss_tol: float, param_tol: float) -> None:
+def _check(
+    results: list, world: int, loss_tol: float, param_tol: float = 0.0, update_tol: float = 0.0
+) -> None:
+    """Losses within ``loss_tol`` (relative); each parameter within ``param_tol`` absolute,
+    or with ``update_tol``, within that fraction of the baseline's update (in norm)."""
     ref_losses, ref_params = baseline(STEPS, global_size=2 * 2 * world)
+    init = make_model().state_dict()
     for rank_losses, params in results:
         assert rank_losses == pytest.approx(ref_losses, rel=loss_tol, abs=2e-5)
         for name, ref in ref_params.items():
-            torch.testing.assert_close(params[name], ref, atol=param_tol, rtol=0, msg=name)
+            if update_tol:
+                moved = float((ref - init[name]).norm())
+                off = float((params[name] - ref).norm())
+                assert moved > 0 and off <= update_tol * moved, (name, off / moved)
+            else:
+                torch.testing.assert_close(params[name], ref, atol=param_tol, rtol=0, msg=name)
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -60,7 +73,7 @@ def test_fp32_matches_unsharded_baseline(stage: int, world: int) -> None:
 )
 def test_half_precision_tracks_fp32_baseline(stage: int, precision: str) -> None:
     results = run_ranks(_run, 2, args=(stage, precision))
-    _check(results, 2, loss_tol=5e-3, param_tol=3e-2)
+    _check(results, 2, loss_tol=5e-3, update_tol=0.25 if precision == "bf16" else 0.05)
 
 
 def _ddp(rank: int, world: int) -> list[float]:
