@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import torch
 import zcore
 from tests.utils.distributed import run_ranks
 from tests.zcore.zero.common import config, full_params, global_batch, make_model, train
-from zcore.lr_schedules import build_scheduler
+from zcore.config import ConfigError
 
 STEPS = 5
 
@@ -91,26 +92,120 @@ def test_torch_optimizer_passed_in_is_partitioned() -> None:
             torch.testing.assert_close(got[name], value, atol=1e-4, rtol=0, msg=name)
 
 
-def test_scheduler_from_config_steps_once_per_optimizer_step(tmp_path: Path) -> None:
-    sched = {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-2,
+def _lrs_used(engine: Any, steps: int) -> list[list[float]]:
+    """[lr, betas[0]] that the engine's optimizer reads at each of its next ``steps`` steps."""
+    used: list[list[float]] = []
+
+    def record(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        group = opt.param_groups[0]
+        used.append([float(group["lr"]), float(group.get("betas", (float("nan"),))[0])])
+
+    handle = engine.optimizer.register_step_pre_hook(record)
+    try:
+        train(engine, steps, start=engine.global_steps)
+    finally:
+        handle.remove()
+    assert len(used) == steps
+    return used
+
+
+def test_scheduler_from_config_steps_as_deepspeed(tmp_path: Path) -> None:
+    # DeepSpeed builds the schedule at iteration -1 (warmup_min_lr) and steps it after each
+    # optimizer step: steps 1 and 2 run at warmup_min_lr, step k >= 2 at iteration k - 2.
+    sched = {"type": "WarmupLR", "params": {"warmup_min_lr": 1e-3, "warmup_max_lr": 1e-2,
                                             "warmup_num_steps": 4, "warmup_type": "linear"}}  # fmt: skip
     cfg = config(1, mb=2, gas=2, scheduler=sched, steps_per_print=2, wall_clock_breakdown=True)
     cfg["csv_monitor"] = {"enabled": True, "output_path": str(tmp_path), "job_name": "job"}
     engine, *_ = zcore.initialize(make_model(), config=cfg)
-    probe = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
-    expected = build_scheduler("WarmupLR", probe, sched["params"])
-    seen, want = [], []
-    for _ in range(6):
-        train(engine, 1, start=engine.global_steps)
-        probe.step()
-        expected.step()
-        seen.append(engine.get_lr()[0])
-        want.append(expected.get_last_lr()[0])
-    assert seen == pytest.approx(want)
+    assert engine.lr_scheduler.last_batch_iteration == -1
+    assert engine.get_lr() == [1e-3]
+    used = [lr for lr, _ in _lrs_used(engine, 7)]
+    assert used == pytest.approx([1e-3, 1e-3, 3.25e-3, 5.5e-3, 7.75e-3, 1e-2, 1e-2])
+    assert engine.lr_scheduler.state_dict() == {"last_batch_iteration": 6}
     assert engine.get_global_grad_norm() is not None and engine.get_global_grad_norm() > 0
     with open(tmp_path / "job" / "Train_Samples_lr.csv") as f:
         rows = list(csv.reader(f))
-    assert len(rows) == 7 and float(rows[-1][1]) == pytest.approx(seen[-1])
+    assert len(rows) == 8 and float(rows[-1][1]) == pytest.approx(engine.get_lr()[0])
+
+
+#: Schedules run by the engine and by DeepSpeed's own scheduler (single values: the engine
+#: builds one param group here; the optimizer's lr is the config's 3e-3).
+ENGINE_CASES: list[dict[str, Any]] = [
+    {"type": "WarmupLR", "params": {"warmup_min_lr": 1e-4, "warmup_num_steps": 5}},
+    {"type": "WarmupDecayLR", "params": {"total_num_steps": 8, "warmup_max_lr": 5e-3,
+                                         "warmup_num_steps": 3, "warmup_type": "linear"}},
+    {"type": "WarmupDecayLR", "params": {"total_num_steps": 2, "warmup_num_steps": 4}},
+    {"type": "WarmupCosineLR", "params": {"total_num_steps": 9, "warmup_min_ratio": 0.1,
+                                          "warmup_num_steps": 3, "cos_min_ratio": 0.01}},
+    {"type": "OneCycle", "params": {"cycle_min_lr": 1e-4, "cycle_max_lr": 5e-3,
+                                    "cycle_first_step_size": 3, "cycle_second_step_size": 2,
+                                    "decay_step_size": 2, "decay_lr_rate": 0.5,
+                                    "decay_mom_rate": 0.02}},
+    {"type": "OneCycle", "params": {"cycle_min_lr": 1e-4, "cycle_max_lr": 5e-3,
+                                    "cycle_first_step_size": 4, "cycle_first_stair_count": 2}},
+]  # fmt: skip
+
+
+def _deepspeed_lrs(ds: Any, block: dict[str, Any], steps: int) -> list[list[float]]:
+    """DeepSpeed's scheduler driven as its engine drives it (``_take_model_step``: the
+    optimizer steps, then the scheduler), over a torch optimizer with the config's lr."""
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=3e-3)
+    sched = getattr(ds, block["type"])(opt, **block["params"])
+    used = []
+    for _ in range(steps):
+        used.append([float(opt.param_groups[0]["lr"]), float(opt.param_groups[0]["betas"][0])])
+        opt.step()
+        sched.step()
+    return used
+
+
+@pytest.mark.parametrize("block", ENGINE_CASES, ids=lambda b: b["type"])
+def test_engine_runs_deepspeeds_learning_rates(block: dict[str, Any]) -> None:
+    ds = pytest.importorskip("deepspeed.runtime.lr_schedules")  # PYTHONPATH=<Makefile DS_DIR>
+    engine, *_ = zcore.initialize(make_model(), config=config(1, mb=2, gas=1, scheduler=block))
+    ours = _lrs_used(engine, 12)
+    theirs = _deepspeed_lrs(ds, block, 12)
+    for step, (a, b) in enumerate(zip(theirs, ours, strict=True), start=1):
+        assert b == pytest.approx(a, rel=1e-12, abs=1e-15), f"optimizer step {step}"
+
+
+def test_bad_scheduler_config_fails_before_the_model_is_touched() -> None:
+    model = make_model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    block = {"type": "WarmupDecayLR", "params": {"total_num_steps": 100, "warmup_num_steps": 0}}
+    with pytest.raises(ConfigError, match=r"scheduler\.params\.warmup_num_steps = 0: must be >= 1"):
+        zcore.initialize(model, config=config(3, scheduler=block))
+    # Not partitioned, not cast, no hooks: the same model trains under a good config.
+    for name, p in model.named_parameters():
+        assert p.data.shape == before[name].shape and torch.equal(p.data, before[name]), name
+        assert p.dtype == torch.float32 and not hasattr(p, "_z_on_edit"), name
+        assert not p._post_accumulate_grad_hooks, name
+    for module in model.modules():
+        assert not module._forward_pre_hooks and not module._forward_hooks, module
+    # warmup_num_steps above total_num_steps: DeepSpeed warns and runs, so does zcore
+    block["params"] = {"total_num_steps": 5, "warmup_num_steps": 10}
+    engine, *_ = zcore.initialize(model, config=config(3, scheduler=block))
+    losses = train(engine, 2)
+    assert engine.global_steps == 2 and all(math.isfinite(loss) for loss in losses)
+
+
+def _save_with_schedule(ckpt: str, steps: int, block: dict[str, Any]) -> list[list[float]]:
+    engine, *_ = zcore.initialize(make_model(), config=config(2, mb=2, gas=1, scheduler=block))
+    used = _lrs_used(engine, steps)
+    engine.save_checkpoint(ckpt)
+    return used
+
+
+@pytest.mark.parametrize("optimizer_states", [True, False])
+def test_checkpoint_resume_continues_the_schedule(tmp_path: Path, optimizer_states: bool) -> None:
+    block = ENGINE_CASES[4]  # OneCycle: lr and momentum both scheduled
+    uninterrupted = _save_with_schedule(str(tmp_path / "a"), 10, block)
+    assert _save_with_schedule(str(tmp_path / "b"), 4, block) == uninterrupted[:4]
+    engine, *_ = zcore.initialize(make_model(seed=5), config=config(2, mb=2, gas=1,
+                                                                    scheduler=block))  # fmt: skip
+    engine.load_checkpoint(str(tmp_path / "b"), load_optimizer_states=optimizer_states)
+    assert engine.lr_scheduler.state_dict() == {"last_batch_iteration": 3}
+    assert _lrs_used(engine, 6) == uninterrupted[4:]
 
 
 def test_train_eval_and_accumulation_boundaries() -> None:

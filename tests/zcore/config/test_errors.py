@@ -111,6 +111,21 @@ def test_scheduler_missing_required_param_is_named() -> None:
     assert message.startswith("scheduler.params.total_num_steps: is required")
 
 
+@pytest.mark.parametrize(
+    ("type_", "params"),
+    [
+        ("WarmupLR", {}),
+        ("WarmupDecayLR", {"total_num_steps": 100}),
+        ("WarmupCosineLR", {"total_num_steps": 100}),
+    ],
+)
+def test_scheduler_warmup_num_steps_zero_is_refused(type_: str, params: dict) -> None:
+    # DeepSpeed's schedules raise for it; zstack refuses it when the config loads.
+    config = {"scheduler": {"type": type_, "params": {**params, "warmup_num_steps": 0}}}
+    message = only_line(config)
+    assert message.startswith("scheduler.params.warmup_num_steps = 0: must be >= 1"), message
+
+
 def test_scheduler_bad_warmup_type_lists_choices() -> None:
     config = {"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "cosine"}}}
     assert only_line(config) == (

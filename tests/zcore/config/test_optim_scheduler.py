@@ -123,11 +123,13 @@ def test_warmup_lr_defaults() -> None:
     assert isinstance(warmup, WarmupLRConfig) and warmup.type == "WarmupLR"
     assert warmup.params.model_dump() == {
         "warmup_min_lr": 0.0,
-        "warmup_max_lr": 1e-3,
+        "warmup_max_lr": None,  # DeepSpeed 0.19.8: the optimizer's lr
         "warmup_num_steps": 1000,
         "warmup_type": "log",
         "last_batch_iteration": -1,
     }
+    decay = scheduler("WarmupDecayLR", total_num_steps=5000)
+    assert decay.params.model_dump()["warmup_max_lr"] == 1e-3  # DeepSpeed's default there
 
 
 def test_warmup_decay_and_cosine_need_total_steps() -> None:
@@ -145,3 +147,16 @@ def test_one_cycle() -> None:
     assert params["cycle_first_step_size"] == 2000 and params["cycle_second_step_size"] is None
     assert (params["cycle_min_mom"], params["cycle_max_mom"]) == (0.8, 0.9)
     assert params["cycle_momentum"] is True
+
+
+@pytest.mark.parametrize("type_", ["WarmupDecayLR", "WarmupCosineLR"])
+@pytest.mark.parametrize("total", [3, 10])
+def test_total_steps_not_above_warmup_is_accepted_as_deepspeed(type_: str, total: int) -> None:
+    # DeepSpeed runs these (logging a warning when the schedule is built); so does zstack.
+    cfg = scheduler(type_, total_num_steps=total, warmup_num_steps=10)
+    assert (cfg.params.total_num_steps, cfg.params.warmup_num_steps) == (total, 10)
+
+
+def test_one_cycle_second_step_size_may_be_zero() -> None:
+    cycle = scheduler("OneCycle", cycle_min_lr=0.0, cycle_max_lr=1.0, cycle_second_step_size=0)
+    assert cycle.params.cycle_second_step_size == 0

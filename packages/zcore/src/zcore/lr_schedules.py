@@ -5,12 +5,26 @@ parameter names (the ``scheduler.params`` block of a DeepSpeed config) and compu
 DeepSpeed's formulas, while behaving like any torch scheduler: ``step()``,
 ``get_last_lr()``, ``state_dict()`` / ``load_state_dict()``.
 
-Step convention: ``scheduler.last_epoch`` plays the role of DeepSpeed's
-``last_batch_iteration``. Right after construction ``last_epoch == 0`` and the optimizer
-holds the schedule's value at iteration 0; each ``scheduler.step()`` (called once per
-optimizer step, after it) advances one iteration, so the lr used by optimizer step ``k``
-is the schedule at iteration ``k``. Passing ``last_batch_iteration=n`` resumes with the
-optimizer at iteration ``n + 1``, the value the next DeepSpeed ``step()`` would set.
+Step convention, DeepSpeed's (``deepspeed/runtime/lr_schedules.py``, 0.19.8):
+``scheduler.last_epoch`` (also readable as ``last_batch_iteration``) is the index of the
+last batch done. A new schedule (``last_batch_iteration=-1``) stays at -1 and sets the
+optimizer to the value DeepSpeed's constructors set: ``warmup_min_lr`` (``WarmupLR``,
+``WarmupDecayLR``), 0 (``WarmupCosineLR``), ``cycle_min_lr`` and ``cycle_min_mom``
+(``OneCycle``). Each ``step()``, called after each optimizer step as DeepSpeed's engine
+does, advances one iteration and applies the schedule there. So optimizer step 1 runs
+at that starting value and step ``k >= 2`` at the schedule's iteration ``k - 2``, the
+learning rates a DeepSpeed run uses.
+
+``last_batch_iteration=n >= 0`` resumes after batch ``n``: the optimizer gets the values
+an uninterrupted run holds then (iteration ``n``) and the next ``step()`` applies
+iteration ``n + 1``. DeepSpeed's constructors leave the optimizer's lr alone instead, so
+that its first resumed step runs at whatever the optimizer holds (the config's lr unless
+a checkpoint's optimizer state is loaded); with that state loaded, as checkpoint resumes
+do, the two are the same. ``state_dict()`` is DeepSpeed's ``{"last_batch_iteration": n}``;
+``load_state_dict()`` restores the position only, as DeepSpeed's (the schedule's
+parameters stay the constructor's), sets the optimizer to that position's values (what
+its restored state holds anyway) and also takes the ``last_epoch`` of older zcore
+checkpoints.
 """
 
 from __future__ import annotations
@@ -104,11 +118,43 @@ def _warmup_gamma(iteration: int, warmup_num_steps: int, warmup_type: str) -> fl
     return iteration / warmup_num_steps
 
 
+def _warn_no_decay(total_num_steps: int, warmup_num_steps: int, floor: str) -> None:
+    """DeepSpeed runs a schedule whose decay phase is empty, logging a warning; so do we."""
+    if total_num_steps <= warmup_num_steps:
+        logger.warning(
+            "total_num_steps %d is not greater than warmup_num_steps %d: there is no decay "
+            "phase, the lr drops to %s right after warmup; raise total_num_steps to the "
+            "number of optimizer steps of the run",
+            total_num_steps,
+            warmup_num_steps,
+            floor,
+        )
+
+
 class _IterationSchedule(LRScheduler):
-    """A schedule that is a closed-form function of the iteration (``last_epoch``)."""
+    """A schedule that is a closed-form function of the iteration (``last_epoch``).
+
+    ``_lrs_at(-1)`` is the value a new schedule starts the optimizer at.
+    """
 
     def _lrs_at(self, iteration: int) -> list[float]:
         raise NotImplementedError
+
+    def _initial_step(self) -> None:
+        # torch's constructor ends with a step() that advances last_epoch and applies
+        # get_lr(); DeepSpeed's constructors do not advance. Step back one first, so that
+        # this step lands where DeepSpeed starts and keeps torch's step bookkeeping.
+        self.last_epoch -= 1
+        super()._initial_step()
+
+    @property
+    def last_batch_iteration(self) -> int:
+        """DeepSpeed's name for ``last_epoch``: the index of the last batch done."""
+        return self.last_epoch
+
+    @last_batch_iteration.setter
+    def last_batch_iteration(self, value: int) -> None:
+        self.last_epoch = value
 
     def get_lr(self) -> list[float | torch.Tensor]:
         """The learning rates at the current iteration, one per param group."""
@@ -118,14 +164,49 @@ class _IterationSchedule(LRScheduler):
     # step(epoch) is deprecated in torch but still routed here; our formulas are closed form.
     _get_closed_form_lr = get_lr
 
+    def state_dict(self) -> dict[str, Any]:
+        """DeepSpeed's scheduler state: ``{"last_batch_iteration": n}``."""
+        return {"last_batch_iteration": self.last_epoch}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume at ``state_dict["last_batch_iteration"]`` (or an older zcore checkpoint's
+        ``last_epoch``). As in DeepSpeed only the position is restored; the schedule's
+        parameters stay this scheduler's. The optimizer gets the values at that position,
+        which its own restored state holds too; without it (``load_optimizer_states=False``)
+        the run still continues on the schedule."""
+        key = "last_batch_iteration" if "last_batch_iteration" in state_dict else "last_epoch"
+        if key not in state_dict:
+            raise KeyError(
+                f"{type(self).__name__} state dict needs `last_batch_iteration`, got keys "
+                f"{sorted(state_dict)}"
+            )
+        self.last_epoch = _check_int(state_dict[key], key, -1)
+        self._apply()
+
+    def _apply(self) -> None:
+        """Set the optimizer to the schedule's values at ``last_epoch``."""
+        for group, lr in zip(
+            self.optimizer.param_groups, self._lrs_at(self.last_epoch), strict=True
+        ):
+            if isinstance(group["lr"], torch.Tensor):
+                group["lr"].fill_(lr)
+            else:
+                group["lr"] = lr
+        self._last_lr = [
+            g["lr"].clone() if isinstance(g["lr"], torch.Tensor) else g["lr"]
+            for g in self.optimizer.param_groups
+        ]
+
 
 class WarmupLR(_IterationSchedule):
     """Warm each group's lr up from ``warmup_min_lr`` to ``warmup_max_lr``, then hold it.
 
     At iteration ``k < warmup_num_steps`` the lr is ``min + (max - min) * gamma`` with
     ``gamma = log(k + 1) / log(warmup_num_steps)`` (``"log"``) or
-    ``k / warmup_num_steps`` (``"linear"``); afterwards it is ``warmup_max_lr``.
-    ``warmup_min_lr`` / ``warmup_max_lr`` may be one value or a list with one per group.
+    ``k / warmup_num_steps`` (``"linear"``); afterwards it is ``warmup_max_lr``. A new
+    schedule starts the optimizer at ``warmup_min_lr`` (iteration -1, see the module).
+    ``warmup_min_lr`` / ``warmup_max_lr`` may be one value or a list with one per group;
+    ``warmup_max_lr=None`` (the default, as in DeepSpeed) takes each group's current lr.
     Like DeepSpeed, a ``warmup_num_steps`` of 1 is treated as 2 (``log(1) == 0``).
     """
 
@@ -133,12 +214,14 @@ class WarmupLR(_IterationSchedule):
         self,
         optimizer: Optimizer,
         warmup_min_lr: float | Sequence[float] = 0.0,
-        warmup_max_lr: float | Sequence[float] = 0.001,
+        warmup_max_lr: float | Sequence[float] | None = None,
         warmup_num_steps: int = 1000,
         warmup_type: str = "log",
         last_batch_iteration: int = -1,
     ) -> None:
         optimizer = _unwrap(optimizer)
+        if warmup_max_lr is None:
+            warmup_max_lr = [float(group["lr"]) for group in optimizer.param_groups]
         self.min_lrs = _per_group(warmup_min_lr, "warmup_min_lr", optimizer)
         self.max_lrs = _per_group(warmup_max_lr, "warmup_max_lr", optimizer)
         self.warmup_num_steps = max(2, _check_int(warmup_num_steps, "warmup_num_steps", 1))
@@ -152,6 +235,8 @@ class WarmupLR(_IterationSchedule):
         return 1.0
 
     def _lrs_at(self, iteration: int) -> list[float]:
+        if iteration < 0:
+            return list(self.min_lrs)
         gamma = self._gamma(iteration)
         return [lo + (hi - lo) * gamma for lo, hi in zip(self.min_lrs, self.max_lrs, strict=True)]
 
@@ -159,9 +244,11 @@ class WarmupLR(_IterationSchedule):
 class WarmupDecayLR(WarmupLR):
     """``WarmupLR`` followed by a linear decay that reaches 0 at ``total_num_steps``.
 
-    After warmup, ``gamma = max(0, (total_num_steps - k) / (total_num_steps -
+    After warmup, ``gamma = max(0, (total_num_steps - k) / max(1, total_num_steps -
     warmup_num_steps))`` scales ``warmup_max_lr - warmup_min_lr`` on top of
-    ``warmup_min_lr``, as in DeepSpeed.
+    ``warmup_min_lr``, as in DeepSpeed. ``warmup_max_lr`` defaults to 0.001 here, as in
+    DeepSpeed. A ``total_num_steps`` not above ``warmup_num_steps`` leaves no decay: the
+    lr drops to ``warmup_min_lr`` right after warmup; that is logged, as DeepSpeed does.
     """
 
     def __init__(
@@ -174,14 +261,7 @@ class WarmupDecayLR(WarmupLR):
         warmup_type: str = "log",
         last_batch_iteration: int = -1,
     ) -> None:
-        _check_int(total_num_steps, "total_num_steps", 1)
-        _check_int(warmup_num_steps, "warmup_num_steps", 1)
-        if total_num_steps <= warmup_num_steps:
-            raise ValueError(
-                f"total_num_steps {total_num_steps} must be greater than warmup_num_steps "
-                f"{warmup_num_steps}; the decay phase would be empty"
-            )
-        self.total_num_steps = total_num_steps
+        self.total_num_steps = _check_int(total_num_steps, "total_num_steps", 1)
         super().__init__(
             optimizer,
             warmup_min_lr,
@@ -190,6 +270,7 @@ class WarmupDecayLR(WarmupLR):
             warmup_type,
             last_batch_iteration,
         )
+        _warn_no_decay(total_num_steps, self.warmup_num_steps, "warmup_min_lr")
 
     def _gamma(self, iteration: int) -> float:
         if iteration < self.warmup_num_steps:
@@ -203,11 +284,12 @@ class WarmupCosineLR(_IterationSchedule):
 
     The lr is ``initial_lr * ratio``. During warmup ``ratio = warmup_min_ratio + (1 -
     warmup_min_ratio) * gamma`` (gamma as in ``WarmupLR``); afterwards ``ratio =
-    cos_min_ratio + (1 - cos_min_ratio) * (1 + cos(pi * t / T)) / 2`` with ``t = k -
-    warmup_num_steps + 1`` and ``T = total_num_steps - warmup_num_steps``, so the lr
-    reaches ``cos_min_ratio`` at iteration ``total_num_steps - 1``. Unlike DeepSpeed,
-    ``t`` is clamped to ``T`` so the lr stays at the minimum past ``total_num_steps``
-    instead of climbing back up the cosine.
+    cos_min_ratio + (1 - cos_min_ratio) * (1 + cos(pi * t / T)) / 2`` with ``t = min(k -
+    warmup_num_steps + 1, T)`` and ``T = max(1, total_num_steps - warmup_num_steps)``, so
+    the lr reaches ``cos_min_ratio`` at iteration ``total_num_steps - 1`` and stays there,
+    as in DeepSpeed 0.19.8. A new schedule starts the optimizer at lr 0 (DeepSpeed's value
+    at iteration -1, whatever ``warmup_min_ratio`` is). A ``total_num_steps`` not above
+    ``warmup_num_steps`` leaves no cosine (logged, as DeepSpeed does).
     """
 
     def __init__(
@@ -221,22 +303,18 @@ class WarmupCosineLR(_IterationSchedule):
         last_batch_iteration: int = -1,
     ) -> None:
         optimizer = _unwrap(optimizer)
-        _check_int(total_num_steps, "total_num_steps", 1)
-        _check_int(warmup_num_steps, "warmup_num_steps", 1)
-        if total_num_steps <= warmup_num_steps:
-            raise ValueError(
-                f"total_num_steps {total_num_steps} must be greater than warmup_num_steps "
-                f"{warmup_num_steps}; the cosine phase would be empty"
-            )
-        self.total_num_steps = total_num_steps
+        self.total_num_steps = _check_int(total_num_steps, "total_num_steps", 1)
         self.warmup_min_ratio = _check_ratio(warmup_min_ratio, "warmup_min_ratio")
         self.cos_min_ratio = _check_ratio(cos_min_ratio, "cos_min_ratio")
-        self.warmup_num_steps = max(2, warmup_num_steps)
+        self.warmup_num_steps = max(2, _check_int(warmup_num_steps, "warmup_num_steps", 1))
         self.warmup_type = _check_warmup_type(warmup_type)
+        _warn_no_decay(total_num_steps, self.warmup_num_steps, "cos_min_ratio of the lr")
         _prepare_resume(optimizer, last_batch_iteration)
         super().__init__(optimizer, last_batch_iteration)
 
     def _ratio(self, iteration: int) -> float:
+        if iteration < 0:
+            return 0.0
         if iteration < self.warmup_num_steps:
             gamma = _warmup_gamma(iteration, self.warmup_num_steps, self.warmup_type)
             return self.warmup_min_ratio + (1.0 - self.warmup_min_ratio) * gamma
@@ -254,20 +332,24 @@ class OneCycle(_IterationSchedule):
     """DeepSpeed's 1Cycle policy: one triangular lr cycle, then an optional decay.
 
     The cycle spans ``cycle_first_step_size`` iterations rising from ``cycle_min_lr`` to
-    ``cycle_max_lr`` and ``cycle_second_step_size`` (default: the first) falling back.
-    Like DeepSpeed, iteration ``k`` takes the triangle at position ``k + 1``, so the peak
-    is at iteration ``cycle_first_step_size - 1`` and the trough at the cycle's last
-    iteration. After the cycle, if ``decay_step_size > 0``, the lr is ``cycle_min_lr /
-    (1 + decay_lr_rate * d / decay_step_size)`` with ``d`` iterations since the cycle.
+    ``cycle_max_lr`` and ``cycle_second_step_size`` (default: the first; 0 allowed, as in
+    DeepSpeed) falling back. Like DeepSpeed, iteration ``k`` takes the triangle at position
+    ``k + 1``, so the peak is at iteration ``cycle_first_step_size - 1`` and the trough at
+    the cycle's last iteration. With ``cycle_first_stair_count`` / ``cycle_second_stair_count``
+    ``> 0`` (the second defaults to the first) each half climbs in that many flat stairs
+    instead of continuously, as in DeepSpeed 0.19.8. After the cycle, if
+    ``decay_step_size > 0``, the lr is ``cycle_min_lr / (1 + decay_lr_rate * d /
+    decay_step_size)`` with ``d`` iterations since the cycle.
 
     With ``cycle_momentum`` the momentum (``betas[0]`` for Adam-style optimizers,
     ``momentum`` for SGD) moves inversely between ``cycle_max_mom`` and ``cycle_min_mom``
     and after the cycle is ``cycle_max_mom * (1 + decay_mom_rate * d / decay_step_size)``.
     An optimizer with neither is left alone (logged). Unlike DeepSpeed, ``betas[1]`` keeps
-    the optimizer's value rather than being set to 0.99.
+    the optimizer's value rather than being set to 0.99, and SGD's ``momentum`` cycles too.
 
-    ``cycle_first_stair_count`` / ``cycle_second_stair_count`` are accepted for config
-    compatibility; DeepSpeed stores them without using them, and so does this class.
+    A new schedule starts the optimizer at ``cycle_min_lr`` and ``cycle_min_mom`` (what
+    DeepSpeed's constructor sets, though the cycle's momentum at that point would be
+    ``cycle_max_mom``).
     """
 
     def __init__(
@@ -291,18 +373,15 @@ class OneCycle(_IterationSchedule):
         first = _check_int(cycle_first_step_size, "cycle_first_step_size", 1)
         second = first
         if cycle_second_step_size is not None:
-            second = _check_int(cycle_second_step_size, "cycle_second_step_size", 1)
-        _check_int(cycle_first_stair_count, "cycle_first_stair_count", 0)
+            second = _check_int(cycle_second_step_size, "cycle_second_step_size", 0)
+        self.first_stair_count = _check_int(cycle_first_stair_count, "cycle_first_stair_count", 0)
+        self.second_stair_count = self.first_stair_count
         if cycle_second_stair_count is not None:
-            _check_int(cycle_second_stair_count, "cycle_second_stair_count", 0)
-        if cycle_first_stair_count or cycle_second_stair_count:
-            logger.warning(
-                "OneCycle: cycle_first_stair_count %s / cycle_second_stair_count %s are "
-                "ignored (as in DeepSpeed); the cycle is continuous",
-                cycle_first_stair_count,
-                cycle_second_stair_count,
+            self.second_stair_count = _check_int(
+                cycle_second_stair_count, "cycle_second_stair_count", 0
             )
         self.first_step_size = first
+        self.second_step_size = second
         self.total_size = first + second
         self.decay_step_size = _check_int(decay_step_size, "decay_step_size", 0)
         self.min_lrs = _per_group(cycle_min_lr, "cycle_min_lr", optimizer)
@@ -332,8 +411,19 @@ class OneCycle(_IterationSchedule):
         step_ratio = self.first_step_size / self.total_size
         x = position / self.total_size - math.floor(position / self.total_size)
         if x <= step_ratio:
-            return x / step_ratio
-        return (x - 1.0) / (step_ratio - 1.0)
+            scale, stairs = x / step_ratio, self.first_stair_count
+        else:
+            scale, stairs = (x - 1.0) / (step_ratio - 1.0), self.second_stair_count
+        if stairs > 0:
+            # DeepSpeed floors the stair from the integer offset into the cycle, not from
+            # `scale`, whose float value can land just under a stair boundary.
+            offset = position % self.total_size
+            if offset <= self.first_step_size:
+                stair = offset * stairs / self.first_step_size
+            else:
+                stair = (self.total_size - offset) * stairs / self.second_step_size
+            scale = math.floor(stair) / stairs
+        return scale
 
     def _decay_interval(self, iteration: int) -> float | None:
         """Decay intervals elapsed after the cycle, or None while cycling / without decay."""
@@ -342,6 +432,8 @@ class OneCycle(_IterationSchedule):
         return (iteration - self.total_size + 1) / self.decay_step_size
 
     def _lrs_at(self, iteration: int) -> list[float]:
+        if iteration < 0:
+            return list(self.min_lrs)
         if iteration < self.total_size:
             scale = self._scale(iteration)
             return [
@@ -354,6 +446,8 @@ class OneCycle(_IterationSchedule):
 
     def moms_at(self, iteration: int) -> list[float]:
         """The momentum (``betas[0]`` / ``momentum``) for each group at ``iteration``."""
+        if iteration < 0:
+            return list(self.min_moms)  # what DeepSpeed's constructor sets
         if iteration < self.total_size:
             scale = self._scale(iteration)
             return [
@@ -367,6 +461,13 @@ class OneCycle(_IterationSchedule):
     def step(self, epoch: int | None = None) -> None:
         """Advance one iteration: set each group's lr and, if cycling, its momentum."""
         super().step(epoch)
+        self._apply_momentum()
+
+    def _apply(self) -> None:
+        super()._apply()
+        self._apply_momentum()
+
+    def _apply_momentum(self) -> None:
         if self.momentum_key is None:
             return
         for group, mom in zip(

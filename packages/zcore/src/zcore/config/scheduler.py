@@ -3,6 +3,10 @@
 ``type`` is matched case-insensitively and stored as ``WarmupLR``,
 ``WarmupDecayLR``, ``WarmupCosineLR`` or ``OneCycle``; ``params.model_dump()``
 gives the schedule's keyword arguments with DeepSpeed's names.
+
+Everything the schedules would refuse is refused here, so that ``zcore.initialize``
+fails before it touches the model. What DeepSpeed runs with a warning (a
+``total_num_steps`` not above ``warmup_num_steps``) runs here too, with the same warning.
 """
 
 from __future__ import annotations
@@ -23,11 +27,11 @@ class WarmupLRParams(ZModel):
     """``params`` of ``WarmupLR``: warm up from ``warmup_min_lr`` to ``warmup_max_lr``, then hold."""
 
     warmup_min_lr: Float = Field(0.0, ge=0)
-    """Learning rate at step 0."""
-    warmup_max_lr: Float = Field(1e-3, ge=0)
-    """Learning rate at the end of warmup."""
-    warmup_num_steps: Int = Field(1000, ge=0)
-    """Steps of warmup."""
+    """Learning rate of the first two optimizer steps (iterations -1 and 0)."""
+    warmup_max_lr: Float | None = Field(None, ge=0)
+    """Learning rate at the end of warmup; None (as DeepSpeed) takes the optimizer's lr."""
+    warmup_num_steps: Int = Field(1000, ge=1)
+    """Steps of warmup (1 counts as 2, as in DeepSpeed)."""
     warmup_type: WarmupType = "log"
     """Shape of the warmup curve."""
     last_batch_iteration: Int = Field(-1, ge=-1)
@@ -37,8 +41,10 @@ class WarmupLRParams(ZModel):
 class WarmupDecayLRParams(WarmupLRParams):
     """``params`` of ``WarmupDecayLR``: WarmupLR, then linear decay to 0 at ``total_num_steps``."""
 
+    warmup_max_lr: Float = Field(1e-3, ge=0)
+    """Learning rate at the end of warmup (DeepSpeed's default here is 0.001)."""
     total_num_steps: Int = Field(ge=1)
-    """Step at which the learning rate reaches 0."""
+    """Step at which the decay reaches ``warmup_min_lr``."""
 
 
 class WarmupCosineLRParams(ZModel):
@@ -47,9 +53,9 @@ class WarmupCosineLRParams(ZModel):
     total_num_steps: Int = Field(ge=1)
     """Steps of the whole schedule."""
     warmup_min_ratio: Float = Field(0.0, ge=0, le=1)
-    """Fraction of the optimizer's lr at step 0."""
-    warmup_num_steps: Int = Field(1000, ge=0)
-    """Steps of warmup."""
+    """Fraction of the optimizer's lr at iteration 0 (the first step runs at lr 0, as DeepSpeed)."""
+    warmup_num_steps: Int = Field(1000, ge=1)
+    """Steps of warmup (1 counts as 2, as in DeepSpeed)."""
     cos_min_ratio: Float = Field(1e-4, ge=0, le=1)
     """Fraction of the optimizer's lr at the end of the cosine."""
     warmup_type: WarmupType = "log"
@@ -70,7 +76,7 @@ class OneCycleParams(ZModel):
     """Learning-rate decay rate after the cycle."""
     cycle_first_step_size: Int = Field(2000, ge=1)
     """Steps of the increasing half of the cycle."""
-    cycle_second_step_size: Int | None = Field(None, ge=1)
+    cycle_second_step_size: Int | None = Field(None, ge=0)
     """Steps of the decreasing half; None means the same as the first."""
     cycle_first_stair_count: Int = Field(0, ge=0)
     """Stairs in the first half; 0 means a continuous ramp."""
