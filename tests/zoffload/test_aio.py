@@ -152,6 +152,41 @@ def test_dropping_a_handle_with_io_in_flight_lets_other_threads_run(backend: str
     assert all((tmp_path / f"f{i}").stat().st_size == 64 * MIB for i in range(4))
 
 
+def test_memory_with_io_in_flight_is_refused_until_waited_on(backend: str, tmp_path) -> None:
+    """A request holds no borrow of its tensor's memory, so kernels and new requests
+    check it: writing (or reading) memory a file read is filling, or writing memory a
+    file write is reading, raises LayoutError until the request is waited on."""
+    n = 1 << 18
+    h = handle(backend)
+    path = tmp_path / "f"
+    h.sync_pwrite(aligned_copy(random_bytes(4 * n, 3)), path)
+    buf, other = new_aligned_tensor(n), new_aligned_tensor(n)
+    states = [torch.zeros(n).numpy(), torch.zeros(n).numpy()]
+    hp = dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, step=1)
+
+    def adam(param: torch.Tensor, grad: torch.Tensor) -> None:
+        znative.adam_step(param.numpy(), grad.numpy(), *states, **hp)
+
+    busy = "has not been waited on"
+    read = h.async_pread(buf, path)  # IO writes buf
+    with pytest.raises(znative.LayoutError, match=f"params: async IO request .*{busy}"):
+        adam(buf, other)
+    with pytest.raises(znative.LayoutError, match=f"grads: async IO request .*{busy}"):
+        adam(other, buf)  # even reading it: the file read may still be filling it
+    with pytest.raises(znative.LayoutError, match=busy):
+        h.async_pread(buf[: n // 2], path)  # a second read into the same memory
+    read.wait()
+    before = buf.clone()
+    adam(other, buf)  # waited on: free again
+    write = h.async_pwrite(buf, tmp_path / "g")  # IO reads buf
+    adam(other, buf)  # reading it alongside is fine
+    with pytest.raises(znative.LayoutError, match=f"params: async IO request .*{busy}"):
+        adam(buf, other)
+    write.wait()
+    adam(buf, other)
+    assert not torch.equal(buf, before)  # the step ran
+
+
 def test_file_spanning_many_blocks(backend: str, tmp_path) -> None:
     h = handle(backend, block_size=64 << 10, queue_depth=4, overlap_events=False)
     src = aligned_copy(random_bytes(5 * MIB + 7, 1).view(-1))

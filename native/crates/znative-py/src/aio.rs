@@ -19,6 +19,7 @@ use pyo3::types::PyDict;
 use zaio::{AioConfig, AlignedBuffer, BackendKind, Engine, Op};
 
 use crate::errors::{aio_to_py, DTypeError, LayoutError};
+use crate::inflight;
 
 /// Address and byte length of a checked numpy buffer.
 #[derive(Clone, Copy)]
@@ -125,6 +126,7 @@ impl Drop for AioHandle {
         // GIL released, so other Python threads run while a dropped handle drains.
         let engine = &self.engine;
         Python::attach(|py| py.detach(|| drop(engine.wait_all())));
+        inflight::release_all(self.owner());
     }
 }
 
@@ -137,13 +139,14 @@ impl AioHandle {
         path: PathBuf,
         offset: u64,
     ) -> PyResult<u64> {
-        let raw = raw_buffer(buffer, op == Op::Read)?;
+        let raw = self.checked(buffer, op)?;
         let engine = &self.engine;
         // SAFETY: `buffer` is kept in `held` until the request is waited on (or the
         // engine, which waits for everything, is dropped first).
         let id = py
             .detach(|| unsafe { engine.submit(op, &path, raw.ptr as *mut u8, raw.len, offset) })
             .map_err(aio_to_py)?;
+        inflight::register(self.owner(), id, raw.ptr, raw.len, op == Op::Read);
         self.held
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -159,17 +162,37 @@ impl AioHandle {
         path: PathBuf,
         offset: u64,
     ) -> PyResult<usize> {
-        let raw = raw_buffer(buffer, op == Op::Read)?;
-        let engine = &self.engine;
-        // SAFETY: `buffer` is borrowed by this call until `wait` returns.
+        let raw = self.checked(buffer, op)?;
+        let (engine, owner) = (&self.engine, self.owner());
+        // SAFETY: `buffer` is borrowed by this call until `wait` returns; other threads
+        // may run meanwhile (the GIL is released), so the range is registered too.
         py.detach(|| {
             let id = unsafe { engine.submit(op, &path, raw.ptr as *mut u8, raw.len, offset)? };
-            engine.wait(id)
+            inflight::register(owner, id, raw.ptr, raw.len, op == Op::Read);
+            let r = engine.wait(id);
+            inflight::release(owner, &[id]);
+            r
         })
         .map_err(aio_to_py)
     }
 
+    /// The buffer as raw bytes, refused while other IO in flight conflicts with `op`.
+    fn checked(&self, buffer: &Bound<'_, PyAny>, op: Op) -> PyResult<Raw> {
+        let raw = raw_buffer(buffer, op == Op::Read)?;
+        match inflight::conflict(raw.ptr, raw.len, op == Op::Read) {
+            Some(why) => Err(LayoutError::new_err(format!("buffer: {why}"))),
+            None => Ok(raw),
+        }
+    }
+
+    /// This handle's key in the in-flight registry.
+    fn owner(&self) -> usize {
+        &self.engine as *const Engine as usize
+    }
+
     fn release(&self, ids: impl IntoIterator<Item = u64>) {
+        let ids: Vec<u64> = ids.into_iter().collect();
+        inflight::release(self.owner(), &ids);
         let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
         for id in ids {
             held.remove(&id);

@@ -1,7 +1,7 @@
 //! Borrowing numpy arrays as Rust slices without copying.
 //!
 //! Every argument is checked (is an ndarray, dtype, C-contiguous, writeable,
-//! not aliased) before any kernel runs, so a bad call changes nothing. bf16
+//! not aliased, no async IO in flight on it) before any kernel runs, so a bad call changes nothing. bf16
 //! buffers arrive as 16-bit integer views (`tensor.view(torch.int16).numpy()`);
 //! `uint16` and `int16` are both taken as raw bfloat16 bits.
 
@@ -52,6 +52,17 @@ fn untyped<'a, 'py>(
     })
 }
 
+/// Refuses memory that async IO is still using (see [`crate::inflight`]).
+fn check_inflight(name: &str, a: &Bound<'_, PyUntypedArray>, writes: bool) -> PyResult<()> {
+    // SAFETY: `a` is a live ndarray; its header is read, not written.
+    let data = unsafe { (*a.as_array_ptr()).fields.data as usize };
+    let len = a.len() * a.dtype().itemsize();
+    match crate::inflight::conflict(data, len, writes) {
+        Some(why) => Err(LayoutError::new_err(format!("{name}: {why}"))),
+        None => Ok(()),
+    }
+}
+
 fn is<T: Element>(a: &Bound<'_, PyUntypedArray>) -> bool {
     a.dtype().is_equiv_to(&numpy::dtype::<T>(a.py()))
 }
@@ -82,6 +93,7 @@ fn borrow_err(name: &str, e: impl std::fmt::Display) -> PyErr {
 pub fn ro<'py>(name: &str, obj: &Bound<'py, PyAny>, allow_bf16: bool) -> PyResult<RoBuf<'py>> {
     let a = untyped(name, obj)?;
     check_contiguous(name, a)?;
+    check_inflight(name, a, false)?;
     let b = if is::<f32>(a) {
         RoBuf::F32(
             obj.cast::<PyArrayDyn<f32>>()?
@@ -110,6 +122,7 @@ pub fn ro<'py>(name: &str, obj: &Bound<'py, PyAny>, allow_bf16: bool) -> PyResul
 pub fn rw<'py>(name: &str, obj: &Bound<'py, PyAny>, allow_bf16: bool) -> PyResult<RwBuf<'py>> {
     let a = untyped(name, obj)?;
     check_contiguous(name, a)?;
+    check_inflight(name, a, true)?;
     let b = if is::<f32>(a) {
         RwBuf::F32(
             obj.cast::<PyArrayDyn<f32>>()?

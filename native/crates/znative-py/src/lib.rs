@@ -4,6 +4,7 @@
 mod aio;
 mod arrays;
 mod errors;
+mod inflight;
 mod optim;
 mod quant;
 
