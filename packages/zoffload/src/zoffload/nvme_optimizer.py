@@ -35,7 +35,7 @@ from zcore.optim._base import NativeOptimizer
 from zcore.zero.layout import ParamShard
 from zcore.zero.optimizer import ZeroOptimizer
 from zoffload.aio import AioConfig, AioHandle, new_aligned_tensor
-from zoffload.swap import SwapError, SwapIO, SwapSpace, crc32
+from zoffload.swap import SwapError, SwapIO, SwapSpace, crc32, wait_all
 
 _ALIGN = 1024  # elements per 4 KiB of fp32: tiles start on O_DIRECT boundaries
 
@@ -53,14 +53,9 @@ class _Tile:
         """Wait for every write of this set (all of them, even after one fails: the buffers
         are reused next), then raise the first failure."""
         writes, self.writes = self.writes, []
-        first: SwapError | None = None
-        for w in writes:
-            try:
-                w.wait()
-            except SwapError as err:
-                first = first or err
-        if first is not None:
-            raise first
+        failure = wait_all(writes)
+        if failure is not None:
+            raise failure
 
 
 class NvmeZeroOptimizer(ZeroOptimizer):
@@ -186,11 +181,7 @@ class NvmeZeroOptimizer(ZeroOptimizer):
 
     def _finish_grad_writes(self) -> None:
         writes, self._grad_writes, self._grad_write_elems = self._grad_writes, [], 0
-        for w in writes:
-            try:
-                w.wait()
-            except SwapError as err:
-                self._grad_failure = self._grad_failure or err
+        self._grad_failure = self._grad_failure or wait_all(writes)
 
     def global_grad_norm(self, inv_scale: float) -> float:
         self._finish_grad_writes()
@@ -324,13 +315,10 @@ class NvmeZeroOptimizer(ZeroOptimizer):
 
     def _drain_writes(self) -> SwapError | None:
         """Wait for every tile set's writes; the first failure, if any."""
-        first: SwapError | None = None
+        writes = [w for t in self._tiles for w in t.writes]
         for t in self._tiles:
-            try:
-                t.finish_writes()
-            except SwapError as err:
-                first = first or err
-        return first
+            t.writes = []
+        return wait_all(writes)
 
     def _check_not_broken(self, what: str) -> None:
         if self._broken is not None:

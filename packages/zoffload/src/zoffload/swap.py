@@ -22,6 +22,7 @@ import shutil
 import uuid
 import weakref
 import zlib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,18 @@ _MALLOPT_DONE = False
 
 class SwapError(OSError):
     """A swap file could not be written or read back intact; names the file and the fix."""
+
+
+def wait_all(ios: Iterable[SwapIO]) -> SwapError | None:
+    """Wait for every one of ``ios``, even after one fails (their buffers are reused
+    next); the first failure, if any."""
+    first: SwapError | None = None
+    for io in ios:
+        try:
+            io.wait()
+        except SwapError as err:
+            first = first or err
+    return first
 
 
 class SwapIO:
