@@ -13,7 +13,7 @@ import pytest
 
 from tests.zserve.server.conftest import MAX_MODEL_LEN, LiveServer, shakespeare_prompts
 from zserve.sampling import SamplingParams
-from zserve.server.metrics import parse_prometheus
+from zserve.server.prometheus import parse_prometheus
 
 MODEL = "SmolLM2-135M-Instruct"
 

@@ -1,32 +1,46 @@
-"""Prometheus text exposition: counters, gauges and histograms render to text that parses back."""
+"""Metric labels stay bounded and honest: responses are counted by route template (any
+unrouted URL is "unmatched"), and a request that ends in an error counts as failed."""
 
 from __future__ import annotations
 
-from zserve.server.metrics import Registry, parse_prometheus
+import asyncio
+
+import httpx
+
+from tests.zserve.server.conftest import LiveServer
+from zserve.server.async_engine import RequestStream
+from zserve.server.metrics import ServerMetrics
+from zserve.server.prometheus import Registry, parse_prometheus
 
 
-def test_render_parses_back() -> None:
-    reg = Registry()
-    c = reg.counter("req_total", "Requests.")
-    c.inc(path="/v1/completions", code="200")
-    c.inc(2, path="/v1/completions", code="200")
-    c.inc(path="/v1/completions", code="429")
-    reg.gauge("free_blocks", "Free.", lambda: 7)
-    reg.gauge("up", "Per replica.", lambda: {(("replica", "0"),): 1.0, (("replica", "1"),): 0.0})
-    h = reg.histogram("lat_seconds", "Latency.")
-    for v in (0.003, 0.2, 0.2, 100.0):
-        h.observe(v)
-    text = reg.render()
-    assert "# TYPE req_total counter" in text and "# TYPE lat_seconds histogram" in text
-    got = parse_prometheus(text)
-    assert got['req_total{code="200",path="/v1/completions"}'] == 3
-    assert got['req_total{code="429",path="/v1/completions"}'] == 1
-    assert got["free_blocks"] == 7
-    assert got['up{replica="0"}'] == 1 and got['up{replica="1"}'] == 0
-    # cumulative buckets: 1 at <= 0.01, 3 at <= 0.25, all 4 at +Inf only
-    assert got['lat_seconds_bucket{le="0.01"}'] == 1
-    assert got['lat_seconds_bucket{le="0.25"}'] == 3
-    assert got['lat_seconds_bucket{le="60.0"}'] == 3
-    assert got['lat_seconds_bucket{le="+Inf"}'] == 4
-    assert got["lat_seconds_count"] == 4
-    assert abs(got["lat_seconds_sum"] - 100.403) < 1e-9
+def test_unrouted_urls_share_one_series(live_server: LiveServer) -> None:
+    for i in range(5):
+        r = httpx.get(f"{live_server.url}/scan/{i}/wp-login.php")
+        assert r.status_code == 404
+    assert httpx.get(f"{live_server.url}/v1/models").status_code == 200
+    metrics = parse_prometheus(httpx.get(f"{live_server.url}/metrics").text)
+    assert not [k for k in metrics if "/scan/" in k]
+    assert metrics['zserve_http_responses_total{code="404",path="unmatched"}'] >= 5
+    assert metrics['zserve_http_responses_total{code="200",path="/v1/models"}'] >= 1
+
+
+def test_a_request_that_errs_counts_as_failed_not_completed() -> None:
+    metrics = ServerMetrics(Registry(), aengine=None)
+
+    async def ended_by(item: object) -> RequestStream:
+        stream = RequestStream("r", prompt_tokens=3)
+        stream.queue.put_nowait(item)
+        try:
+            await stream.get()
+        except RuntimeError:
+            pass
+        return stream
+
+    failed = asyncio.run(ended_by(RuntimeError("engine step failed")))
+    assert failed.finished and failed.failed
+    metrics.finished(failed, 0)
+    aborted = RequestStream("r2", prompt_tokens=3)
+    metrics.finished(aborted, 0)
+    assert metrics.requests.get(outcome="failed") == 1
+    assert metrics.requests.get(outcome="aborted") == 1
+    assert metrics.requests.get(outcome="completed") == 0

@@ -21,7 +21,7 @@ import pytest
 
 from tests.utils.models import smollm2_dir
 from tests.zserve.server.conftest import shakespeare_prompts
-from zserve.server.metrics import parse_prometheus
+from zserve.server.prometheus import parse_prometheus
 
 MODEL = "SmolLM2-135M-Instruct"
 

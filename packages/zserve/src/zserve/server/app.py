@@ -26,7 +26,8 @@ from zserve.server.async_engine import (
     QueueFullError,
     RequestStream,
 )
-from zserve.server.metrics import Registry
+from zserve.server.metrics import ServerMetrics, StatusMiddleware
+from zserve.server.prometheus import Registry
 from zserve.server.protocol import (
     ChatChoice,
     ChatChunkChoice,
@@ -45,7 +46,6 @@ from zserve.server.protocol import (
     error_body,
     new_id,
 )
-from zserve.server.serving import ServerMetrics, StatusMiddleware
 
 # how often a non-streaming request checks whether its client is still there
 DISCONNECT_POLL_S = 0.25

@@ -1,135 +1,98 @@
-"""Prometheus text exposition (format 0.0.4) without a client library.
-
-Only what the server reports: labelled counters, gauges read when scraped,
-and cumulative histograms of latencies. All updates happen on the event
-loop thread, so no locking.
+"""What one server measures: `ServerMetrics` (Prometheus series over the
+`AsyncEngine`) and `StatusMiddleware`, which counts responses by path and
+status without wrapping the body (so streaming and disconnect detection are
+untouched, unlike Starlette's ``BaseHTTPMiddleware``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import time
+from typing import Any
 
-LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-
-
-def _labels(labels: tuple[tuple[str, str], ...]) -> str:
-    if not labels:
-        return ""
-    inner = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
-    return "{" + inner + "}"
+from zserve.server.prometheus import Counter, Registry
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+class ServerMetrics:
+    """Request, token, queue, KV-cache and latency series of one engine server."""
 
+    def __init__(self, registry: Registry, aengine: Any) -> None:
+        self.registry = registry
+        self.aengine = aengine
+        r = registry
+        self.responses = r.counter(
+            "zserve_http_responses_total", "HTTP responses by path and status code."
+        )
+        self.requests = r.counter(
+            "zserve_requests_total", "Generation requests that ended, by how they ended."
+        )
+        self.prompt_tokens = r.counter("zserve_prompt_tokens_total", "Prompt tokens processed.")
+        self.generation_tokens = r.counter(
+            "zserve_generation_tokens_total", "Tokens generated (sent or not)."
+        )
+        self.latency = r.histogram(
+            "zserve_request_latency_seconds", "Submission to last token, per request."
+        )
+        self.ttft = r.histogram(
+            "zserve_time_to_first_token_seconds", "Submission to first token, per request."
+        )
 
-def _num(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else repr(float(value))
+        def stat(key: str):
+            return lambda: float(self.aengine.stats().get(key, 0) or 0)
 
+        r.gauge(
+            "zserve_queue_depth",
+            "Requests in the server (waiting or running).",
+            stat("queue_depth"),
+        )
+        r.gauge(
+            "zserve_max_queue", "Admission bound; beyond it requests get 429.", stat("max_queue")
+        )
+        r.gauge("zserve_num_running", "Sequences the engine is running.", stat("num_running"))
+        r.gauge("zserve_num_waiting", "Sequences waiting for the engine.", stat("num_waiting"))
+        r.gauge("zserve_num_preempted", "Preemptions so far.", stat("num_preempted"))
+        r.gauge("zserve_kv_free_blocks", "Free KV-cache blocks.", stat("free_blocks"))
+        r.gauge("zserve_kv_total_blocks", "KV-cache blocks in all.", stat("total_blocks"))
+        r.gauge(
+            "zserve_prefix_hits", "Prompt blocks served from the prefix cache.", stat("prefix_hits")
+        )
+        r.gauge(
+            "zserve_engine_alive", "1 while the engine thread runs.", lambda: float(aengine.alive)
+        )
 
-@dataclass
-class Counter:
-    """A monotonically increasing count, one series per label set."""
-
-    name: str
-    help: str
-    values: dict[tuple[tuple[str, str], ...], float] = field(default_factory=dict)
-
-    def inc(self, amount: float = 1.0, **labels: str) -> None:
-        key = tuple(sorted(labels.items()))
-        self.values[key] = self.values.get(key, 0.0) + amount
-
-    def get(self, **labels: str) -> float:
-        return self.values.get(tuple(sorted(labels.items())), 0.0)
-
-    def render(self) -> list[str]:
-        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} counter"]
-        for key, value in sorted(self.values.items()):
-            lines.append(f"{self.name}{_labels(key)} {_num(value)}")
-        return lines
-
-
-@dataclass
-class Gauge:
-    """A value read when scraped; ``read`` returns {label set: value} or one number."""
-
-    name: str
-    help: str
-    read: Callable[[], float | dict[tuple[tuple[str, str], ...], float]]
-
-    def render(self) -> list[str]:
-        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} gauge"]
-        value = self.read()
-        series = value if isinstance(value, dict) else {(): value}
-        for key, v in sorted(series.items()):
-            lines.append(f"{self.name}{_labels(key)} {_num(v)}")
-        return lines
-
-
-@dataclass
-class Histogram:
-    """Cumulative buckets, sum and count of observations (seconds)."""
-
-    name: str
-    help: str
-    buckets: tuple[float, ...] = LATENCY_BUCKETS
-    counts: list[int] = field(default_factory=list)
-    total: float = 0.0
-    count: int = 0
-
-    def __post_init__(self) -> None:
-        self.counts = [0] * len(self.buckets)
-
-    def observe(self, value: float) -> None:
-        for i, bound in enumerate(self.buckets):
-            if value <= bound:
-                self.counts[i] += 1
-        self.total += value
-        self.count += 1
-
-    def render(self) -> list[str]:
-        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
-        for bound, c in zip(self.buckets, self.counts, strict=True):
-            lines.append(f'{self.name}_bucket{{le="{bound}"}} {c}')
-        lines.append(f'{self.name}_bucket{{le="+Inf"}} {self.count}')
-        lines.append(f"{self.name}_sum {_num(self.total)}")
-        lines.append(f"{self.name}_count {self.count}")
-        return lines
-
-
-class Registry:
-    """The metrics of one process, rendered in registration order."""
-
-    def __init__(self) -> None:
-        self._metrics: list[Counter | Gauge | Histogram] = []
-
-    def counter(self, name: str, help: str) -> Counter:
-        return self._add(Counter(name, help))
-
-    def gauge(self, name: str, help: str, read: Callable[[], float | dict]) -> Gauge:
-        return self._add(Gauge(name, help, read))
-
-    def histogram(self, name: str, help: str) -> Histogram:
-        return self._add(Histogram(name, help))
-
-    def _add(self, metric):
-        self._metrics.append(metric)
-        return metric
+    def finished(self, stream: Any, completion_tokens: int) -> None:
+        """Record one request that ended (completed, aborted or failed)."""
+        now = time.perf_counter()
+        how = "failed" if stream.failed else "completed" if stream.finished else "aborted"
+        self.requests.inc(outcome=how)
+        self.prompt_tokens.inc(stream.prompt_tokens)
+        self.generation_tokens.inc(completion_tokens)
+        if stream.finished and not stream.failed:
+            self.latency.observe(now - stream.submitted_at)
+        if stream.first_token_at is not None:
+            self.ttft.observe(stream.first_token_at - stream.submitted_at)
 
     def render(self) -> str:
-        lines: list[str] = []
-        for metric in self._metrics:
-            lines.extend(metric.render())
-        return "\n".join(lines) + "\n"
+        return self.registry.render()
 
 
-def parse_prometheus(text: str) -> dict[str, float]:
-    """``{"name{labels}": value}`` of a text exposition; for tests and the router."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        key, _, value = line.rpartition(" ")
-        out[key] = float(value)
-    return out
+class StatusMiddleware:
+    """Pure ASGI middleware: count each HTTP response by path and status code."""
+
+    def __init__(self, app: Any, counter: Counter) -> None:
+        self.app = app
+        self.counter = counter
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def counting_send(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                # The route's template, set on this scope by the router; a path no route
+                # matched is "unmatched", so scanners cannot add a series per URL.
+                path = getattr(scope.get("route"), "path", None) or "unmatched"
+                self.counter.inc(path=path, code=str(message["status"]))
+            await send(message)
+
+        await self.app(scope, receive, counting_send)

@@ -24,7 +24,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from zserve.server.metrics import Registry
+from zserve.server.prometheus import Registry
 from zserve.server.protocol import error_body
 from zserve.server.replicas import Replica
 
