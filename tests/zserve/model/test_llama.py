@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests.zserve.tiny_llama import tiny_llama
-from zserve.model import CheckpointError, LlamaConfig, LlamaModel
+from zserve.model import LlamaConfig, LlamaModel, WeightsMismatchError
 from zserve.runner import ModelRunner, SeqChunk
 
 LLAMA3_ROPE = {
@@ -75,16 +75,20 @@ def _rewrite(tmp_path: Path, edit: object) -> None:
 def test_missing_tensor_is_named(tmp_path: Path) -> None:
     tiny_llama(tmp_path)
     _rewrite(tmp_path, lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))
-    with pytest.raises(CheckpointError, match=r"`model\.layers\.1\.mlp\.up_proj\.weight`.*missing"):
+    with pytest.raises(
+        WeightsMismatchError, match=r"`model\.layers\.1\.mlp\.up_proj\.weight`.*missing"
+    ):
         ModelRunner(tmp_path, num_blocks=4)
-    assert issubclass(CheckpointError, ValueError)
+    assert issubclass(WeightsMismatchError, ValueError)
 
 
 def test_misshaped_tensor_is_named_with_both_shapes(tmp_path: Path) -> None:
     tiny_llama(tmp_path)
     name = "model.layers.0.self_attn.k_proj.weight"
     _rewrite(tmp_path, lambda t: t.__setitem__(name, torch.zeros(48, 64)))
-    with pytest.raises(CheckpointError, match=r"k_proj\.weight` .* shape \[48, 64\].*\[32, 64\]"):
+    with pytest.raises(
+        WeightsMismatchError, match=r"k_proj\.weight` .* shape \[48, 64\].*\[32, 64\]"
+    ):
         ModelRunner(tmp_path, num_blocks=4)
 
 
@@ -93,5 +97,5 @@ def test_config_that_does_not_match_the_weights(tmp_path: Path) -> None:
     raw = json.loads((tmp_path / "config.json").read_text())
     raw["num_hidden_layers"] = 3
     (tmp_path / "config.json").write_text(json.dumps(raw))
-    with pytest.raises(CheckpointError, match=r"`model\.layers\.2\.input_layernorm\.weight`"):
+    with pytest.raises(WeightsMismatchError, match=r"`model\.layers\.2\.input_layernorm\.weight`"):
         ModelRunner(tmp_path, num_blocks=4)

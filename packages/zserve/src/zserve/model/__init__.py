@@ -7,15 +7,15 @@ from zserve.model.attention import (
     ragged_paged_attention,
 )
 from zserve.model.config import LlamaConfig, RopeScaling
-from zserve.model.llama import CheckpointError, LlamaModel, SafetensorsCheckpoint
+from zserve.model.llama import LlamaModel, SafetensorsCheckpoint, WeightsMismatchError
 
 __all__ = [
     "AttentionPlan",
-    "CheckpointError",
     "LlamaConfig",
     "LlamaModel",
     "RopeScaling",
     "SafetensorsCheckpoint",
+    "WeightsMismatchError",
     "paged_attention_reference",
     "plan_ragged_attention",
     "ragged_paged_attention",

@@ -32,8 +32,8 @@ AttentionFn = Callable[
 ]
 
 
-class CheckpointError(ValueError):
-    """A tensor is missing from the checkpoint or has the wrong shape."""
+class WeightsMismatchError(ValueError):
+    """The weights do not match config.json: a tensor is missing or has the wrong shape."""
 
 
 class SafetensorsCheckpoint:
@@ -70,17 +70,17 @@ class SafetensorsCheckpoint:
         return name in self._where
 
     def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        """The tensor ``name``, checked to have ``shape``; CheckpointError otherwise."""
+        """The tensor ``name``, checked to have ``shape``; :class:`WeightsMismatchError` if not."""
         file = self._where.get(name)
         if file is None:
-            raise CheckpointError(
+            raise WeightsMismatchError(
                 f"tensor `{name}` (expected shape {list(shape)}) is missing from the "
                 f"checkpoint in `{self.model_dir}`; does config.json match the weights?"
             )
         with safe_open(self.model_dir / file, framework="pt") as f:
             t = f.get_tensor(name)
         if tuple(t.shape) != tuple(shape):
-            raise CheckpointError(
+            raise WeightsMismatchError(
                 f"tensor `{name}` in `{file}` has shape {list(t.shape)}, but config.json "
                 f"implies {list(shape)}; does config.json match the weights?"
             )
