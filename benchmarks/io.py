@@ -37,13 +37,16 @@ _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 1 << 10, "m": 1e6, "mb": 1e
 _UNITS |= {"mib": 1 << 20, "g": 1e9, "gb": 1e9, "gib": 1 << 30}
 
 
-def parse_size(text: str | int) -> int:
-    """``"1GiB"`` → 1073741824; also ``MiB``, ``KiB``, ``GB``, ``MB``, plain bytes."""
+def parse_size(text: str | int, flag: str = "--size") -> int:
+    """``"1GiB"`` → 1073741824; also ``MiB``, ``KiB``, ``GB``, ``MB``, plain bytes; a
+    ValueError naming ``flag`` otherwise."""
     if isinstance(text, int):
         return text
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
     if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"size {text!r}: expected a number with an optional unit like 1GiB, 64MiB")
+        raise ValueError(
+            f"{flag} {text!r}: expected a number with an optional unit like 1GiB, 64MiB"
+        )
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
@@ -166,7 +169,7 @@ def run(
     deepspeed: bool = True,
 ) -> dict[str, Any]:
     """Time every contender; returns the JSON-able result."""
-    nbytes, block = parse_size(size), parse_size(block_size)
+    nbytes, block = parse_size(size), parse_size(block_size, "--block-size")
     if nbytes < 4096 or rounds < 1:
         raise ValueError(f"need size >= 4096 bytes and rounds >= 1 (got {nbytes}, {rounds})")
     cfg = AioConfig(

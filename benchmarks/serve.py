@@ -325,7 +325,7 @@ def run(
         "short_prompt": pair("--short-prompt", short_prompt),
         "long_prompt": pair("--long-prompt", long_prompt),
         "long_fraction": long_fraction,
-        "output": pair(output_len),
+        "output": pair("--output-len", output_len),
     }
     torch.set_num_threads(threads)
     base = dict(

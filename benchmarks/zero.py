@@ -95,7 +95,9 @@ def run(world_size: int = 4, preset: str = "small", stages: str = "0,1,2,3") -> 
     from zcore.memory import formula_bytes
     from zstack.bench import numbers
 
-    numbers("--stages", stages)  # validate early
+    bad = [s for s in numbers("--stages", stages) if s not in (0, 1, 2, 3)]  # validate early
+    if bad:
+        raise ValueError(f"--stages {stages!r}: {bad} not ZeRO stages; give stages from 0-3")
     port = _ranks.free_port()
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rows.json")

@@ -313,8 +313,10 @@ def run(
     (the step times and losses compared), then one run per engine alone (its peak RSS,
     and a second, less noise-proof timing). Without DeepSpeed only the last is done.
     """
-    stage_list = [int(s) for s in str(stages).split(",") if s.strip()]
-    if not stage_list or any(s not in (0, 1, 2, 3) for s in stage_list):
+    from zstack.bench import numbers
+
+    stage_list = numbers("--stages", stages)
+    if any(s not in (0, 1, 2, 3) for s in stage_list):
         raise ValueError(f"--stages {stages!r}: need comma-separated ZeRO stages from 0-3")
     if steps < 1 or warmup < 0 or rounds < 1 or world_size < 1 or threads < 1:
         raise ValueError(
