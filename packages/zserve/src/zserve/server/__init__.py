@@ -5,7 +5,7 @@
 - `async_engine.AsyncEngine`: the engine on its own thread, bounded admission.
 - `router.create_router_app(replicas)`: least-loaded front end over engine processes
   started by `replicas.spawn_replicas`.
-- `replicas.serve(...)`: what `z serve` runs.
+- `launch.serve(...)`: what `z serve` runs.
 
 Modules load on first use so `import zserve.server` needs neither torch nor FastAPI.
 """
@@ -16,8 +16,8 @@ from typing import Any
 
 
 def serve(*args: Any, **kwargs: Any) -> None:
-    """Serve a model over HTTP; see `zserve.server.replicas.serve`."""
-    from zserve.server.replicas import serve as _serve
+    """Serve a model over HTTP; see `zserve.server.launch.serve`."""
+    from zserve.server.launch import serve as _serve
 
     _serve(*args, **kwargs)
 

@@ -1,4 +1,4 @@
-"""Engine worker processes for `--replicas N`, and `serve()`, the body of `z serve`.
+"""Engine worker processes for `--replicas N` (`zserve.server.launch` puts the router in front).
 
 The parent binds each worker's loopback socket itself (port 0: the kernel
 picks a free one, no race) and hands the listening descriptor to the child,
@@ -146,42 +146,6 @@ def stop_replicas(replicas: list[Replica], grace_s: float = 10.0) -> None:
         except subprocess.TimeoutExpired:
             rep.process.kill()
             rep.process.wait()
-
-
-def serve(
-    model_dir: str | Path,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    replicas: int = 1,
-    max_queue: int = 256,
-    config: Any = None,
-    log_level: str = "info",
-) -> None:
-    """Serve ``model_dir`` over HTTP until interrupted: one engine in-process, or ``replicas``
-    engine processes behind a least-loaded router."""
-    import uvicorn
-
-    from zserve.config import EngineConfig
-
-    config = config or EngineConfig()
-    if replicas == 1:
-        from zserve.engine import make_engine
-        from zserve.server.app import create_app
-
-        app = create_app(make_engine(model_dir, config), max_queue=max_queue)
-        uvicorn.run(app, host=host, port=port, log_level=log_level, ws="none")
-        return
-    from zserve.server.router import create_router_app
-
-    workers = spawn_replicas(model_dir, replicas, config.model_dump_json(), max_queue)
-    try:
-        wait_ready(workers)
-        pids = ", ".join(f"{r.index}: pid {r.pid} port {r.port}" for r in workers)
-        print(f"zserve: {replicas} replicas ready ({pids})", flush=True)
-        app = create_router_app(workers)
-        uvicorn.run(app, host=host, port=port, log_level=log_level, ws="none")
-    finally:
-        stop_replicas(workers)
 
 
 def _exit_with_parent(parent_pid: int) -> None:
