@@ -180,3 +180,8 @@ def estimate_memory(
         typer.echo("host per node includes a 1.5x buffer factor, as DeepSpeed's estimator does")
     if any(e.stage == 3 for e in estimates) and not n_largest:
         typer.echo("stage 3 also gathers the largest layer; pass `--largest-layer` to count it")
+
+
+def register(app: typer.Typer, bench_app: typer.Typer) -> None:
+    """Add `z estimate-memory` to `z` (nothing to `z bench`)."""
+    app.command("estimate-memory")(estimate_memory)

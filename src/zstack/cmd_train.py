@@ -214,7 +214,6 @@ def generate(
     typer.echo(text)
 
 
-@checkpoint_app.command("consolidate")
 def consolidate(
     ckpt_dir: Path = typer.Argument(..., help="The checkpoint directory (`OUT/checkpoints`)."),
     out: Path = typer.Argument(..., help="`.safetensors`, or anything else for `torch.save`."),
@@ -256,3 +255,11 @@ def consolidate(
     typer.echo(
         f"wrote `{out}`: {len(state)} tensors, {params:,} parameters, {size / 2**20:.1f} MiB"
     )
+
+
+def register(app: typer.Typer, bench_app: typer.Typer) -> None:
+    """Add `z train`, `z generate` and `z checkpoint consolidate` (nothing to `z bench`)."""
+    app.command("train")(train)
+    app.command("generate")(generate)
+    checkpoint_app.command("consolidate")(consolidate)
+    app.add_typer(checkpoint_app, name="checkpoint")

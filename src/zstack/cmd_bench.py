@@ -1,0 +1,173 @@
+"""`z bench adam|zero|zero-step|offload|io`: the training-side benchmarks of `benchmarks/`.
+
+Imports only typer and the standard library at load time; each benchmark module loads
+through `zstack.bench` when its command runs. (`z bench serve` lives in `cmd_serve`,
+`z bench quant` in `cmd_quant`.)
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+import typer
+
+
+class AdamDtype(str, Enum):
+    """Optimizer-state precision of `z bench adam`."""
+
+    fp32 = "fp32"
+    bf16_states = "bf16-states"
+
+
+def bench_adam(
+    numel: int = typer.Option(
+        100_000_000, "--numel", min=1, help="Parameters in the tensor stepped."
+    ),
+    dtype: AdamDtype = typer.Option(AdamDtype.fp32, "--dtype", help="State precision."),
+    steps: int = typer.Option(
+        10, "--steps", min=1, help="Timed steps per optimizer (median reported)."
+    ),
+    warmup: int = typer.Option(2, "--warmup", min=0),
+    json_out: bool = typer.Option(False, "--json", help="Print only the JSON object."),
+) -> None:
+    """Time CPUAdam against torch's fused/foreach Adam (and DeepSpeedCPUAdam if importable)."""
+    from zstack.bench import run_benchmark
+
+    raise typer.Exit(
+        run_benchmark("adam", json_out, numel=numel, dtype=dtype.value, steps=steps, warmup=warmup)
+    )
+
+
+def bench_zero(
+    world_size: int = typer.Option(4, "--world-size", min=1, help="gloo ranks to spawn."),
+    preset: str = typer.Option("small", "--preset", help="`z train` GPT size."),
+    stages: str = typer.Option("0,1,2,3", "--stages", help="Comma-separated ZeRO stages."),
+    json_out: bool = typer.Option(False, "--json", help="Print only the JSON object."),
+) -> None:
+    """Measured ZeRO model-state bytes per rank (stages 0-3) next to the 16Ψ/N-style formula."""
+    from zstack.bench import run_benchmark
+
+    raise typer.Exit(
+        run_benchmark("zero", json_out, world_size=world_size, preset=preset, stages=stages)
+    )
+
+
+def bench_zero_step(
+    preset: str = typer.Option("medium", "--preset", help="`z train` GPT size."),
+    stages: str = typer.Option("1,2,3", "--stages", help="Comma-separated ZeRO stages."),
+    steps: int = typer.Option(5, "--steps", min=1, help="Timed steps per run (median reported)."),
+    warmup: int = typer.Option(2, "--warmup", min=0),
+    rounds: int = typer.Option(1, "--rounds", min=1, help="Alternating ours/DeepSpeed runs."),
+    micro_batch: int = typer.Option(4, "--micro-batch", min=1),
+    seq: int = typer.Option(256, "--seq", min=1, help="Tokens per sequence."),
+    world_size: int = typer.Option(2, "--world-size", min=1, help="gloo ranks to spawn."),
+    no_ds: bool = typer.Option(False, "--no-ds", help="Time zcore only."),
+    profile: bool = typer.Option(False, "--profile", help="cProfile rank 0's timed steps."),
+    json_out: bool = typer.Option(False, "--json", help="Print only the JSON object."),
+) -> None:
+    """ZeRO step time and peak RSS of zcore next to `deepspeed.initialize` (if importable)."""
+    from zstack.bench import run_benchmark
+
+    raise typer.Exit(
+        run_benchmark(
+            "zero_step",
+            json_out,
+            preset=preset,
+            stages=stages,
+            steps=steps,
+            warmup=warmup,
+            rounds=rounds,
+            micro_batch=micro_batch,
+            seq=seq,
+            world_size=world_size,
+            deepspeed=not no_ds,
+            profile=profile,
+        )
+    )
+
+
+def bench_offload(
+    dir: str | None = typer.Option(
+        None, "--dir", help="Swap directory on the NVMe drive (default: the temp dir)."
+    ),
+    preset: str = typer.Option("medium", "--preset", help="`z train` GPT size."),
+    stage: int = typer.Option(2, "--stage", min=1, max=3, help="ZeRO stage."),
+    steps: int = typer.Option(5, "--steps", min=1, help="Timed steps per mode (median)."),
+    warmup: int = typer.Option(2, "--warmup", min=0),
+    micro_batch: int = typer.Option(2, "--micro-batch", min=1),
+    sub_group_size: int = typer.Option(4_194_304, "--sub-group-size", min=1024),
+    block_size: int = typer.Option(1_048_576, "--block-size", min=4096),
+    queue_depth: int = typer.Option(32, "--queue-depth", min=1),
+    modes: str = typer.Option("none,cpu,nvme,nvme_serial", "--modes", help="Also: nvme_all."),
+    beyond_ram: bool = typer.Option(
+        False, "--beyond-ram", help="Stage 3, params+optimizer on NVMe vs none, lean memory."
+    ),
+    n_layer: int | None = typer.Option(None, "--n-layer", min=1, help="Override the preset."),
+    n_embd: int | None = typer.Option(None, "--n-embd", min=8, help="Override the preset."),
+    seq: int = typer.Option(256, "--seq", min=1, help="Tokens per sequence."),
+    world_size: int = typer.Option(2, "--world-size", min=1, help="gloo ranks to spawn."),
+    json_out: bool = typer.Option(False, "--json", help="Print only the JSON object."),
+) -> None:
+    """Step time and peak RSS per rank with no offload, CPU offload and NVMe offload."""
+    from zstack.bench import run_benchmark
+
+    raise typer.Exit(
+        run_benchmark(
+            "offload",
+            json_out,
+            world_size=world_size,
+            preset=preset,
+            stage=stage,
+            dir=dir,
+            steps=steps,
+            warmup=warmup,
+            micro_batch=micro_batch,
+            sub_group_size=sub_group_size,
+            block_size=block_size,
+            queue_depth=queue_depth,
+            modes=modes,
+            beyond_ram=beyond_ram,
+            n_layer=n_layer,
+            n_embd=n_embd,
+            seq=seq,
+        )
+    )
+
+
+def bench_io(
+    size: str = typer.Option("1GiB", "--size", help="Bytes per file, e.g. 1GiB, 64MiB."),
+    dir: str | None = typer.Option(
+        None, "--dir", help="Directory on the drive to test (default: tmp)."
+    ),
+    block_size: str = typer.Option("1MiB", "--block-size", help="Bytes per IO request."),
+    queue_depth: int = typer.Option(128, "--queue-depth", min=1, help="IOs in flight per ring."),
+    intra_op: int = typer.Option(1, "--intra-op-parallelism", min=1, help="IO worker threads."),
+    rounds: int = typer.Option(3, "--rounds", min=1, help="Interleaved rounds (median reported)."),
+    no_ds: bool = typer.Option(False, "--no-ds", help="Skip DeepSpeed's aio_handle."),
+    json_out: bool = typer.Option(False, "--json", help="Print only the JSON object."),
+) -> None:
+    """Write/read GB/s of the async IO engine next to Python, torch.save and DeepSpeed aio."""
+    from zstack.bench import run_benchmark
+
+    raise typer.Exit(
+        run_benchmark(
+            "io",
+            json_out,
+            size=size,
+            dir=dir,
+            block_size=block_size,
+            queue_depth=queue_depth,
+            intra_op_parallelism=intra_op,
+            rounds=rounds,
+            deepspeed=not no_ds,
+        )
+    )
+
+
+def register(app: typer.Typer, bench_app: typer.Typer) -> None:
+    """Add this module's commands to `z bench` (nothing to `z`)."""
+    bench_app.command("adam")(bench_adam)
+    bench_app.command("zero")(bench_zero)
+    bench_app.command("zero-step")(bench_zero_step)
+    bench_app.command("offload")(bench_offload)
+    bench_app.command("io")(bench_io)
