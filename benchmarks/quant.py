@@ -60,7 +60,7 @@ def _split_group(label: str) -> tuple[str, int | None]:
 
 def _recipe(label: str, group_size: int | None) -> Any:
     """The recipe a bench label names: `:gN` wins, else `group_size` for the INT4 recipes."""
-    from zquant.recipes import get_recipe
+    from zquant.schemes import get_recipe
 
     name, group = _split_group(label)
     return get_recipe(name, group_size=group or (group_size if "w4" in name else None))

@@ -88,7 +88,7 @@ def quantize_cmd(
 
     from zquant.hf import load_model, load_tokenizer, read_config
     from zquant.ptq import model_size, quantize
-    from zquant.recipes import get_recipe
+    from zquant.schemes import get_recipe
     from zquant.serialize import save_quantized
 
     try:

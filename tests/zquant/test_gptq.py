@@ -21,7 +21,7 @@ from zquant.quantizers import (
     quantize_weight,
     unpack_codes,
 )
-from zquant.recipes import get_recipe
+from zquant.schemes import get_recipe
 
 SPECS = [
     QuantSpec(bits=4, granularity="group", group_size=32),

@@ -16,7 +16,7 @@ from tests.zquant.quant_utils import cosine, minilm, sentences, tokenizer
 from zquant.lkd import calibration_batches
 from zquant.nn import QuantLinear
 from zquant.ptq import OutlierQuantLinear, model_size, quantize, quantized_layers
-from zquant.recipes import get_recipe
+from zquant.schemes import get_recipe
 
 
 def test_w8_weight_only_is_within_0_999():

@@ -13,7 +13,7 @@ from tests.zquant.quant_utils import minilm, sentences, tokenizer
 from zquant.hf import load_model
 from zquant.nn import QuantLinear
 from zquant.ptq import quantize, quantized_layers
-from zquant.recipes import Recipe, get_recipe
+from zquant.schemes import Recipe, get_recipe
 from zquant.serialize import MANIFEST, WEIGHTS, load_quantized, read_manifest, save_quantized
 
 

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
         quantize_activation_tokenwise,
         quantize_weight,
     )
-    from zquant.recipes import RECIPE_NAMES, LayerRule, Recipe, get_recipe
+    from zquant.schemes import RECIPE_NAMES, LayerRule, Recipe, get_recipe
     from zquant.serialize import load_quantized, save_quantized
     from zquant.xtc import QuantEmbedding, compressed_size, export_packed, xtc_compress
 
@@ -89,10 +89,10 @@ _EXPORTS = {
     "fake_quantize_activation": "zquant.quantizers",
     "quantize_activation_tokenwise": "zquant.quantizers",
     "quantize_weight": "zquant.quantizers",
-    "RECIPE_NAMES": "zquant.recipes",
-    "LayerRule": "zquant.recipes",
-    "Recipe": "zquant.recipes",
-    "get_recipe": "zquant.recipes",
+    "RECIPE_NAMES": "zquant.schemes",
+    "LayerRule": "zquant.schemes",
+    "Recipe": "zquant.schemes",
+    "get_recipe": "zquant.schemes",
     "load_quantized": "zquant.serialize",
     "save_quantized": "zquant.serialize",
     "QuantEmbedding": "zquant.xtc",

@@ -46,7 +46,7 @@ from zquant.quantizers import (
     pack_weight,
     weight_scales,
 )
-from zquant.recipes import LayerPlan, Recipe
+from zquant.schemes import LayerPlan, Recipe
 
 __all__ = ["gptq_weight", "quantize_gptq", "refit_scales"]
 

@@ -32,7 +32,7 @@ from torch import nn
 from zquant.nn import QuantLinear
 from zquant.ptq import get_submodule_parent, make_quant_linear, swap_layer
 from zquant.quantizers import QuantSpec, fake_quantize, fake_quantize_activation
-from zquant.recipes import LayerPlan, Recipe
+from zquant.schemes import LayerPlan, Recipe
 
 
 class FakeQuantLinear(nn.Module):

@@ -28,7 +28,7 @@ from torch import nn
 
 from zquant.nn import QuantLinear
 from zquant.quantizers import QuantizedWeight, quantize_weight
-from zquant.recipes import LayerPlan, Recipe
+from zquant.schemes import LayerPlan, Recipe
 
 
 def get_submodule_parent(model: nn.Module, name: str) -> tuple[nn.Module, str]:

@@ -33,7 +33,7 @@ from torch import nn
 from zquant.hf import read_json_object
 from zquant.nn import QuantLinear
 from zquant.ptq import OutlierQuantLinear, get_submodule_parent, quantized_layers
-from zquant.recipes import Recipe
+from zquant.schemes import Recipe
 
 FORMAT_VERSION = 1
 WEIGHTS = "model.safetensors"

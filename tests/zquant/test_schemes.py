@@ -8,7 +8,7 @@ from torch import nn
 
 from tests.zquant.quant_utils import minilm
 from zquant.quantizers import QuantSpec
-from zquant.recipes import MLP_PATTERN, LayerRule, Recipe, get_recipe, pattern_matches
+from zquant.schemes import MLP_PATTERN, LayerRule, Recipe, get_recipe, pattern_matches
 
 
 @pytest.fixture(scope="module")
@@ -117,3 +117,14 @@ def test_a_spec_that_cannot_apply_names_the_layer_and_shape():
     model = nn.Sequential(nn.Linear(8, 0))
     with pytest.raises(ValueError, match=r"layer '0' \(weight shape \(0, 8\)\).*non-empty 2-D"):
         recipe.plan(model)
+
+
+def test_the_old_module_name_still_imports_with_a_deprecation_warning():
+    import zquant.recipes
+
+    with pytest.warns(DeprecationWarning, match=r"import `get_recipe` from `zquant\.schemes`"):
+        from zquant.recipes import get_recipe as old
+
+    assert old is get_recipe
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        zquant.recipes.nothing  # noqa: B018
