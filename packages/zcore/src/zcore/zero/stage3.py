@@ -26,8 +26,6 @@ from zcore.comm import Comm, Handle
 from zcore.zero import linear as zero_linear
 from zcore.zero.layout import ParamShard, from_slots, own_slot
 
-_EMPTY_CACHE: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
-
 
 def _empty(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     return torch.empty(0, dtype=dtype, device=device)
