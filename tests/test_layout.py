@@ -3,7 +3,8 @@
 For each package: what its pyproject.toml depends on, and every absolute
 `import` in its source (read with `ast`, so nothing is executed), must be in
 the package's allowed set; the standard library is always allowed. Also each
-package ships `py.typed` and reports its pyproject version as `__version__`.
+package ships `py.typed` and reports its pyproject version as `__version__`,
+and no source file (Python or Rust; tests aside) passes the 500-line split line.
 An import this table does not allow is a design change: raise it in the issue
 note rather than widening the table here.
 """
@@ -55,6 +56,16 @@ RECIPES = {"tokenizers", "matplotlib", "rich", "safetensors"}
 ALLOWED["zstack"] = set().union(*ALLOWED.values()) | FIRST_PARTY | {"typer", "pynvml"} | RECIPES
 # Optional extras that only back a torch submodule (never imported by name).
 EXTRAS_ALLOWED: dict[str, set[str]] = {"zcore": {"tensorboard"}}  # torch.utils.tensorboard
+# Where a source file is split by concept (STYLE.md: one concept per file, 150-400 lines);
+# tests are exempt. Each entry: a folder under ROOT and a glob within it.
+MAX_LINES = 500
+SIZED_SOURCES = [
+    ("packages", "*/src/**/*.py"),
+    ("src", "**/*.py"),
+    ("benchmarks", "**/*.py"),
+    ("native/python", "**/*.py"),
+    ("native/crates", "**/*.rs"),
+]
 
 
 @dataclass(frozen=True)
@@ -107,6 +118,12 @@ def _imports(path: Path) -> list[tuple[int, str]]:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             found.append((node.lineno, node.module.split(".")[0]))
     return found
+
+
+def _over_the_line(paths: list[Path]) -> list[tuple[Path, int]]:
+    """(path, line count) for each file longer than MAX_LINES."""
+    counts = [(path, len(path.read_text().splitlines())) for path in paths]
+    return [(path, n) for path, n in counts if n > MAX_LINES]
 
 
 def test_every_package_is_in_the_table() -> None:
@@ -170,3 +187,25 @@ def test_import_scan_sees_every_form(tmp_path: Path) -> None:
         "    import zcore.optim\n"
     )
     assert _imports(source) == [(1, "os"), (1, "numpy"), (2, "torch"), (5, "zcore")]
+
+
+def test_source_files_stay_under_the_split_line() -> None:
+    files = sorted(
+        path
+        for folder, pattern in SIZED_SOURCES
+        for path in (ROOT / folder).glob(pattern)
+        if "target" not in path.relative_to(ROOT).parts  # cargo's generated sources
+    )
+    assert len(files) > len(PACKAGES), "the size scan found almost no source"
+    too_long = [f"{path.relative_to(ROOT)}: {n} lines" for path, n in _over_the_line(files)]
+    assert not too_long, (
+        f"past the {MAX_LINES}-line split line; split each by concept into files of "
+        "150-400 lines (STYLE.md):\n" + "\n".join(too_long)
+    )
+
+
+def test_split_line_counts_lines(tmp_path: Path) -> None:
+    short, long = tmp_path / "short.py", tmp_path / "long.rs"
+    short.write_text("x = 1\n" * MAX_LINES)
+    long.write_text("// x\n" * (MAX_LINES + 1))
+    assert _over_the_line([short, long]) == [(long, MAX_LINES + 1)]
