@@ -1,0 +1,23 @@
+//! Dequantize INT4 (two per byte) and FP6 e3m2 (4+2 bit planes) weights, and the
+//! fused dequantize-and-multiply linear.
+//!
+//! Layouts (see `zquant.packing`): a weight `(n, k)` is stored row by row; the
+//! INT4 plane holds element `2t` in the low nibble of byte `t`; the FP6 2-bit
+//! plane holds element `4t+i` in bits `2i..2i+1` of byte `t`, and the 6-bit code
+//! is `(two_bit << 4) | four_bit`. Scales are `(scale_rows, groups)` float32
+//! with `scale_rows` 1 (per tensor) or `n`; group `g` covers columns
+//! `g·group .. (g+1)·group`. INT4 levels are `code - offset` (symmetric, offset
+//! `2^(bits-1)`) or `code - zero[row, g]` (asymmetric). FP6 (bias 3) decodes by
+//! moving its bits into a float32 and multiplying by `2^124`.
+//!
+//! [`weight`] holds the packed weight, its validation and the plain dequantize;
+//! [`linear`] the fused dequantize-and-multiply built on its row decoder.
+
+mod linear;
+mod weight;
+
+pub use linear::dequant_linear;
+pub use weight::{dequantize, PackedWeight, WeightFormat};
+
+#[cfg(test)]
+mod tests;
