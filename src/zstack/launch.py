@@ -6,14 +6,24 @@ decisions): this module only turns `z launch` options into the argv of
 rendezvous on `--master-addr/--master-port` (`--master-port 0`: a free port,
 via `--standalone`); several nodes with `--rdzv-endpoint host:port` use the
 c10d rendezvous, which also allows elastic `--nnodes MIN:MAX`.
+
+Every rank runs the script through `zstack.rank_entry`, which ties the rank's life to the
+launcher's: torchrun starts ranks in sessions of their own, so without it a `kill -9` of
+the launcher would leave them running.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from pathlib import Path
 from typing import Any
+
+from zstack.rank_entry import LAUNCHER_PID
+
+RANK_ENTRY = "zstack.rank_entry"
+"""The module torchrun runs on every rank (`python -m`); it then runs the script."""
 
 
 class LaunchError(ValueError):
@@ -72,6 +82,7 @@ def build_argv(
 ) -> list[str]:
     """The `torch.distributed.run` argv (without the program name) for these options.
 
+    torchrun runs `python -m zstack.rank_entry SCRIPT SCRIPT_ARGS...` on every rank.
     Raises `LaunchError` for combinations torchrun would reject later or misread:
     elastic node counts without a rendezvous endpoint, a node rank outside the
     node count.
@@ -102,7 +113,7 @@ def build_argv(
             f"--master-addr={master_addr}",
             f"--master-port={master_port}",
         ]
-    return [*argv, script, *script_args]
+    return [*argv, "--module", RANK_ENTRY, script, *script_args]
 
 
 def main(
@@ -154,6 +165,7 @@ def main(
     # (`--nproc`, `--log`) as its own; only exact torchrun options belong to torchrun here.
     parser = get_args_parser()
     parser.allow_abbrev = False
+    os.environ[LAUNCHER_PID] = str(os.getpid())  # the ranks' parent (torchrun's agent is here)
     try:
         run(parser.parse_args(argv))
     except ChildFailedError as exc:

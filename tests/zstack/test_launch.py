@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from torch.distributed.run import parse_args as torchrun_parse_args
 
 from tests.utils.distributed import free_port
-from zstack.launch import LaunchError, build_argv
+from tests.utils.processes import alive, still_alive_after
+from zstack.launch import RANK_ENTRY, LaunchError, build_argv
+from zstack.rank_entry import LAUNCHER_PID
 
 Z = Path(sys.executable).parent / "z"
 
@@ -70,8 +75,10 @@ def test_single_node_uses_static_rendezvous_on_master_port() -> None:
     assert parsed.nnodes == "1"
     assert parsed.rdzv_backend == "static"
     assert (parsed.master_addr, parsed.master_port, parsed.node_rank) == ("127.0.0.1", 29611, 0)
-    assert parsed.training_script == "train.py"
-    assert parsed.training_script_args == ["--lr", "3"]
+    # Every rank runs the script through the entry that ties it to the launcher.
+    assert parsed.module is True
+    assert parsed.training_script == RANK_ENTRY
+    assert parsed.training_script_args == ["train.py", "--lr", "3"]
 
 
 def test_master_port_zero_picks_a_free_port() -> None:
@@ -148,3 +155,63 @@ def test_missing_script_is_exit_2_naming_the_path(tmp_path: Path) -> None:
     assert run.returncode == 2
     assert str(missing) in run.stderr
     assert "not found" in run.stderr
+
+
+LOOP = """\
+import os, sys, time
+from pathlib import Path
+
+Path(sys.argv[1], f"rank{os.environ['RANK']}.pid").write_text(str(os.getpid()))
+while True:
+    time.sleep(0.1)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_ranks_die_with_a_killed_launcher(tmp_path: Path) -> None:
+    script = tmp_path / "loop.py"
+    script.write_text(LOOP)
+    argv = [str(Z), "launch", "--nproc", "2", "--master-port", str(free_port())]
+    launcher = subprocess.Popen(
+        [*argv, str(script), str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        files = [tmp_path / f"rank{rank}.pid" for rank in range(2)]
+        deadline = time.monotonic() + 120
+        while not all(f.is_file() and f.read_text() for f in files):
+            assert launcher.poll() is None, "the launcher exited before both ranks started"
+            assert time.monotonic() < deadline, "ranks did not start in 120 s"
+            time.sleep(0.1)
+        pids = [int(f.read_text()) for f in files]
+        assert all(alive(pid) for pid in pids)
+    finally:
+        launcher.send_signal(signal.SIGKILL)  # the launcher process alone, not its group
+        launcher.wait(timeout=10)
+    assert still_alive_after(pids, 10) == []
+
+
+def _rank_entry(script: Path, launcher: int) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", RANK_ENTRY, str(script), "--flag", "x"],
+        env={**os.environ, LAUNCHER_PID: str(launcher)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_rank_entry_runs_the_script_as_python_would(tmp_path: Path) -> None:
+    script = tmp_path / "script.py"
+    script.write_text("import json, sys\nprint(json.dumps([__name__, sys.argv, sys.path[0]]))\n")
+    ran = _rank_entry(script, launcher=os.getpid())
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout) == ["__main__", [str(script), "--flag", "x"], str(tmp_path)]
+
+
+def test_rank_entry_exits_when_the_launcher_is_already_gone(tmp_path: Path) -> None:
+    script = tmp_path / "script.py"
+    script.write_text("print('ran')\n")
+    gone = _rank_entry(script, launcher=1)  # not this child's parent: its launcher died
+    assert gone.returncode == 1
+    assert "launcher (pid 1) is gone" in gone.stderr
+    assert "ran" not in gone.stdout

@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +20,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from tests.utils.processes import alive, children, still_alive_after
 from zstack.cli import app
+from zstack.launch import RANK_ENTRY
 from zstack.recipes.gpt import GPT, GPTConfig
 from zstack.recipes.metrics import read_jsonl
 
@@ -186,3 +190,44 @@ def test_resumed_run_matches_the_uninterrupted_one(tmp_path: Path) -> None:
         assert [r[key] for r in a if "loss" in r] == pytest.approx(
             [r[key] for r in b if "loss" in r], rel=1e-5
         ), key
+
+
+def _ranks_of(launcher: int) -> list[int]:
+    ranks = []
+    for pid in children(launcher):
+        try:
+            if RANK_ENTRY in Path(f"/proc/{pid}/cmdline").read_text():
+                ranks.append(pid)
+        except FileNotFoundError:
+            pass
+    return ranks
+
+
+def _training(out: Path, launcher: subprocess.Popen[str], timeout: float = 180) -> None:
+    """Wait until the run in `out` has written its first step."""
+    metrics, deadline = out / "metrics.jsonl", time.monotonic() + timeout
+    while not (metrics.is_file() and any("loss" in r for r in read_jsonl(metrics))):
+        if launcher.poll() is not None:
+            pytest.fail(f"`z train` exited ({launcher.returncode}):\n{launcher.communicate()}")
+        assert time.monotonic() < deadline, f"no step in `{metrics}` after {timeout} s"
+        time.sleep(0.2)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_ranks_die_with_a_killed_launcher(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    launcher = subprocess.Popen(
+        [str(Z), "train", "--nproc", "2", "--steps", "1000", *TINY, "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ,
+    )
+    try:
+        _training(out, launcher)
+        ranks = _ranks_of(launcher.pid)
+        assert len(ranks) == 2 and all(alive(pid) for pid in ranks), ranks
+    finally:
+        launcher.send_signal(signal.SIGKILL)  # the launcher process alone, not its group
+        launcher.communicate(timeout=10)
+    assert still_alive_after(ranks, 10) == []
