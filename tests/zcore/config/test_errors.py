@@ -62,8 +62,10 @@ def test_fp16_and_bf16_together() -> None:
 
 def test_bad_optimizer_type_suggests_one() -> None:
     message = only_line({"optimizer": {"type": "Adamm", "params": {}}})
-    assert message.startswith('optimizer.type = "Adamm": not a type zstack provides; did you mean')
-    assert "Adam, AdamW, SGD, Adagrad, Lion" in message
+    assert message.startswith(
+        'optimizer.type = "Adamm": not a registered optimizer type; did you mean Adam?'
+    )
+    assert "(registered: Adagrad, Adam, AdamW, Lion, SGD;" in message
 
 
 def test_missing_optimizer_type() -> None:

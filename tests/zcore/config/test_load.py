@@ -10,7 +10,7 @@ import pytest
 
 import zcore.config
 from tests.zcore.config.common import STAGE3, load_error
-from zcore.config import AdamWConfig, ConfigError, WarmupDecayLRConfig, ZConfig
+from zcore.config import AdamParams, ConfigError, WarmupDecayLRConfig, ZConfig
 from zcore.config._base import ZModel
 
 
@@ -24,7 +24,7 @@ def test_realistic_stage3_config_loads() -> None:
     assert zero.offload_optimizer is not None and zero.offload_optimizer.pin_memory is True
     assert zero.offload_param_device == "none"
     assert cfg.precision == "bf16"
-    assert isinstance(cfg.optimizer, AdamWConfig)
+    assert cfg.optimizer is not None and isinstance(cfg.optimizer.params, AdamParams)
     assert cfg.optimizer.type == "AdamW" and cfg.optimizer.decoupled_weight_decay
     assert isinstance(cfg.scheduler, WarmupDecayLRConfig)
     assert cfg.scheduler.params.total_num_steps == 10000

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from zcore.config import (
-    AdagradConfig,
-    AdamConfig,
-    LionConfig,
+    AdagradParams,
+    AdamParams,
+    LionParams,
     OneCycleConfig,
-    SGDConfig,
+    SGDParams,
     WarmupCosineLRConfig,
     WarmupLRConfig,
     ZConfig,
@@ -55,7 +55,7 @@ def test_optimizer_type_is_case_insensitive(given: str, canonical: str) -> None:
 
 def test_adam_follows_deepspeed_adam_w_mode() -> None:
     adam = optimizer("Adam", lr=1e-4, weight_decay=0.01)
-    assert isinstance(adam, AdamConfig)
+    assert isinstance(adam.params, AdamParams) and not adam.reduces_own_gradients
     assert adam.params.adam_w_mode and adam.decoupled_weight_decay  # DeepSpeed's default
     assert not optimizer("Adam", adam_w_mode=False).decoupled_weight_decay
     assert optimizer("AdamW", adam_w_mode=False).decoupled_weight_decay  # ignored, as DeepSpeed
@@ -99,14 +99,14 @@ def test_params_construct_the_torch_optimizer(type_, torch_class, defaults) -> N
 
 def test_sgd_and_adagrad_blocks() -> None:
     sgd = optimizer("SGD", lr=0.1, momentum=0.9, nesterov=True)
-    assert isinstance(sgd, SGDConfig) and not sgd.decoupled_weight_decay
+    assert isinstance(sgd.params, SGDParams) and sgd.decoupled_weight_decay is False
     assert sgd.params.model_dump()["nesterov"] is True
-    assert isinstance(optimizer("Adagrad"), AdagradConfig)
+    assert isinstance(optimizer("Adagrad").params, AdagradParams)
 
 
 def test_lion_params_construct_cpu_lion() -> None:
     lion = optimizer("Lion", weight_decay=0.1)
-    assert isinstance(lion, LionConfig) and lion.decoupled_weight_decay
+    assert isinstance(lion.params, LionParams) and lion.decoupled_weight_decay
     kwargs = lion.params.model_dump()
     assert kwargs == {"lr": 1e-4, "betas": (0.9, 0.99), "weight_decay": 0.1}
     accepts(CPULion, kwargs)

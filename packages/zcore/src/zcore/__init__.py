@@ -31,7 +31,7 @@ def initialize(
         model: the ``torch.nn.Module`` to train (at stage 3 it may come from ``zcore.zero.Init``).
         optimizer: a ``torch.optim`` optimizer over the model's parameters, or ``None`` to
             build the config's ``optimizer`` block. Element-wise optimizers only (see
-            :mod:`zcore.optim_factory`).
+            :mod:`zcore.optim.factory`).
         model_parameters: parameters or param groups for the config-built optimizer.
         lr_scheduler: an ``LRScheduler`` or a callable ``optimizer -> scheduler``; ``None``
             builds the config's ``scheduler`` block if any.

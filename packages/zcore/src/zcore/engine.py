@@ -24,7 +24,7 @@ from torch.utils.hooks import RemovableHandle
 from zcore.comm import Comm, ProcessGroups
 from zcore.config import ZConfig
 from zcore.monitor import MonitorMaster
-from zcore.optim_factory import build_inner_optimizer
+from zcore.optim.factory import build_inner_optimizer
 from zcore.precision import LossScaler, model_dtype
 from zcore.zero.backends import optimizer_backend, param_backend
 from zcore.zero.stage3 import ShardStore, Stage3Params

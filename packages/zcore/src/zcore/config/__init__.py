@@ -11,6 +11,10 @@ and the fix.
 
 DeepSpeed features zstack does not build yet are rejected unless a package
 that builds them has called :func:`register_feature`.
+
+Optimizer types come from a registry (:func:`register_optimizer`, or a
+``zcore.optimizers`` entry point of an installed package): each names its params
+model and its factory, see :class:`OptimizerSpec`.
 """
 
 from zcore.config.batch import BatchSizes, resolve_batch_sizes
@@ -18,17 +22,19 @@ from zcore.config.errors import ConfigError, ConfigProblem
 from zcore.config.features import register_feature, registered_features, unregister_feature
 from zcore.config.monitor import CSVMonitorConfig, MonitorConfig, TensorBoardConfig
 from zcore.config.optim import (
-    OPTIMIZER_TYPES,
-    AdagradConfig,
     AdagradParams,
-    AdamConfig,
     AdamParams,
-    AdamWConfig,
-    LionConfig,
     LionParams,
     OptimizerConfig,
-    SGDConfig,
+    OptimizerParams,
     SGDParams,
+)
+from zcore.config.optim_registry import (
+    OptimizerSpec,
+    optimizer_spec,
+    optimizer_types,
+    register_optimizer,
+    unregister_optimizer,
 )
 from zcore.config.precision import BF16Config, DataTypesConfig, DtypeName, FP16Config
 from zcore.config.root import ZConfig
@@ -47,13 +53,9 @@ from zcore.config.scheduler import (
 from zcore.config.zero import OffloadOptimizerConfig, OffloadParamConfig, ZeroConfig
 
 __all__ = [
-    "OPTIMIZER_TYPES",
     "SCHEDULER_TYPES",
-    "AdagradConfig",
     "AdagradParams",
-    "AdamConfig",
     "AdamParams",
-    "AdamWConfig",
     "BF16Config",
     "BatchSizes",
     "CSVMonitorConfig",
@@ -62,7 +64,6 @@ __all__ = [
     "DataTypesConfig",
     "DtypeName",
     "FP16Config",
-    "LionConfig",
     "LionParams",
     "MonitorConfig",
     "OffloadOptimizerConfig",
@@ -70,7 +71,8 @@ __all__ = [
     "OneCycleConfig",
     "OneCycleParams",
     "OptimizerConfig",
-    "SGDConfig",
+    "OptimizerParams",
+    "OptimizerSpec",
     "SGDParams",
     "SchedulerConfig",
     "TensorBoardConfig",
@@ -82,8 +84,12 @@ __all__ = [
     "WarmupLRParams",
     "ZConfig",
     "ZeroConfig",
+    "optimizer_spec",
+    "optimizer_types",
     "register_feature",
+    "register_optimizer",
     "registered_features",
     "resolve_batch_sizes",
     "unregister_feature",
+    "unregister_optimizer",
 ]

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import types
 import typing
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, ClassVar, Union
 
 from pydantic import (
+    AliasChoices,
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Discriminator,
     StrictBool,
+    ValidationError,
     field_validator,
     model_validator,
 )
@@ -54,6 +56,23 @@ class ZModel(BaseModel):
                     renamed[new] = data[old]
             return renamed
         return data
+
+    @classmethod
+    def dynamic_blocks(cls, data: Mapping[str, Any]) -> dict[str, type[BaseModel]]:
+        """Fields whose model depends on the block's other keys (``optimizer.params`` on
+        ``type``), as {field: model} for ``data``; raise ValueProblem when it cannot be told."""
+        return {}
+
+
+class NestedProblems(ValueError):
+    """Raised by a validator that validated sub-key ``key`` with another model: the
+    converter reports each of ``error``'s problems at its own path under ``key``."""
+
+    def __init__(self, error: ValidationError, model: type[BaseModel], key: str) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.model = model
+        self.key = key
 
 
 def empty_block() -> Any:
@@ -143,19 +162,44 @@ def tagged_members(annotation: Any) -> dict[str, type[TypedBlock]] | None:
     return members
 
 
-def model_of(annotation: Any) -> type[ZModel] | None:
-    """The ZModel an annotation holds (``X`` or ``X | None``), else None."""
+def model_of(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model an annotation holds (``X`` or ``X | None``), else None."""
     annotation = _strip(annotation)
-    return annotation if isinstance(annotation, type) and issubclass(annotation, ZModel) else None
+    is_model = isinstance(annotation, type) and issubclass(annotation, BaseModel)
+    return annotation if is_model and annotation is not BaseModel else None
 
 
-def accepted_keys(cls: type[ZModel]) -> list[str]:
-    """Every key a block accepts: field names and old aliases."""
-    return [*cls.model_fields, *cls.aliases]
+def old_names(cls: type[BaseModel]) -> dict[str, str]:
+    """``cls.aliases`` for a ZModel: {old DeepSpeed key: field name}; {} for other models."""
+    return cls.aliases if issubclass(cls, ZModel) else {}
+
+
+def key_names(cls: type[BaseModel]) -> dict[str, str]:
+    """{key a user may write: field name}: field names and pydantic aliases (the spellings
+    a plug-in's own model accepts); old DeepSpeed names are in :func:`old_names`."""
+    names: dict[str, str] = {}
+    for name, field in cls.model_fields.items():
+        names[name] = name
+        for alias in (field.alias, field.validation_alias):
+            if isinstance(alias, str):
+                names[alias] = name
+            elif isinstance(alias, AliasChoices):
+                names.update({c: name for c in alias.choices if isinstance(c, str)})
+    return names
+
+
+def forbids_extra(cls: type[BaseModel]) -> bool:
+    """Whether the model rejects keys it has no field for (every ZModel does)."""
+    return cls.model_config.get("extra") == "forbid"
+
+
+def accepted_keys(cls: type[BaseModel]) -> list[str]:
+    """Every key a block accepts: field names, their aliases and old DeepSpeed names."""
+    return [*key_names(cls), *old_names(cls)]
 
 
 def field_at(
-    root: type[ZModel], loc: tuple[str | int, ...]
+    root: type[BaseModel], loc: tuple[str | int, ...]
 ) -> tuple[list[str | int], FieldInfo | None]:
     """Follow a pydantic error location from ``root``: the path a user wrote (union tags
     removed) and the field it ends on, when it ends on one."""
@@ -167,10 +211,11 @@ def field_at(
         item = items.pop(0)
         path.append(item)
         field = None
-        if model is None or not isinstance(item, str) or item not in model.model_fields:
+        name = key_names(model).get(item) if model is not None and isinstance(item, str) else None
+        if model is None or name is None:
             model = None
             continue
-        field = model.model_fields[item]
+        field = model.model_fields[name]
         members = tagged_members(field.annotation)
         if members is not None:
             model = None

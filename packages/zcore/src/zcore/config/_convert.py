@@ -10,15 +10,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
-from zcore.config._base import ZModel, field_at
+from zcore.config._base import NestedProblems, accepted_keys, field_at, model_of
 from zcore.config.errors import (
     AUTO_HINT,
     MISSING,
     ConfigProblem,
     ValueProblem,
+    did_you_mean,
     format_value,
     join_path,
 )
@@ -48,13 +49,16 @@ _BOUNDS = {
 
 
 def problems_from(
-    error: ValidationError, root: type[ZModel], prefix: str = ""
+    error: ValidationError, root: type[BaseModel], prefix: str = ""
 ) -> list[ConfigProblem]:
     """One problem per pydantic error, located from ``root`` (itself at ``prefix``)."""
-    return [_problem(detail, root, prefix) for detail in error.errors(include_url=False)]
+    problems: list[ConfigProblem] = []
+    for detail in error.errors(include_url=False):
+        problems += _problems(detail, root, prefix)
+    return problems
 
 
-def _problem(detail: Mapping[str, Any], root: type[ZModel], prefix: str) -> ConfigProblem:
+def _problems(detail: Mapping[str, Any], root: type[BaseModel], prefix: str) -> list[ConfigProblem]:
     items, field = field_at(root, tuple(detail["loc"]))
     path = prefix
     for item in items:
@@ -63,18 +67,33 @@ def _problem(detail: Mapping[str, Any], root: type[ZModel], prefix: str) -> Conf
     ctx: dict[str, Any] = dict(detail.get("ctx") or {})
     value = detail.get("input", MISSING)
     raised = ctx.get("error")
+    if isinstance(raised, NestedProblems):
+        return problems_from(raised.error, raised.model, join_path(path, raised.key))
     if isinstance(raised, ValueProblem):
         if raised.key is None:
-            return ConfigProblem.at(path, value, raised.why)
-        return ConfigProblem.at(join_path(path, raised.key), raised.value, raised.why)
+            return [ConfigProblem.at(path, value, raised.why)]
+        return [ConfigProblem.at(join_path(path, raised.key), raised.value, raised.why)]
     if kind == "missing" and items and isinstance(items[-1], int):
         parent = path.rsplit("[", 1)[0]
-        return ConfigProblem.at(parent, MISSING, f"too few items: item [{items[-1]}] is missing")
+        return [ConfigProblem.at(parent, MISSING, f"too few items: item [{items[-1]}] is missing")]
     if kind == "missing":
-        return ConfigProblem.at(path, MISSING, "is required" + _doc(field))
+        return [ConfigProblem.at(path, MISSING, "is required" + _doc(field))]
     if kind == "extra_forbidden":
-        return ConfigProblem(path, f"unknown key {path}", value)
-    return ConfigProblem.at(path, value, _why(kind, ctx, detail["msg"], value, field))
+        hint = _suggest(root, tuple(detail["loc"]))
+        return [ConfigProblem(path, f"unknown key {path}{hint}", value)]
+    return [ConfigProblem.at(path, value, _why(kind, ctx, detail["msg"], value, field))]
+
+
+def _suggest(root: type[BaseModel], loc: tuple[str | int, ...]) -> str:
+    """Did-you-mean for the unknown last key of ``loc``, among its block's keys."""
+    parent: type[BaseModel] | None = root
+    if len(loc) > 1:
+        _, field = field_at(root, loc[:-1])
+        parent = model_of(field.annotation) if field is not None else None
+    key = loc[-1] if loc else None
+    if parent is None or not isinstance(key, str):
+        return ""
+    return did_you_mean(key, accepted_keys(parent))
 
 
 def _why(kind: str, ctx: dict[str, Any], msg: str, value: Any, field: FieldInfo | None) -> str:

@@ -6,36 +6,54 @@ next to their new names, and ``optimizer``/``scheduler`` types that do not
 exist. It returns a cleaned copy (aliases renamed, ``type`` spelled as the
 model spells it, offending keys removed) so that pydantic then reports only
 problems with values, and each problem is reported once.
+
+Blocks validated by a model zcore does not own (an optimizer's registered params
+model) are walked the same way; keys a plug-in model spells through pydantic aliases
+are kept as written, and a model that allows extra keys gets them unchecked.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel
+
 from zcore.config import features
-from zcore.config._base import ZModel, accepted_keys, model_of, tagged_members
-from zcore.config.errors import MISSING, ConfigProblem, did_you_mean, join_path
+from zcore.config._base import (
+    ZModel,
+    accepted_keys,
+    forbids_extra,
+    key_names,
+    model_of,
+    old_names,
+    tagged_members,
+)
+from zcore.config.errors import MISSING, ConfigProblem, ValueProblem, did_you_mean, join_path
 
 _DROP = object()
 
 
 def check_keys(
-    model: type[ZModel],
+    model: type[BaseModel],
     data: dict[str, Any],
     prefix: str,
     problems: list[ConfigProblem],
     extensions: dict[str, Any],
+    dynamic: dict[str, type[BaseModel]] | None = None,
 ) -> dict[str, Any]:
     """``data`` for ``model`` at ``prefix`` with bad keys removed; problems appended.
 
     Values of keys unlocked with :func:`~zcore.config.register_feature` that
-    ``model`` has no field for go to ``extensions`` by full path.
+    ``model`` has no field for go to ``extensions`` by full path. ``dynamic`` gives
+    the model of fields that depend on the data (:meth:`ZModel.dynamic_blocks`).
     """
     fields = model.model_fields
+    spellings = key_names(model)
+    old = old_names(model)
     out: dict[str, Any] = {}
     for key, value in data.items():
         path = join_path(prefix, key)
-        name = key if key in fields else model.aliases.get(key)
+        name = spellings.get(key) or old.get(key)
         if name is None:
             if features.is_registered(path):
                 extensions[path] = value
@@ -43,16 +61,18 @@ def check_keys(
                 problem = features.gate(path, value)
                 if problem is not None:
                     problems.append(problem)
-            else:
+            elif forbids_extra(model):
                 problems.append(_unknown_key(model, key, path, value))
+            else:
+                out[key] = value
             continue
         if name != key and name in data:
+            what = "DeepSpeed's old name" if issubclass(model, ZModel) else "another name"
             problems.append(
                 ConfigProblem.at(
                     path,
                     value,
-                    f"`{key}` is DeepSpeed's old name for `{name}`, which is also given; "
-                    f"keep only `{name}`",
+                    f"`{key}` is {what} for `{name}`, which is also given; keep only `{name}`",
                 )
             )
             continue
@@ -60,13 +80,14 @@ def check_keys(
         problem = features.gate(field_path, value)
         if problem is not None:
             problems.append(problem)
-        checked = _descend(fields[name].annotation, value, field_path, problems, extensions)
+        annotation = (dynamic or {}).get(name, fields[name].annotation)
+        checked = _descend(annotation, value, field_path, problems, extensions)
         if checked is not _DROP:
-            out[name] = checked
+            out[key if key in spellings else name] = checked
     return out
 
 
-def _unknown_key(model: type[ZModel], key: str, path: str, value: Any) -> ConfigProblem:
+def _unknown_key(model: type[BaseModel], key: str, path: str, value: Any) -> ConfigProblem:
     valid = accepted_keys(model)
     hint = did_you_mean(key, valid)
     if not hint:
@@ -90,7 +111,15 @@ def _descend(
     sub = model_of(annotation)
     if sub is None:
         return value
-    return check_keys(sub, value, path, problems, extensions)
+    dynamic = None
+    if issubclass(sub, ZModel):
+        try:
+            dynamic = sub.dynamic_blocks(value)
+        except ValueProblem as problem:
+            where = join_path(path, problem.key) if problem.key else path
+            problems.append(ConfigProblem.at(where, problem.value, problem.why))
+            return _DROP
+    return check_keys(sub, value, path, problems, extensions, dynamic)
 
 
 def _typed_block(

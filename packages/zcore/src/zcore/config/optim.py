@@ -1,25 +1,39 @@
-"""``optimizer``: ``{"type": ..., "params": {...}}`` with the params checked per type.
+"""``optimizer``: ``{"type": ..., "params": {...}}`` with the params checked by the
+model the type registered (:mod:`zcore.config.optim_registry`).
 
-``type`` is matched case-insensitively and stored as ``Adam``, ``AdamW``,
-``SGD``, ``Adagrad`` or ``Lion``. ``params.model_dump()`` gives keyword
-arguments for the matching torch (or :mod:`zcore.optim`) constructor.
+``type`` is matched case-insensitively and stored as the registered spelling; zcore's
+own types are ``Adam``, ``AdamW``, ``SGD``, ``Adagrad`` and ``Lion``, whose
+``params.model_dump()`` gives keyword arguments for the matching torch (or
+:mod:`zcore.optim`) constructor.
 
 DeepSpeed semantics kept: ``Adam`` with ``adam_w_mode: true`` (its default)
 is AdamW, i.e. decoupled weight decay; ``AdamW`` is always decoupled.
-:attr:`AdamConfig.decoupled_weight_decay` says which one to build.
+:attr:`OptimizerConfig.decoupled_weight_decay` says which one to build.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar
 
-from pydantic import Field, Tag, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    SerializeAsAny,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from zcore.config._base import Bool, Float, TypedBlock, ZModel, empty_block, type_discriminator
-from zcore.config.errors import problem_at
-
-#: The optimizer types zstack provides, in their canonical spelling.
-OPTIMIZER_TYPES = ("Adam", "AdamW", "SGD", "Adagrad", "Lion")
+from zcore.config._base import Bool, Float, NestedProblems, ZModel
+from zcore.config.errors import MISSING, problem_at
+from zcore.config.optim_registry import (
+    OptimizerSpec,
+    UnknownOptimizer,
+    optimizer_spec,
+    optimizer_types,
+    register_optimizer,
+)
 
 Beta = Annotated[float, Field(ge=0, lt=1)]
 
@@ -125,82 +139,80 @@ class LionParams(OptimizerParams):
     """Decoupled weight decay."""
 
 
-class AdamConfig(TypedBlock):
-    """``{"type": "Adam"}``: AdamW unless ``params.adam_w_mode`` is false (DeepSpeed's rule)."""
+class OptimizerConfig(ZModel):
+    """``{"type": ..., "params": {...}}``: an optimizer type from the registry and its params,
+    validated by the model that type registered."""
 
-    type: Literal["Adam"]
-    """The optimizer type."""
-    params: AdamParams = Field(default_factory=empty_block)
-    """Hyperparameters."""
+    type: str
+    """The optimizer type, in its registered spelling (given in any case)."""
+    params: SerializeAsAny[BaseModel]
+    """Hyperparameters: an instance of the type's params model (``{}`` gives its defaults)."""
 
-    @property
-    def decoupled_weight_decay(self) -> bool:
-        """True: build AdamW (decoupled weight decay); False: Adam with L2 regularization."""
-        return self.params.adam_w_mode
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_type(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping) or not isinstance(data.get("type"), str):
+            return data  # pydantic reports the missing or mistyped `type`
+        spec = spec_of(data["type"])
+        params = data.get("params", {})
+        if not isinstance(params, spec.params):
+            try:
+                params = spec.params.model_validate(params)
+            except ValidationError as error:
+                raise NestedProblems(error, spec.params, "params") from None
+        return {**data, "type": spec.name, "params": params}
 
-
-class AdamWConfig(TypedBlock):
-    """``{"type": "AdamW"}``: Adam with decoupled weight decay."""
-
-    type: Literal["AdamW"]
-    """The optimizer type."""
-    params: AdamParams = Field(default_factory=empty_block)
-    """Hyperparameters (``adam_w_mode`` is ignored, as in DeepSpeed)."""
-
-    @property
-    def decoupled_weight_decay(self) -> bool:
-        """Always True for AdamW."""
-        return True
-
-
-class SGDConfig(TypedBlock):
-    """``{"type": "SGD"}``."""
-
-    type: Literal["SGD"]
-    """The optimizer type."""
-    params: SGDParams = Field(default_factory=empty_block)
-    """Hyperparameters."""
-
-    @property
-    def decoupled_weight_decay(self) -> bool:
-        """False: SGD's weight decay is an L2 penalty."""
-        return False
-
-
-class AdagradConfig(TypedBlock):
-    """``{"type": "Adagrad"}``."""
-
-    type: Literal["Adagrad"]
-    """The optimizer type."""
-    params: AdagradParams = Field(default_factory=empty_block)
-    """Hyperparameters."""
+    @classmethod
+    def dynamic_blocks(cls, data: Mapping[str, Any]) -> dict[str, type[BaseModel]]:
+        """The key pass checks ``params`` against the model of the type named."""
+        raw = data.get("type", MISSING)
+        if raw is MISSING:
+            raise problem_at("type", MISSING, "is required; one of " + _choices())
+        if not isinstance(raw, str):
+            raise problem_at(
+                "type", raw, "must be the name of an optimizer type, one of " + _choices()
+            )
+        return {"params": spec_of(raw).params}
 
     @property
-    def decoupled_weight_decay(self) -> bool:
-        """False: Adagrad's weight decay is an L2 penalty."""
-        return False
-
-
-class LionConfig(TypedBlock):
-    """``{"type": "Lion"}``."""
-
-    type: Literal["Lion"]
-    """The optimizer type."""
-    params: LionParams = Field(default_factory=empty_block)
-    """Hyperparameters."""
+    def spec(self) -> OptimizerSpec:
+        """The registered spec of :attr:`type`."""
+        return optimizer_spec(self.type)
 
     @property
-    def decoupled_weight_decay(self) -> bool:
-        """True: Lion's weight decay is decoupled."""
-        return True
+    def reduces_own_gradients(self) -> bool:
+        """Whether the optimizer communicates its gradients itself (as 1-bit Adam does)."""
+        return self.spec.reduces_own_gradients
+
+    @property
+    def decoupled_weight_decay(self) -> bool | None:
+        """True: decoupled weight decay (AdamW); False: an L2 penalty; None: not applicable."""
+        rule = self.spec.decoupled_weight_decay
+        return rule(self.params) if callable(rule) else rule
 
 
-OptimizerConfig = Annotated[
-    Annotated[AdamConfig, Tag("Adam")]
-    | Annotated[AdamWConfig, Tag("AdamW")]
-    | Annotated[SGDConfig, Tag("SGD")]
-    | Annotated[AdagradConfig, Tag("Adagrad")]
-    | Annotated[LionConfig, Tag("Lion")],
-    type_discriminator(OPTIMIZER_TYPES),
-]
-"""The ``optimizer`` block; ``.type``, ``.params`` and ``.decoupled_weight_decay`` on every member."""
+def spec_of(name: str) -> OptimizerSpec:
+    """:func:`optimizer_spec`, its failure as a problem at ``type``."""
+    try:
+        return optimizer_spec(name)
+    except UnknownOptimizer as error:
+        raise problem_at("type", name, str(error)) from None
+
+
+def _choices() -> str:
+    return ", ".join(optimizer_types())
+
+
+_FACTORY = "zcore.optim.factory"
+for _spec in (
+    OptimizerSpec(
+        "Adam", AdamParams, f"{_FACTORY}:build_adam", decoupled_weight_decay=lambda p: p.adam_w_mode
+    ),
+    OptimizerSpec("AdamW", AdamParams, f"{_FACTORY}:build_adamw", decoupled_weight_decay=True),
+    OptimizerSpec("SGD", SGDParams, f"{_FACTORY}:build_sgd", decoupled_weight_decay=False),
+    OptimizerSpec(
+        "Adagrad", AdagradParams, f"{_FACTORY}:build_adagrad", decoupled_weight_decay=False
+    ),
+    OptimizerSpec("Lion", LionParams, f"{_FACTORY}:build_lion", decoupled_weight_decay=True),
+):
+    register_optimizer(_spec)
