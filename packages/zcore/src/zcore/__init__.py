@@ -53,7 +53,7 @@ def initialize(
         from torch.utils.data import DataLoader, DistributedSampler
 
         sampler = DistributedSampler(
-            training_data, num_replicas=engine.world_size, rank=engine.rank, shuffle=True
+            training_data, num_replicas=engine.world_size, rank=engine.data_rank, shuffle=True
         )
         loader = DataLoader(
             training_data,

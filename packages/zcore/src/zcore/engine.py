@@ -21,12 +21,13 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from zcore.comm import Comm, ProcessGroups
+from zcore.comm import mesh_for_config
 from zcore.config import ZConfig
 from zcore.monitor import MonitorMaster
 from zcore.optim.factory import build_inner_optimizer
 from zcore.precision import LossScaler, model_dtype
 from zcore.zero.backends import optimizer_backend, param_backend
+from zcore.zero.collectives import collectives_for
 from zcore.zero.stage3 import ShardStore, Stage3Params
 
 log = logging.getLogger("zcore")
@@ -60,11 +61,17 @@ class ZEngine:
         zc = config.zero_optimization
         first = next(iter(model.parameters()), None)
         device = first.device if first is not None else torch.device("cpu")
-        self.groups = ProcessGroups.build(config.comm_timeout_s, device)
-        self.comm = Comm(
-            self.groups.dp, self.groups.dp_rank, self.groups.dp_size, config.comm_timeout_s
-        )
-        self.rank, self.world_size = self.groups.dp_rank, self.groups.dp_size
+        self.mesh = mesh_for_config(config, device)
+        self.comm = self.mesh.comm("dp")
+        """Collectives over the ZeRO axis (what stages 1-3 shard across)."""
+        self.replicas = self.mesh.comm("dp_replicate")
+        """Collectives across replicas of the ZeRO partition (size 1 unless MiCS)."""
+        self.world_comm = self.mesh.comm("world")
+        self.rank = self.mesh.rank
+        self.data_rank = self.mesh.data_rank
+        """This rank's index among the ranks that read different data."""
+        self.world_size = self.mesh.spec.data_parallel
+        """Data-parallel ranks (``dp_replicate x dp``): the batch arithmetic's world size."""
         self.batch = config.batch_sizes(self.world_size)
         self.stage = zc.stage
         self.dtype = model_dtype(config.fp16.enabled, config.bf16.enabled)
@@ -78,6 +85,7 @@ class ZEngine:
         self._sync = True
         self._times = {"forward": 0.0, "backward": 0.0, "step": 0.0}
 
+        self.collectives = collectives_for(config, self.mesh)
         named = unique_named_parameters(model)
         names = {p: n for n, p in named}
         self.stage3: Stage3Params | None = None
@@ -93,6 +101,7 @@ class ZEngine:
                 if p not in self.stage3.params:  # zero.Init broadcast its own already
                     self._broadcast([p.data])
                     self.stage3.partition(p, n)
+            self.stage3.collectives = self.collectives
             self.stage3.cast_(self.dtype)
             off_param = zc.offload_param
             offloading = off_param is not None and off_param.device != "none"
@@ -131,6 +140,8 @@ class ZEngine:
             # `prescale_gradients` by `gradient_predivide_factor`, the rest after.
             predivide=config.gradient_predivide_factor if config.prescale_gradients else None,
             allgather_partitions=zc.allgather_partitions,
+            replicas=self.replicas,
+            collectives=self.collectives,
         )
         self.optimizer = self.zopt.optimizer
         # Kept so that destroy() can take them off again: each one holds this engine, and
@@ -147,15 +158,17 @@ class ZEngine:
 
     # -- construction helpers -------------------------------------------------------------
     def _backend(self) -> str:
-        if self.groups.dp is None:
+        if self.comm.group is None:
             return "none"
-        return str(torch.distributed.get_backend(self.groups.dp))
+        return str(torch.distributed.get_backend(self.comm.group))
 
     def _broadcast(self, tensors: list[torch.Tensor]) -> None:
-        """Start every rank from rank 0's values (as DistributedDataParallel does)."""
-        for t in tensors:
-            if t.numel():
-                self.comm.broadcast(t, 0, "broadcast(initial parameters)").wait()
+        """Start every data-parallel rank from rank 0's values (as DistributedDataParallel
+        does): across replicas first, then along the ZeRO axis from its first rank."""
+        for comm in (self.replicas, self.comm):
+            for t in tensors:
+                if t.numel():
+                    comm.broadcast(t, 0, "broadcast(initial parameters)").wait()
 
     def _cast_buffers(self) -> None:
         for m in self.module.modules():
@@ -241,7 +254,7 @@ class ZEngine:
         """
         boundary = self.is_gradient_accumulation_boundary()
         self._sync = not self._no_sync and (self.stage >= 2 or boundary)
-        self.comm.step = self.global_steps
+        self.mesh.set_step(self.global_steps)
         scale = (self.scaler.scale if self.scaler else 1.0) / self.batch.gradient_accumulation_steps
         start = time.perf_counter()
         (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
@@ -276,7 +289,7 @@ class ZEngine:
         self.global_samples += self.batch.micro_batch_size * self.world_size
         if self.micro_steps % self.batch.gradient_accumulation_steps:
             return
-        self.comm.step = self.global_steps
+        self.mesh.set_step(self.global_steps)
         start = time.perf_counter()
         self.zopt.reduce_leftovers()
         overflow = self.scaler is not None and self.zopt.grads_overflow()
@@ -299,7 +312,7 @@ class ZEngine:
                 self.lr_scheduler.step()
         self.zopt.zero_grad()
         self.global_steps += 1
-        self.comm.step = self.global_steps
+        self.mesh.set_step(self.global_steps)
         self._times["step"] += time.perf_counter() - start
         self._write_monitor()
         if self.global_steps % self.config.steps_per_print == 0:
@@ -428,7 +441,7 @@ class ZEngine:
         if self.rank == 0:
             Path(save_dir).mkdir(parents=True, exist_ok=True)
             save_torch(state, Path(save_dir) / save_filename)
-        self.comm.barrier("barrier(save_16bit_model)")
+        self.world_comm.barrier("barrier(save_16bit_model)")
         return True
 
     def save_checkpoint(

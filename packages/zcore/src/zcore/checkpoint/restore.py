@@ -62,7 +62,7 @@ def load(
         loaded = _read(engine, root, tag, load_optimizer)
     except Exception as err:  # every rank must reach the vote below
         failure = err
-    if engine.comm.max_flag(failure is not None, "all_reduce(checkpoint read and checked)"):
+    if engine.world_comm.max_flag(failure is not None, "all_reduce(checkpoint read and checked)"):
         unchanged = "nothing was loaded, the engine is unchanged"
         if failure is None:
             raise CheckpointError(
@@ -287,7 +287,7 @@ def _commit(engine: ZEngine, loaded: _Loaded, load_scheduler: bool) -> None:
     engine.micro_steps = loaded.counters["micro_steps"]
     engine.global_samples = loaded.counters["global_samples"]
     engine.skipped_steps = loaded.counters["skipped_steps"]
-    engine.comm.step = engine.global_steps
+    engine.mesh.set_step(engine.global_steps)
     if engine.scaler is not None and loaded.loss_scaler is not None:
         engine.scaler.load_state_dict(loaded.loss_scaler)
     zopt.zero_grad()

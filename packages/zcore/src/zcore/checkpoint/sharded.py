@@ -61,7 +61,9 @@ def save(engine: ZEngine, save_dir: str, tag: str | None, client_state: dict, la
     if "/" in tag or tag.startswith("."):
         raise ValueError(f"checkpoint tag {tag!r} must be a plain name (no `/`, no leading `.`)")
     tmp = root / f".tmp-{tag}"
-    zopt, comm = engine.zopt, engine.comm
+    # votes span every rank of the job; replicas of a partition (MiCS) write it once
+    zopt, comm = engine.zopt, engine.world_comm
+    first_replica = engine.replicas.rank == 0
     failure = ""
     try:
         if engine.rank == 0:
@@ -74,7 +76,7 @@ def save(engine: ZEngine, save_dir: str, tag: str | None, client_state: dict, la
         raise CheckpointError(failure or f"rank 0 could not create `{tmp}`")
 
     frozen, buffers = _frozen_and_buffers(engine)  # collective at stage 3
-    writes_shard = zopt.shard_world > 1 or engine.rank == 0
+    writes_shard = first_replica and (zopt.shard_world > 1 or engine.rank == 0)
     try:
         if writes_shard:
             shard = {
@@ -127,6 +129,9 @@ def _manifest(engine: ZEngine, tag: str) -> dict[str, Any]:
         "tag": tag,
         "world_size": engine.world_size,
         "shard_world": zopt.shard_world,
+        # the job's mesh, and where each rank file sits on it (its coordinate on `dp`)
+        "mesh": engine.mesh.describe(),
+        "files": {rank_file(r): {"dp": r} for r in range(zopt.shard_world)},
         "stage": engine.stage,
         "dtype": str(engine.dtype).removeprefix("torch."),
         "optimizer": type(zopt.optimizer).__name__,

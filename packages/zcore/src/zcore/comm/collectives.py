@@ -74,11 +74,20 @@ def _wait_forever(jobs: queue.SimpleQueue[_Job]) -> None:
 class Comm:
     """Collectives over one process group (``None``: a single process, where they are no-ops)."""
 
-    def __init__(self, group: dist.ProcessGroup | None, rank: int, size: int, timeout_s: float):
+    def __init__(
+        self,
+        group: dist.ProcessGroup | None,
+        rank: int,
+        size: int,
+        timeout_s: float,
+        axis: str | None = None,
+    ) -> None:
         self.group = group
         self.rank = rank
         self.size = size
         self.timeout_s = timeout_s
+        self.axis = axis
+        """The mesh axis the group spans, named in messages (None: the whole job)."""
         self.step = 0
         """The training step the next collectives belong to (the engine keeps it current)."""
         self._jobs: queue.SimpleQueue[_Job] | None = None
@@ -93,7 +102,8 @@ class Comm:
         return self._jobs
 
     def _where(self, what: str, step: int) -> str:
-        return f"rank {self.rank}/{self.size}: collective `{what}` at step {step}"
+        on = f" of mesh axis `{self.axis}`" if self.axis else ""
+        return f"rank {self.rank}/{self.size}{on}: collective `{what}` at step {step}"
 
     def _peers(self) -> str:
         """Who a failed wait points at: the other rank of two, else any peer."""
@@ -154,6 +164,9 @@ class Comm:
         return self._issue(what, dist.all_gather_into_tensor, out, inp)
 
     def broadcast(self, t: torch.Tensor, src: int, what: str) -> Handle:
+        """``t`` of this group's rank ``src`` (a rank within the group, not a global rank)."""
+        if self.group is not None and self.group is not dist.group.WORLD and self.size > 1:
+            src = dist.get_global_rank(self.group, src)
         return self._issue(what, dist.broadcast, t, src)
 
     def barrier(self, what: str) -> None:

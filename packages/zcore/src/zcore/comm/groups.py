@@ -1,9 +1,8 @@
-"""Process groups, built once per job."""
+"""Joining the job's process group, and the backend zcore asks for (groups: :mod:`.mesh`)."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
@@ -37,34 +36,3 @@ def init_distributed(timeout_s: float, backend: str | None = None) -> bool:
         backend = backend_for("cuda" if torch.cuda.is_available() else "cpu")
     dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
     return True
-
-
-@dataclass
-class ProcessGroups:
-    """The groups a job communicates over.
-
-    ``dp`` is the data-parallel group that ZeRO partitions across (``None`` means a single
-    process without ``torch.distributed``). Later packages add groups here (expert-parallel
-    in zmoe, hierarchical/secondary partitions in zcomm) under ``extra`` rather than
-    building their own, so every group is created exactly once, in the same order on every
-    rank.
-    """
-
-    dp: dist.ProcessGroup | None
-    dp_rank: int
-    dp_size: int
-    extra: dict[str, dist.ProcessGroup] = field(default_factory=dict)
-
-    @classmethod
-    def build(cls, timeout_s: float, device: torch.device | None = None) -> ProcessGroups:
-        """Data-parallel over the whole world (or a single process).
-
-        A group created here uses :data:`CUDA_BACKEND` for a model on a CUDA device and gloo
-        otherwise. A group the script initialized itself is used as it is (a pure ``"nccl"``
-        one fails zcore's first scalar collective with an error that names this fix).
-        """
-        backend = None if device is None else backend_for(device)
-        if not init_distributed(timeout_s, backend):
-            return cls(dp=None, dp_rank=0, dp_size=1)
-        group = dist.group.WORLD
-        return cls(dp=group, dp_rank=dist.get_rank(group), dp_size=dist.get_world_size(group))

@@ -106,10 +106,21 @@ class ZeroConfig(ZModel):
     sub_group_size: Int = Field(1_000_000_000, gt=0)
     """Elements per optimizer-step sub-group: the tile the step walks when optimizer state
     is on NVMe (zoffload). An in-memory step has no per-tile temporaries to bound."""
+    mics_shard_size: Int = Field(-1, ge=-1)
+    """Ranks one copy of the ZeRO partition is cut across (DeepSpeed's MiCS); the job holds
+    world size / this many replicas of it, and gradients are summed across them. -1: every
+    data-parallel rank (one copy). Sizes the mesh's ``dp`` axis (:mod:`zcore.comm.mesh`)."""
     offload_optimizer: OffloadOptimizerConfig | None = None
     """Optimizer-state offload (provided by zoffload)."""
     offload_param: OffloadParamConfig | None = None
     """Parameter offload, stage 3 only (provided by zoffload)."""
+
+    @field_validator("mics_shard_size")
+    @classmethod
+    def _mics_not_zero(cls, value: int) -> int:
+        if value == 0:
+            raise ValueError("mics_shard_size must be -1 (every rank) or a positive rank count")
+        return value
 
     @field_validator("stage", mode="before")
     @classmethod

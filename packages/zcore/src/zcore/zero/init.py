@@ -7,9 +7,10 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
-from zcore.comm import Comm, ProcessGroups
+from zcore.comm import Comm, job_mesh, mesh_for_config
 from zcore.zero.stage3 import Stage3Params
 
 
@@ -63,9 +64,14 @@ class Init:
     def __enter__(self) -> Init:
         if not self.enabled:
             return self
-        groups = ProcessGroups.build(self.timeout_s)
-        comm = Comm(groups.dp, groups.dp_rank, groups.dp_size, self.timeout_s)
-        self.stage3 = Stage3Params(comm, persistence_threshold=self.persistence_threshold)
+        if self.config is not None:
+            mesh = mesh_for_config(self.config)
+        else:
+            mesh = job_mesh(None, self.timeout_s)
+        self._replicas = mesh.comm("dp_replicate")
+        self.stage3 = Stage3Params(
+            mesh.comm("dp"), persistence_threshold=self.persistence_threshold
+        )
         off = self.config.zero_optimization.offload_param if self.config is not None else None
         if off is not None and off.device != "none":
             # offloaded shards leave memory as each module is built
@@ -88,6 +94,12 @@ class Init:
         self._patched.clear()
         nn.Module.apply = self._apply  # type: ignore[method-assign]
 
+    def _from_rank0(self, p: nn.Parameter, what: str) -> None:
+        """``p`` as rank 0 has it, on every rank: across replicas, then along the ZeRO axis."""
+        assert self.stage3 is not None
+        self._replicas.broadcast(p.data, 0, what).wait()
+        self.stage3.comm.broadcast(p.data, 0, what).wait()
+
     def _wrap_init(self, init: Any) -> Any:
         stage3 = self.stage3
         assert stage3 is not None
@@ -105,7 +117,7 @@ class Init:
                 object.__setattr__(module, "_z_stage3", stage3)
                 for name, p in module.named_parameters(recurse=False):
                     if p not in stage3.params:
-                        stage3.comm.broadcast(p.data, 0, "broadcast(zero.Init parameter)").wait()
+                        self._from_rank0(p, "broadcast(zero.Init parameter)")
                         stage3.partition(p, name)
 
         return wrapped
@@ -126,7 +138,7 @@ class Init:
             try:
                 fn(m)
                 for p in own:  # ranks may draw different random values: rank 0's win
-                    stage3.comm.broadcast(p.data, 0, "broadcast(zero.Init apply)").wait()
+                    self._from_rank0(p, "broadcast(zero.Init apply)")
                     stage3.repartition(p)
             finally:
                 stage3.release(own)
@@ -178,7 +190,8 @@ class GatheredParameters:
         s3 = self.stage3
         try:
             if self.modifier_rank is not None:
-                comm = s3.comm if s3 is not None else _default_comm()
+                # rank `modifier_rank` of the job: every replica of the partition takes it
+                comm = _world_comm(s3.comm.timeout_s if s3 is not None else 1800.0)
                 for p in self.params:
                     what = "broadcast(GatheredParameters)"
                     comm.broadcast(p.data, self.modifier_rank, what).wait()
@@ -192,6 +205,8 @@ class GatheredParameters:
                 s3.release(self.params)
 
 
-def _default_comm() -> Comm:
-    groups = ProcessGroups.build(1800.0)
-    return Comm(groups.dp, groups.dp_rank, groups.dp_size, 1800.0)
+def _world_comm(timeout_s: float) -> Comm:
+    """Collectives over every rank of the job (no-ops on a single process)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return Comm(None, 0, 1, timeout_s)
+    return Comm(dist.group.WORLD, dist.get_rank(), dist.get_world_size(), timeout_s)

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from zcore.comm import Comm
+from zcore.zero.collectives import Collectives
 from zcore.zero.layout import GroupLayout, ParamShard, from_slots, own_slot
 from zcore.zero.reducer import GradReducer
 from zcore.zero.stage3 import Stage3Params
@@ -47,9 +48,16 @@ class ZeroOptimizer:
         allgather_partitions: bool = True,
         master_device: torch.device | None = None,
         pin_memory: bool = False,
+        replicas: Comm | None = None,
+        collectives: Collectives | None = None,
     ) -> None:
         self.stage = stage
         self.comm = comm
+        self.replicas = replicas
+        """Collectives across replicas of this partition (MiCS); gradients are summed over
+        them too, nothing else crosses them."""
+        data_parallel = comm.size * (replicas.size if replicas is not None else 1)
+        self.collectives = collectives or Collectives()
         self.stage3 = stage3
         self.shard_world = comm.size if stage >= 1 else 1
         self.shard_rank = comm.rank if stage >= 1 else 0
@@ -85,9 +93,11 @@ class ZeroOptimizer:
             reduce_bucket_elems,
             overlap_comm,
             comm_dtype,
-            predivide=float(comm.size if predivide is None else predivide),
-            postscale=1.0 if predivide is None else predivide / comm.size,
+            predivide=float(data_parallel if predivide is None else predivide),
+            postscale=1.0 if predivide is None else predivide / data_parallel,
             reduce_scatter=reduce_scatter,
+            replicas=replicas,
+            collectives=self.collectives,
             total_elems=sum(layout.numel for layout in self.layouts) * self.shard_world,
         )
         if stage3 is not None:
@@ -271,7 +281,7 @@ class ZeroOptimizer:
             grid = out.view(w, -1)
             if self.allgather_partitions:
                 what = f"all_gather(updated parameters, {out.numel()} elems)"
-                self.comm.all_gather(out, inp, what).wait()
+                self.collectives.all_gather(self.comm, out, inp, what).wait()
             else:  # `allgather_partitions: false`: each rank broadcasts its slots
                 grid[self.shard_rank].copy_(inp)
                 for r in range(w):

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from zcore.comm import Comm, Handle
+from zcore.zero.collectives import Collectives
 from zcore.zero.layout import ParamShard, slot_view
 
 
@@ -58,6 +59,9 @@ class GradReducer:
         predivide: every gradient is divided by this before it is summed across ranks.
         postscale: the sums are multiplied by this as they are added to the partitions.
         reduce_scatter: ``False`` all-reduces the buckets (each rank keeps its slots).
+        replicas: collectives across replicas of the partition (MiCS): what this rank
+            received is summed across them too before it is accumulated.
+        collectives: how the buckets travel (:mod:`zcore.zero.collectives`; full precision).
     """
 
     def __init__(
@@ -72,8 +76,12 @@ class GradReducer:
         reduce_scatter: bool = True,
         total_elems: int | None = None,
         postscale: float = 1.0,
+        replicas: Comm | None = None,
+        collectives: Collectives | None = None,
     ) -> None:
         self.comm = comm
+        self.collectives = collectives or Collectives()
+        self.replicas = replicas if replicas is not None and replicas.size > 1 else None
         self.accumulate = accumulate
         self.shard_world = shard_world
         w = shard_world
@@ -161,11 +169,11 @@ class GradReducer:
             inp = grid if grid.is_contiguous() else grid.contiguous()
             out = torch.empty(b.used, dtype=inp.dtype, device=inp.device)
             what = f"reduce_scatter(gradient bucket, {inp.numel()} elems)"
-            handle = self.comm.reduce_scatter(out, inp.view(-1), what)
+            handle = self.collectives.reduce_scatter(self.comm, out, inp.view(-1), what)
             self._pending.append(_Pending(handle, b, out))
         else:
             what = f"all_reduce(gradient bucket, {b.used} elems)"
-            handle = self.comm.all_reduce(b.buf[: b.used], what)
+            handle = self.collectives.all_reduce(self.comm, b.buf[: b.used], what)
             self._pending.append(_Pending(handle, b, None))
         if not self.overlap:
             self._drain()
@@ -175,6 +183,10 @@ class GradReducer:
         p = self._pending.pop(0)
         p.handle.wait()
         b = p.bucket
+        if self.replicas is not None:  # the same partition on every replica: sum them
+            summed = p.out if p.out is not None else b.buf[: b.used]
+            what = f"all_reduce(gradient bucket across replicas, {summed.numel()} elems)"
+            self.collectives.all_reduce(self.replicas, summed, what).wait()
         rank = self.comm.rank if self.shard_world > 1 else 0
         for group, shard, at in b.members:
             size = shard.shard_size

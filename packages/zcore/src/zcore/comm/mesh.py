@@ -1,0 +1,325 @@
+"""The job's device mesh: named parallel axes, built once per job on torch's ``DeviceMesh``.
+
+Ranks are laid out outer to inner as ``pp x dp_replicate x dp x tp`` (torchtitan's
+order: the axes that talk most are the innermost, i.e. the closest ranks)::
+
+    pp            pipeline stages
+    dp_replicate  replicas of the ZeRO partition (DeepSpeed's MiCS ``mics_shard_size``):
+                  gradients are all-reduced across it, nothing is sharded over it
+    dp            the ZeRO axis: optimizer state, gradients (stage 2+) and parameters
+                  (stage 3) are cut across its ranks
+    tp            tensor parallel
+
+Two more views of the same ranks, built only when their size is above 1:
+
+* ``dp_local``: a node-local sub-axis of ``dp`` (ZeRO++ hpZ's secondary partition,
+  ``zero_hpz_partition_size``); its ranks are ``dp_local`` consecutive ``dp`` ranks.
+* ``ep`` x ``edp``: the data-parallel ranks (``dp_replicate x dp``) regrouped for
+  experts: ``ep`` ranks hold different experts, ``edp = dp_replicate*dp / ep`` ranks hold
+  the same ones and shard them.
+
+:class:`MeshSpec` checks every size against the world size up front and names every
+number when something does not divide; :class:`Mesh` creates the groups (nothing else in
+zstack creates process groups) and hands out one bounded :class:`~zcore.comm.Comm` per
+axis, so every collective keeps its timeout and its rank/op/step message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from zcore.comm.collectives import Comm
+from zcore.comm.groups import backend_for, init_distributed
+
+#: The axes of the main mesh, outer to inner.
+AXES = ("pp", "dp_replicate", "dp", "tp")
+
+
+class MeshError(ValueError):
+    """Axis sizes that do not fit the world size; the message names every number."""
+
+
+@dataclass(frozen=True)
+class MeshSpec:
+    """Axis sizes of one job, checked against its world size (build with :meth:`resolve`)."""
+
+    world: int
+    """Ranks in the job."""
+    pp: int = 1
+    """Pipeline stages."""
+    dp_replicate: int = 1
+    """Replicas of the ZeRO partition (the ranks of one replica shard the model)."""
+    dp: int = 1
+    """Ranks the ZeRO partition is cut across."""
+    tp: int = 1
+    """Tensor-parallel ranks."""
+    dp_local: int = 1
+    """Node-local sub-axis of ``dp`` (hpZ's secondary partition); divides ``dp``."""
+    ep: int = 1
+    """Expert-parallel ranks, regrouped from ``dp_replicate x dp``; divides it."""
+
+    @classmethod
+    def resolve(
+        cls,
+        world: int,
+        *,
+        pp: int = 1,
+        tp: int = 1,
+        dp: int | None = None,
+        dp_local: int = 1,
+        ep: int = 1,
+    ) -> MeshSpec:
+        """The spec for ``world`` ranks; ``dp=None`` gives ZeRO every data-parallel rank
+        (no replicas), a smaller ``dp`` leaves ``dp_replicate`` replicas of it.
+
+        Raises :class:`MeshError` naming every size when the product does not fit.
+        """
+        sizes = {"world": world, "pp": pp, "tp": tp, "dp_local": dp_local, "ep": ep}
+        if dp is not None:
+            sizes["dp"] = dp
+        bad = [f"{k} {v}" for k, v in sizes.items() if not isinstance(v, int) or v < 1]
+        if bad:
+            raise MeshError(f"mesh sizes must be positive integers: {', '.join(bad)}")
+        if world % (pp * tp):
+            raise MeshError(
+                f"world size {world} is not divisible by pp {pp} x tp {tp} = {pp * tp}; "
+                "choose pipeline and tensor-parallel sizes whose product divides the world size"
+            )
+        data = world // (pp * tp)
+        shard = data if dp is None else dp
+        if data % shard:
+            raise MeshError(
+                f"the ZeRO axis dp {shard} (mics_shard_size) does not divide the "
+                f"data-parallel ranks: world size {world} / (pp {pp} x tp {tp}) = {data}; "
+                f"choose a dp that divides {data}"
+            )
+        spec = cls(world, pp, data // shard, shard, tp, dp_local, ep)
+        if shard % dp_local:
+            raise MeshError(
+                f"the node-local sub-axis dp_local {dp_local} (zero_hpz_partition_size) does "
+                f"not divide dp {shard} (world size {world} = {spec.formula()}); choose one "
+                f"that divides {shard}, e.g. the ranks per node"
+            )
+        if data % ep:
+            raise MeshError(
+                f"expert-parallel ep {ep} does not divide the data-parallel ranks "
+                f"dp_replicate {spec.dp_replicate} x dp {shard} = {data} "
+                f"(world size {world} = {spec.formula()}); choose an ep that divides {data}"
+            )
+        return spec
+
+    def __post_init__(self) -> None:
+        if self.pp * self.dp_replicate * self.dp * self.tp != self.world:
+            raise MeshError(f"world size {self.world} != {self.formula()}")
+
+    def formula(self) -> str:
+        """``pp 1 x dp_replicate 2 x dp 2 x tp 1 = 4``: the product, every factor named."""
+        product = self.pp * self.dp_replicate * self.dp * self.tp
+        return " x ".join(f"{a} {getattr(self, a)}" for a in AXES) + f" = {product}"
+
+    @property
+    def data_parallel(self) -> int:
+        """Ranks that see different data: ``dp_replicate x dp``."""
+        return self.dp_replicate * self.dp
+
+    @property
+    def edp(self) -> int:
+        """Expert-data-parallel ranks: ranks holding the same experts."""
+        return self.data_parallel // self.ep
+
+    def sizes(self) -> dict[str, int]:
+        """Every axis and view with its size (what a checkpoint manifest records)."""
+        return {
+            **{a: getattr(self, a) for a in AXES},
+            "dp_local": self.dp_local,
+            "ep": self.ep,
+            "edp": self.edp,
+        }
+
+
+def spec_from_config(config: Any, world: int) -> MeshSpec:
+    """The mesh a :class:`~zcore.config.ZConfig` asks for on ``world`` ranks.
+
+    ``zero_optimization.mics_shard_size`` (DeepSpeed's MiCS; -1: every rank) sizes ``dp``
+    and leaves the rest as replicas; ``zero_hpz_partition_size`` sizes ``dp_local``.
+    Pipeline, tensor and expert parallelism add their sizes here as they land.
+    """
+    zc = config.zero_optimization
+    mics = int(getattr(zc, "mics_shard_size", -1) or -1)
+    hpz = int(getattr(zc, "zero_hpz_partition_size", 1) or 1)
+    try:
+        return MeshSpec.resolve(world, dp=None if mics <= 0 else mics, dp_local=hpz)
+    except MeshError as err:
+        raise MeshError(f"{err} (zero_optimization: mics_shard_size {mics}, "
+                        f"zero_hpz_partition_size {hpz})") from None  # fmt: skip
+
+
+def mesh_for_config(config: Any, device: torch.device | str | None = None) -> Mesh:
+    """Join the job (if launched) and return its mesh as ``config`` sizes it (shared)."""
+    backend = None if device is None else backend_for(device)
+    world = dist.get_world_size() if init_distributed(config.comm_timeout_s, backend) else 1
+    return job_mesh(spec_from_config(config, world), config.comm_timeout_s, device)
+
+
+@dataclass
+class Mesh:
+    """The built mesh of this rank: a ``DeviceMesh`` and one :class:`Comm` per axis.
+
+    On a single process without ``torch.distributed`` every axis has size 1 and every
+    collective is a no-op (no groups exist).
+    """
+
+    spec: MeshSpec
+    rank: int
+    """This rank in the job (``torch.distributed`` global rank)."""
+    timeout_s: float
+    device_mesh: Any = None
+    """torch's ``DeviceMesh`` over the non-trivial axes (``dp`` always), or None."""
+    expert_mesh: Any = None
+    """torch's ``DeviceMesh`` ``(pp, edp, ep, tp)`` when ``ep > 1``."""
+    local_mesh: Any = None
+    """torch's ``DeviceMesh`` splitting ``dp`` into ``(dp_node, dp_local)`` when hpZ is on."""
+    _comms: dict[str, Comm] = field(default_factory=dict)
+
+    @classmethod
+    def build(
+        cls, spec: MeshSpec | None, timeout_s: float, device: torch.device | str | None = None
+    ) -> Mesh:
+        """Join the job's process group (if launched) and create every group of ``spec``.
+
+        ``spec=None`` is plain data parallelism over every rank. Collective: every rank
+        builds the same mesh in the same order. Raises :class:`MeshError` when ``spec``
+        was made for another world size.
+        """
+        backend = None if device is None else backend_for(device)
+        if not init_distributed(timeout_s, backend):
+            if spec is not None and spec.world != 1:
+                raise MeshError(
+                    f"the mesh is for {spec.world} ranks ({spec.formula()}) but this is a "
+                    "single process; start it with `z launch --nproc N` or torchrun"
+                )
+            return cls(MeshSpec(1), 0, timeout_s)
+        world = dist.get_world_size()
+        spec = spec or MeshSpec.resolve(world)
+        if spec.world != world:
+            raise MeshError(
+                f"the mesh is for world size {spec.world} ({spec.formula()}) but the job has "
+                f"{world} ranks; size the mesh for {world}"
+            )
+        kind = torch.device(device).type if device is not None else "cpu"
+        from torch.distributed.device_mesh import init_device_mesh
+
+        names = tuple(a for a in AXES if a == "dp" or getattr(spec, a) > 1)
+        shape = tuple(getattr(spec, a) for a in names)
+        mesh = cls(spec, dist.get_rank(), timeout_s)
+        mesh.device_mesh = init_device_mesh(kind, shape, mesh_dim_names=names)
+        if spec.ep > 1:
+            mesh.expert_mesh = init_device_mesh(
+                kind,
+                (spec.pp, spec.edp, spec.ep, spec.tp),
+                mesh_dim_names=("pp", "edp", "ep", "tp"),
+            )
+        if spec.dp_local > 1:
+            outer = (spec.pp, spec.dp_replicate, spec.dp // spec.dp_local, spec.dp_local, spec.tp)
+            mesh.local_mesh = init_device_mesh(
+                kind, outer, mesh_dim_names=("pp", "dp_replicate", "dp_node", "dp_local", "tp")
+            )
+        return mesh
+
+    # -- axes -----------------------------------------------------------------------------
+    def group(self, axis: str) -> dist.ProcessGroup | None:
+        """The process group of ``axis`` that holds this rank (None on a single process)."""
+        if axis == "world":
+            return dist.group.WORLD if self.device_mesh is not None else None
+        mesh = self._mesh_of(axis)
+        if mesh is None:
+            return None
+        return mesh.get_group(axis)
+
+    def _mesh_of(self, axis: str) -> Any:
+        if axis in ("ep", "edp"):
+            return self.expert_mesh
+        if axis == "dp_local":
+            return self.local_mesh
+        if axis not in AXES:
+            raise MeshError(
+                f"no mesh axis {axis!r}; the axes are {', '.join((*AXES, 'dp_local', 'ep', 'edp', 'world'))}"
+            )
+        if self.device_mesh is None or axis not in (self.device_mesh.mesh_dim_names or ()):
+            return None  # an axis of size 1
+        return self.device_mesh
+
+    def size(self, axis: str) -> int:
+        return self.spec.world if axis == "world" else self.spec.sizes()[axis]
+
+    def coordinate(self, axis: str) -> int:
+        """This rank's index along ``axis``."""
+        if axis == "world":
+            return self.rank
+        group = self.group(axis)
+        return 0 if group is None else dist.get_rank(group)
+
+    def coords(self) -> dict[str, int]:
+        """This rank's index on every axis of size above 1 (checkpoint manifests record it)."""
+        names = [*AXES, "dp_local", *(("ep", "edp") if self.spec.ep > 1 else ())]
+        return {a: self.coordinate(a) for a in names if self.size(a) > 1}
+
+    @property
+    def data_rank(self) -> int:
+        """This rank's index among the ranks that see different data (``dp_replicate x dp``)."""
+        return self.coordinate("dp_replicate") * self.spec.dp + self.coordinate("dp")
+
+    def comm(self, axis: str) -> Comm:
+        """The bounded collectives over ``axis`` (one per axis, kept)."""
+        comm = self._comms.get(axis)
+        if comm is None:
+            group = self.group(axis)
+            size = self.size(axis)
+            if group is None and size > 1:
+                raise MeshError(f"axis {axis} of size {size} has no process group on this rank")
+            label = None if axis == "world" or size == self.spec.world else axis
+            comm = Comm(group, self.coordinate(axis), size, self.timeout_s, axis=label)
+            self._comms[axis] = comm
+        return comm
+
+    def set_step(self, step: int) -> None:
+        """Label every axis's next collectives with training step ``step``."""
+        for comm in self._comms.values():
+            comm.step = step
+
+    def describe(self) -> dict[str, Any]:
+        """The sizes of every axis, for checkpoint manifests and logs."""
+        return {"world": self.spec.world, **self.spec.sizes()}
+
+
+_shared: dict[tuple[MeshSpec | None, str], tuple[Any, Mesh]] = {}
+
+
+def job_mesh(
+    spec: MeshSpec | None, timeout_s: float, device: torch.device | str | None = None
+) -> Mesh:
+    """The job's mesh for ``spec``, built on first use and then shared.
+
+    ``zero.Init``, ``zcore.initialize`` and checkpoints ask for the same spec and get the
+    same groups (a process group is created once per job, not once per caller). A mesh
+    built before ``destroy_process_group`` is never handed out again.
+    """
+    kind = torch.device(device).type if device is not None else "cpu"
+    key = (spec, kind)
+    hit = _shared.get(key)
+    world = dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
+    if hit is not None and hit[0] is world and world is not None:
+        hit[1].timeout_s = timeout_s
+        for comm in hit[1]._comms.values():
+            comm.timeout_s = timeout_s
+        return hit[1]
+    mesh = Mesh.build(spec, timeout_s, device)
+    if mesh.device_mesh is not None:
+        if spec is None:  # plain data parallelism: the resolved spec names the same mesh
+            _shared[(mesh.spec, kind)] = (dist.group.WORLD, mesh)
+        _shared[key] = (dist.group.WORLD, mesh)
+    return mesh
