@@ -24,6 +24,7 @@ from torch import nn
 
 from zcore.comm import Comm, Handle
 from zcore.zero import linear as zero_linear
+from zcore.zero.collectives import Collectives
 from zcore.zero.layout import ParamShard, from_slots, own_slot
 
 
@@ -107,6 +108,8 @@ class Stage3Params:
         self._keep_trace: list[nn.Module] = []
         self.params: dict[nn.Parameter, ShardedParam] = {}
         self.store = ShardStore()
+        self.collectives = Collectives()
+        """How shards are gathered (the engine sets the config's; :mod:`.collectives`)."""
         self.live_elems = 0
         self.peak_live_elems = 0
         self.on_repartition: list[Callable[[nn.Parameter], None]] = []
@@ -163,7 +166,8 @@ class Stage3Params:
         device = todo[0].device  # the shards may be offloaded; the gather runs here
         inp = torch.cat([self.shard_of(p) for p in todo]).to(device)
         out = torch.empty(w * cols, dtype=inp.dtype, device=device)
-        handle = self.comm.all_gather(out, inp, f"all_gather({what}, {w * cols} elems)")
+        what = f"all_gather({what}, {w * cols} elems)"
+        handle = self.collectives.all_gather(self.comm, out, inp, what)
         members, col = [], 0
         gather = _Gather(handle, out, members)
         for p in todo:

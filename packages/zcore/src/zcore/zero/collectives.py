@@ -1,0 +1,87 @@
+"""How ZeRO moves gradients and parameters: the collectives seam.
+
+ZeRO issues three kinds of bulk collective: a gradient bucket's reduce-scatter (or
+all-reduce) during backward, and the all-gather of parameters (stage 3's shards before a
+module runs; stages 1-2's updated weights after a step). :class:`Collectives` is the small
+interface they go through; the default sends full precision over the axis's
+:class:`~zcore.comm.Comm`, so its timeout and rank/op/step messages hold for every plug-in.
+
+A package that compresses them (zcomm: qgZ, qwZ) registers a factory under a name::
+
+    from zcore.zero.collectives import register_collectives
+    register_collectives("qgz", lambda config, mesh: QgZ(config) if <config asks> else None)
+
+The engine asks every registered factory (installed packages are found through the
+``zcore.extensions`` entry point) and uses the one that claims the config; two claiming
+it is an error naming both. Collectives are independent of where the optimizer state lives,
+so any of them combines with CPU or NVMe offload. State that must survive a restart (error
+feedback buffers) goes through :meth:`Collectives.state_dict` (checkpoints do not save it
+yet: no registered collectives keep state so far).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from zcore.comm import Comm, Handle
+from zcore.config.features import load_extensions
+
+
+class Collectives:
+    """Full-precision collectives (the default); plug-ins override the public methods."""
+
+    name = "full"
+
+    def reduce_scatter(self, comm: Comm, out: torch.Tensor, inp: torch.Tensor, what: str) -> Handle:
+        """Sum ``inp`` (``comm.size`` equal chunks) across ``comm``; this rank's chunk to ``out``."""
+        return comm.reduce_scatter(out, inp, what)
+
+    def all_reduce(self, comm: Comm, buf: torch.Tensor, what: str) -> Handle:
+        """Sum ``buf`` across ``comm`` in place."""
+        return comm.all_reduce(buf, what)
+
+    def all_gather(self, comm: Comm, out: torch.Tensor, inp: torch.Tensor, what: str) -> Handle:
+        """Every rank's ``inp``, in rank order, into ``out``."""
+        return comm.all_gather(out, inp, what)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of these collectives (error feedback); none by default."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take back what :meth:`state_dict` gave."""
+
+
+#: ``factory(config, mesh)`` → a :class:`Collectives` when ``config`` asks for it, else None.
+CollectivesFactory = Callable[[Any, Any], Collectives | None]
+
+_FACTORIES: dict[str, CollectivesFactory] = {}
+
+
+def register_collectives(name: str, factory: CollectivesFactory) -> None:
+    """Offer ``factory``'s collectives under ``name`` (registering a name again replaces it)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"register_collectives: name must be a non-empty string, got {name!r}")
+    _FACTORIES[name] = factory
+
+
+def unregister_collectives(name: str) -> None:
+    """Withdraw ``name`` (tests, mostly); unknown names are ignored."""
+    _FACTORIES.pop(name, None)
+
+
+def collectives_for(config: Any, mesh: Any) -> Collectives:
+    """The collectives ``config`` asks for: the one registered factory that claims it, or
+    full precision. Raises ValueError when more than one claims it."""
+    load_extensions()
+    claims = [(n, c) for n, f in _FACTORIES.items() if (c := f(config, mesh)) is not None]
+    if len(claims) > 1:
+        names = ", ".join(f"`{n}`" for n, _ in claims)
+        raise ValueError(
+            f"{len(claims)} collectives claim this config ({names}); turn off all but one of "
+            "the features that select them"
+        )
+    return claims[0][1] if claims else Collectives()
