@@ -13,7 +13,7 @@ from tests.zquant.quant_utils import cosine, minilm, sentences, tokenizer
 from zquant.gptq import _hessians, gptq_weight, quantize_gptq, refit_scales
 from zquant.lkd import calibration_batches, capture_blocks
 from zquant.nn import QuantLinear
-from zquant.ptq import quantize, quantized_layers
+from zquant.ptq import quantize
 from zquant.quantizers import (
     QuantSpec,
     dequantize_weight,
@@ -22,6 +22,7 @@ from zquant.quantizers import (
     unpack_codes,
 )
 from zquant.schemes import get_recipe
+from zquant.swap import quantized_layers
 
 SPECS = [
     QuantSpec(bits=4, granularity="group", group_size=32),

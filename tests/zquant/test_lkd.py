@@ -9,8 +9,9 @@ import torch
 from tests.zquant.quant_utils import cosine, minilm, sentences, tokenizer
 from zquant.lkd import calibration_batches, distill, find_blocks
 from zquant.nn import QuantLinear
-from zquant.ptq import quantize, quantized_layers
+from zquant.ptq import quantize
 from zquant.schemes import get_recipe
+from zquant.swap import quantized_layers
 
 
 def test_lkd_beats_plain_w4_on_held_out_sentences():

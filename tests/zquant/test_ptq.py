@@ -14,9 +14,10 @@ from torch import nn
 from tests.utils.models import smollm2_dir
 from tests.zquant.quant_utils import cosine, minilm, sentences, tokenizer
 from zquant.lkd import calibration_batches
-from zquant.nn import QuantLinear
-from zquant.ptq import OutlierQuantLinear, model_size, quantize, quantized_layers
+from zquant.nn import OutlierQuantLinear, QuantLinear
+from zquant.ptq import model_size, quantize
 from zquant.schemes import get_recipe
+from zquant.swap import quantized_layers
 
 
 def test_w8_weight_only_is_within_0_999():
@@ -166,3 +167,15 @@ def test_smollm2_fp6_group32_with_gptq_perplexity_within_2_percent():
     scale refits is the path that meets 2% (`z bench quant`: +0.8% on 4,096 tokens)."""
     ratio = _smollm2_ppl("w6a16", group_size=32, gptq=256) / _smollm2_ppl(None)
     assert abs(ratio - 1) <= 0.02, ratio
+
+
+def test_outlier_quant_linear_still_imports_from_ptq_with_a_deprecation_warning():
+    import zquant
+    import zquant.ptq
+
+    with pytest.warns(DeprecationWarning, match=r"import it from `zquant\.nn`"):
+        from zquant.ptq import OutlierQuantLinear as old
+
+    assert old is OutlierQuantLinear is zquant.OutlierQuantLinear
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        zquant.ptq.nothing  # noqa: B018

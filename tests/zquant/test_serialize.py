@@ -12,9 +12,10 @@ from tests.utils.models import minilm_dir, smollm2_dir
 from tests.zquant.quant_utils import minilm, sentences, tokenizer
 from zquant.hf import load_model
 from zquant.nn import QuantLinear
-from zquant.ptq import quantize, quantized_layers
+from zquant.ptq import quantize
 from zquant.schemes import Recipe, get_recipe
 from zquant.serialize import MANIFEST, WEIGHTS, load_quantized, read_manifest, save_quantized
+from zquant.swap import quantized_layers
 
 
 @pytest.fixture(scope="module")

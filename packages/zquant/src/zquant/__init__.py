@@ -34,7 +34,7 @@ if TYPE_CHECKING:
         sentence_embeddings,
         sentences_from_text,
     )
-    from zquant.nn import QuantLinear
+    from zquant.nn import OutlierQuantLinear, QuantLinear
     from zquant.pruning import (
         PruneMask,
         prune_channels,
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
         prune_rows,
         prune_sparse,
     )
-    from zquant.ptq import OutlierQuantLinear, model_size, quantize
+    from zquant.ptq import model_size, quantize
     from zquant.quantizers import (
         QuantizedWeight,
         QuantSpec,
@@ -73,7 +73,7 @@ _EXPORTS = {
     "sentence_embeddings": "zquant.metrics",
     "sentences_from_text": "zquant.metrics",
     "QuantLinear": "zquant.nn",
-    "OutlierQuantLinear": "zquant.ptq",
+    "OutlierQuantLinear": "zquant.nn",
     "model_size": "zquant.ptq",
     "quantize": "zquant.ptq",
     "PruneMask": "zquant.pruning",

@@ -35,7 +35,6 @@ import torch
 from torch import Tensor, nn
 
 from zquant.lkd import capture_blocks, find_blocks
-from zquant.ptq import get_submodule_parent, make_quant_linear, swap_layer
 from zquant.quantizers import (
     QuantizedWeight,
     QuantSpec,
@@ -47,6 +46,7 @@ from zquant.quantizers import (
     weight_scales,
 )
 from zquant.schemes import LayerPlan, Recipe
+from zquant.swap import get_submodule_parent, make_quant_linear, swap_layer
 
 __all__ = ["gptq_weight", "quantize_gptq", "refit_scales"]
 

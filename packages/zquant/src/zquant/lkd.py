@@ -30,9 +30,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from zquant.nn import QuantLinear
-from zquant.ptq import get_submodule_parent, make_quant_linear, swap_layer
 from zquant.quantizers import QuantSpec, fake_quantize, fake_quantize_activation
 from zquant.schemes import LayerPlan, Recipe
+from zquant.swap import get_submodule_parent, make_quant_linear, swap_layer
 
 
 class FakeQuantLinear(nn.Module):

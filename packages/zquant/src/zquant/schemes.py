@@ -22,7 +22,7 @@ Named recipes (`get_recipe`), after ZeroQuant and FP6-LLM:
 | xtc   | binary (sign x per-channel scale), see `zquant.xtc`      | full precision     |
 
 The `a8` recipes keep the `ACT_OUTLIERS` (8) largest activation channels of each call in
-full precision (`ptq.OutlierQuantLinear`, LLM.int8()'s decomposition): measured on MiniLM,
+full precision (`nn.OutlierQuantLinear`, LLM.int8()'s decomposition): measured on MiniLM,
 W8A8's embedding cosine goes from 0.9965 to 0.999, and SmolLM2's perplexity from +3.9% to
 +1.0% of fp32. Set `act_outliers=0` for plain token-wise INT8.
 
@@ -103,7 +103,7 @@ class LayerRule:
     required: bool = True
     """Fail when the pattern matches no linear layer (a typo would otherwise do nothing)."""
     act_outliers: int = 0
-    """Activation channels kept in full precision per call (see `ptq.OutlierQuantLinear`)."""
+    """Activation channels kept in full precision per call (see `nn.OutlierQuantLinear`)."""
 
     def __post_init__(self) -> None:
         _check_pattern(self.pattern, "override")

@@ -31,9 +31,9 @@ import torch
 from torch import nn
 
 from zquant.hf import read_json_object
-from zquant.nn import QuantLinear
-from zquant.ptq import OutlierQuantLinear, get_submodule_parent, quantized_layers
+from zquant.nn import OutlierQuantLinear, QuantLinear
 from zquant.schemes import Recipe
+from zquant.swap import get_submodule_parent, quantized_layers
 
 FORMAT_VERSION = 1
 WEIGHTS = "model.safetensors"
