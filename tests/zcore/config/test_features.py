@@ -8,7 +8,9 @@ import pytest
 from tests.zcore.config.common import STAGE3, load_error, stage3
 from zcore.config import (
     ZConfig,
+    blocks,
     features,
+    plugins,
     register_feature,
     registered_features,
     unregister_feature,
@@ -28,6 +30,9 @@ def empty_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     registry as it found it, whatever other packages registered at import."""
     monkeypatch.setattr(features, "_registered", set())
     monkeypatch.setattr(features, "_loaded", True)  # installed extensions stay unloaded
+    # nor do installed packages' config blocks (zquant's compression_training) count
+    monkeypatch.setattr(blocks, "_schemas", {})
+    monkeypatch.setattr(plugins, "discover", lambda group: {})
 
 
 def nested(path: str, value: object) -> dict:

@@ -12,12 +12,22 @@ and the fix.
 DeepSpeed features zstack does not build yet are rejected unless a package
 that builds them has called :func:`register_feature`.
 
-Optimizer types come from a registry (:func:`register_optimizer`, or a
+Top-level blocks other packages own (``compression_training`` with zquant
+installed) are validated by the schema the package registers
+(:func:`register_config_block`, or a ``zcore.config_blocks`` entry point) and
+handed over by :meth:`ZConfig.extension`. Optimizer types come from a registry (:func:`register_optimizer`, or a
 ``zcore.optimizers`` entry point of an installed package): each names its params
 model and its factory, see :class:`OptimizerSpec`.
 """
 
 from zcore.config.batch import BatchSizes, resolve_batch_sizes
+from zcore.config.blocks import (
+    BlockSchema,
+    config_block,
+    register_config_block,
+    registered_config_blocks,
+    unregister_config_block,
+)
 from zcore.config.errors import ConfigError, ConfigProblem
 from zcore.config.features import register_feature, registered_features, unregister_feature
 from zcore.config.monitor import CSVMonitorConfig, MonitorConfig, TensorBoardConfig
@@ -58,6 +68,7 @@ __all__ = [
     "AdamParams",
     "BF16Config",
     "BatchSizes",
+    "BlockSchema",
     "CSVMonitorConfig",
     "ConfigError",
     "ConfigProblem",
@@ -84,12 +95,16 @@ __all__ = [
     "WarmupLRParams",
     "ZConfig",
     "ZeroConfig",
+    "config_block",
     "optimizer_spec",
     "optimizer_types",
+    "register_config_block",
     "register_feature",
     "register_optimizer",
+    "registered_config_blocks",
     "registered_features",
     "resolve_batch_sizes",
+    "unregister_config_block",
     "unregister_feature",
     "unregister_optimizer",
 ]

@@ -7,8 +7,12 @@ exist. It returns a cleaned copy (aliases renamed, ``type`` spelled as the
 model spells it, offending keys removed) so that pydantic then reports only
 problems with values, and each problem is reported once.
 
+Top-level keys another package registered (:mod:`zcore.config.blocks`) are
+checked against that package's schema and handed to ``extensions`` as a
+:class:`~zcore.config.blocks.FoundBlock` for :class:`ZConfig` to validate.
+
 Blocks validated by a model zcore does not own (an optimizer's registered params
-model) are walked the same way; keys a plug-in model spells through pydantic aliases
+model, a registered block) are walked the same way; keys a plug-in model spells through pydantic aliases
 are kept as written, and a model that allows extra keys gets them unchecked.
 """
 
@@ -18,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from zcore.config import features
+from zcore.config import blocks, features, plugins
 from zcore.config._base import (
     ZModel,
     accepted_keys,
@@ -55,6 +59,8 @@ def check_keys(
         path = join_path(prefix, key)
         name = spellings.get(key) or old.get(key)
         if name is None:
+            if not prefix and _plugin_block(key, value, problems, extensions):
+                continue
             if features.is_registered(path):
                 extensions[path] = value
             elif path in features.GATED:
@@ -87,8 +93,28 @@ def check_keys(
     return out
 
 
+def _plugin_block(
+    key: str, value: Any, problems: list[ConfigProblem], extensions: dict[str, Any]
+) -> bool:
+    """Whether top-level ``key`` is a block another package registered (then checked)."""
+    try:
+        schema = blocks.config_block(key)
+    except plugins.PluginError as error:
+        problems.append(ConfigProblem(key, f"{key}: {error}", value))
+        return True
+    if schema is None:
+        return False
+    if isinstance(schema, type):
+        value = _descend(schema, value, key, problems, extensions)
+    if value is not _DROP:
+        extensions[key] = blocks.FoundBlock(schema, value)
+    return True
+
+
 def _unknown_key(model: type[BaseModel], key: str, path: str, value: Any) -> ConfigProblem:
     valid = accepted_keys(model)
+    if "." not in path:
+        valid += blocks.registered_config_blocks()
     hint = did_you_mean(key, valid)
     if not hint:
         hint = "; valid keys here: " + ", ".join(sorted(valid))

@@ -21,6 +21,7 @@ from zcore.config._convert import problems_from
 from zcore.config._keys import check_keys
 from zcore.config.aio import AioConfig
 from zcore.config.batch import BatchSizes, resolve_batch_sizes
+from zcore.config.blocks import FoundBlock, dump_block, parse_block
 from zcore.config.errors import ConfigError, ConfigProblem, problem_at
 from zcore.config.monitor import CSVMonitorConfig, TensorBoardConfig
 from zcore.config.optim import OptimizerConfig
@@ -85,6 +86,7 @@ class ZConfig(ZModel):
     """CSV monitor."""
 
     _extensions: dict[str, Any] = PrivateAttr(default_factory=dict)
+    _blocks: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     @field_validator("bf16")
     @classmethod
@@ -133,9 +135,16 @@ class ZConfig(ZModel):
             config = cls.model_validate(cleaned)
         except ValidationError as error:
             problems += problems_from(error, cls)
+        parsed: dict[str, Any] = {}
+        for key, found in extensions.items():
+            if isinstance(found, FoundBlock):
+                parsed[key], block_problems = parse_block(key, found)
+                extensions[key] = dump_block(parsed[key], found.value)
+                problems += block_problems
         if problems or config is None:
             raise ConfigError(problems, where)
         config._extensions = extensions
+        config._blocks = parsed
         return config
 
     # -- derived values -------------------------------------------------------
@@ -156,8 +165,12 @@ class ZConfig(ZModel):
         return precision_of(self.fp16, self.bf16)
 
     def extension(self, key_path: str) -> Any:
-        """The value given for a key unlocked with ``register_feature`` that zcore has no
-        field for (e.g. ``"compression_training"``), as written in the config; None when absent."""
+        """A block another package owns: for a registered block (``compression_training``
+        with zquant installed, see :mod:`zcore.config.blocks`) what its schema parsed (a
+        model instance); for a key unlocked with ``register_feature`` that zcore has no
+        field for, the value as written. None when the config does not give it."""
+        if key_path in self._blocks:
+            return self._blocks[key_path]
         return self._extensions.get(key_path)
 
     def to_dict(self) -> dict[str, Any]:

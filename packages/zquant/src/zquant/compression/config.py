@@ -26,6 +26,7 @@ on torch and znative only.)
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import os
 import types
@@ -88,7 +89,11 @@ def parse(cls: type, data: Any, where: str) -> Any:
     names = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(data) - set(names))
     if unknown:
-        raise CompressionConfigError(f"{where}: unknown key {unknown[0]!r}; valid keys are {names}")
+        close = difflib.get_close_matches(unknown[0], names, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise CompressionConfigError(
+            f"{where}: unknown key {unknown[0]!r}; valid keys are {names}{hint}"
+        )
     values = {k: _check_type(v, hints[k], f"{where}.{k}") for k, v in data.items()}
     obj = cls(**values)
     check = getattr(obj, "check", None)
