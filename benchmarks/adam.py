@@ -41,7 +41,7 @@ import torch
 
 import znative
 from zcore.optim import CPUAdam
-from zcore.optim._buffers import view
+from zcore.optim.functional import kernel_view as view
 
 #: bytes moved per parameter by one Adam step (read p, g, m, v; write p, m, v)
 BYTES_PER_PARAM = {"fp32": 28, "bf16-states": 20}

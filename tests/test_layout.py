@@ -209,3 +209,99 @@ def test_split_line_counts_lines(tmp_path: Path) -> None:
     short.write_text("x = 1\n" * MAX_LINES)
     long.write_text("// x\n" * (MAX_LINES + 1))
     assert _over_the_line([short, long]) == [(long, MAX_LINES + 1)]
+
+
+# -- the seams: other packages use zcore's public interface only ---------------------------
+ZCORE = ROOT / "packages" / "zcore" / "src" / "zcore"
+# Outside zcore's own package; benchmarks are users too.
+OUTSIDE_ZCORE = [p.source for p in PACKAGES if p.name != "zcore"] + [ROOT / "benchmarks"]
+
+
+def _private_zcore_imports(path: Path) -> list[str]:
+    """`line: module` for each import of a `_`-prefixed zcore module (or name from one)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        modules: list[str] = []
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            modules = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        for module in modules:
+            parts = module.split(".")
+            if parts[0] == "zcore" and any(
+                p.startswith("_") and not p.startswith("__") for p in parts[1:]
+            ):
+                found.append(f"{node.lineno}: {module}")
+                break
+    return found
+
+
+def _zcore_private_methods() -> dict[str, set[str]]:
+    """zcore class name -> its `_`-prefixed (non-dunder) method names."""
+    out: dict[str, set[str]] = {}
+    for path in ZCORE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ClassDef):
+                names = {
+                    f.name
+                    for f in node.body
+                    if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+                    and f.name.startswith("_")
+                    and not f.name.endswith("__")
+                }
+                out.setdefault(node.name, set()).update(names)
+    return out
+
+
+def _private_overrides(path: Path, private: dict[str, set[str]]) -> list[str]:
+    """`Class.method` for each method of a subclass of a zcore class that overrides one of
+    the zcore class's private methods."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    from_zcore = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        and node.level == 0
+        and (node.module or "").split(".")[0] == "zcore"
+        for alias in node.names
+    }
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        bases = {b.id for b in node.bases if isinstance(b, ast.Name)} & from_zcore
+        hidden = set().union(*(private.get(b, set()) for b in bases)) if bases else set()
+        for f in node.body:
+            if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef) and f.name in hidden:
+                found.append(f"{node.name}.{f.name}")
+    return found
+
+
+def test_no_package_reaches_into_zcore_privates() -> None:
+    private = _zcore_private_methods()
+    problems = []
+    for folder in OUTSIDE_ZCORE:
+        for path in sorted(folder.rglob("*.py")):
+            rel = path.relative_to(ROOT)
+            problems += [f"{rel}:{hit} imports a private zcore module" for hit in
+                         _private_zcore_imports(path)]  # fmt: skip
+            problems += [f"{rel}: {hit} overrides a private zcore method" for hit in
+                         _private_overrides(path, private)]  # fmt: skip
+    assert not problems, (
+        "use zcore's public interface (ARCHITECTURE.md, seams); make the name public in zcore "
+        "if a plug-in needs it:\n" + "\n".join(problems)
+    )
+
+
+def test_privates_scan_sees_imports_and_overrides(tmp_path: Path) -> None:
+    src = tmp_path / "m.py"
+    src.write_text(
+        "import zcore.optim._base\n"
+        "from zcore.optim import _buffers\n"
+        "from zcore.zero.optimizer import ZeroOptimizer\n"
+        "class Mine(ZeroOptimizer):\n"
+        "    def _secret(self): ...\n"
+        "    def public(self): ...\n"
+    )
+    assert _private_zcore_imports(src) == ["1: zcore.optim._base", "2: zcore.optim._buffers"]
+    assert _private_overrides(src, {"ZeroOptimizer": {"_secret"}}) == ["Mine._secret"]

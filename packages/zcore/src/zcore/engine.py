@@ -150,7 +150,7 @@ class ZEngine:
         for ps in self.zopt.params:
             for p in ps:
                 self._grad_hooks.append(p.register_post_accumulate_grad_hook(self._on_grad))
-                p._z_on_edit = [self.zopt._refresh_master]  # type: ignore[attr-defined]
+                p._z_on_edit = [self.zopt.refresh_master]  # type: ignore[attr-defined]
         self.lr_scheduler = self._scheduler(lr_scheduler)
         self.monitor = MonitorMaster(
             config.csv_monitor.model_dump(), config.tensorboard.model_dump(), rank=self.rank
@@ -405,13 +405,13 @@ class ZEngine:
         for ps in self.zopt.params:
             for p in ps:
                 edit = getattr(p, "_z_on_edit", None)
-                if edit == [self.zopt._refresh_master]:  # not a later engine's
+                if edit == [self.zopt.refresh_master]:  # not a later engine's
                     del p._z_on_edit  # type: ignore[attr-defined]
         if self.stage3 is not None:
             self.stage3.remove_hooks()
             # a zero.Init-built Stage3Params outlives this engine (the parameters hold it)
-            if self.zopt._refresh_master in self.stage3.on_repartition:
-                self.stage3.on_repartition.remove(self.zopt._refresh_master)
+            if self.zopt.refresh_master in self.stage3.on_repartition:
+                self.stage3.on_repartition.remove(self.zopt.refresh_master)
             self.stage3.store.close()
         self.zopt.close()
         self.monitor.close()

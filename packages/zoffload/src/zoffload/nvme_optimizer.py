@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from zcore.config import ZConfig
-from zcore.optim._base import NativeOptimizer
+from zcore.optim import NativeOptimizer
 from zcore.zero.layout import ParamShard
 from zcore.zero.optimizer import ZeroOptimizer
 from zoffload.aio import AioConfig, AioHandle, new_aligned_tensor
@@ -118,7 +118,7 @@ class NvmeZeroOptimizer(ZeroOptimizer):
         for group in inner.param_groups:
             group["params"] = [torch.empty(0)]
 
-    def _initial_master(self, g: int) -> torch.Tensor:
+    def initial_master(self, g: int) -> torch.Tensor:
         return torch.empty(0)  # built tile by tile into the swap file by _write_initial
 
     def _write_initial(self, g: int) -> None:
@@ -131,7 +131,7 @@ class NvmeZeroOptimizer(ZeroOptimizer):
             t.master[:n].zero_()
             for p, shard, lo, hi in self._overlaps(g, a, b):
                 if cached[0] is not p:  # a slot spanning tiles is fetched once (maybe from NVMe)
-                    cached = (p, self._slot_of(p))
+                    cached = (p, self.slot_of(p))
                 t.master[lo - a : hi - a].copy_(cached[1][lo - shard.offset : hi - shard.offset])
             if self.public[g] is not None:
                 self.public[g][a:b].copy_(t.master[:n])  # type: ignore[index]
@@ -370,7 +370,7 @@ class NvmeZeroOptimizer(ZeroOptimizer):
             self.stage3.write_shard(p, values[lo - a : hi - a], lo - shard.offset)
 
     # -- what the base class reads from the master ---------------------------------------
-    def _grad_device(self) -> torch.device:
+    def grad_device(self) -> torch.device:
         return torch.device("cpu")
 
     def published(self, g: int) -> torch.Tensor:
@@ -378,9 +378,9 @@ class NvmeZeroOptimizer(ZeroOptimizer):
         assert public is not None, "stage 3 publishes from the parameter shards"
         return public
 
-    def _gather_input(self, chunk: list[torch.nn.Parameter]) -> torch.Tensor:
+    def gather_input(self, chunk: list[torch.nn.Parameter]) -> torch.Tensor:
         if self.stage3 is None:
-            return super()._gather_input(chunk)
+            return super().gather_input(chunk)
         shards = [self.stage3.shard_of(p) for p in chunk]  # stage 3: the shards are current
         return torch.cat(shards).to(chunk[0].dtype)
 
@@ -391,16 +391,16 @@ class NvmeZeroOptimizer(ZeroOptimizer):
         persistent = [
             p for p, sp in self.stage3.params.items() if sp.persistent and p in self.where
         ]
-        self._all_gather_params(persistent)
+        self.all_gather_params(persistent)
 
-    def _refresh_master(self, p: torch.nn.Parameter) -> None:
+    def refresh_master(self, p: torch.nn.Parameter) -> None:
         """A full value edited under GatheredParameters: rewrite the tiles it touches (a
         frozen parameter has no master: its shard alone holds the edit)."""
         at = self.where.get(p)
         if at is None:
             return
         g, shard = at
-        slot = self._slot_of(p)
+        slot = self.slot_of(p)
         lo, hi = shard.offset, shard.offset + shard.shard_size
         for a, b in self._ranges(g):
             if b <= lo or a >= hi:

@@ -10,9 +10,10 @@ traffic. :mod:`zcore.optim.functional` runs one step on explicit tensors and
 also takes bfloat16 gradients.
 """
 
+from zcore.optim._base import NativeOptimizer
 from zcore.optim.cpu_adagrad import CPUAdagrad
 from zcore.optim.cpu_adam import CPUAdam, CPUAdamW
 from zcore.optim.cpu_lion import CPULion
 from zcore.optim.fused_adam_cuda import FusedAdamCUDA
 
-__all__ = ["CPUAdagrad", "CPUAdam", "CPUAdamW", "CPULion", "FusedAdamCUDA"]
+__all__ = ["CPUAdagrad", "CPUAdam", "CPUAdamW", "CPULion", "FusedAdamCUDA", "NativeOptimizer"]

@@ -10,6 +10,10 @@ import torch
 import znative
 from zcore.optim._buffers import check_like, check_param, view
 
+kernel_view = view
+"""A numpy array sharing a CPU tensor's memory as the native kernels take it (float32 as
+is, bfloat16 as its int16 bits): for callers that drive :mod:`znative` kernels directly."""
+
 
 def adam_step(
     param: torch.Tensor,

@@ -74,7 +74,7 @@ class ZeroOptimizer:
         for g, (ps, layout) in enumerate(zip(self.params, self.layouts, strict=True)):
             for p, shard in zip(ps, layout.shards, strict=True):
                 self.where[p] = (g, shard)
-        self.master = [self._initial_master(g) for g in range(len(self.params))]
+        self.master = [self.initial_master(g) for g in range(len(self.params))]
         self.grad_accum_dtype = grad_accum_dtype
         # Stage 0-1 accumulate model-sized gradients, so their partitions exist only while
         # a cycle has gradients (allocated by the first reduction, dropped after the step).
@@ -101,7 +101,7 @@ class ZeroOptimizer:
             total_elems=sum(layout.numel for layout in self.layouts) * self.shard_world,
         )
         if stage3 is not None:
-            stage3.on_repartition.append(self._refresh_master)
+            stage3.on_repartition.append(self.refresh_master)
         self.last_grad_norm: float | None = None
 
     # -- construction ---------------------------------------------------------------------
@@ -110,20 +110,21 @@ class ZeroOptimizer:
             return self.stage3.params[p].shape
         return p.shape
 
-    def _slot_of(self, p: nn.Parameter) -> torch.Tensor:
+    def slot_of(self, p: nn.Parameter) -> torch.Tensor:
         """This rank's slot of ``p`` as fp32 (from the stage-3 shard or the full value)."""
         _, shard = self.where[p]
         if self.stage3 is not None and p in self.stage3.params:
             return self.stage3.shard_of(p).float()
         return own_slot(p.data.float(), shard, self.shard_rank)
 
-    def _initial_master(self, g: int) -> torch.Tensor:
-        slots = [self._slot_of(p) for p in self.params[g]]
+    def initial_master(self, g: int) -> torch.Tensor:
+        """Group ``g``'s fp32 master partition at construction (an offloaded store writes it out)."""
+        slots = [self.slot_of(p) for p in self.params[g]]
         device = self.master_device or (slots[0].device if slots else torch.device("cpu"))
         master = torch.cat(slots).to(device) if slots else torch.zeros(0, device=device)
         return master.pin_memory() if self.pin_memory and device.type == "cpu" else master
 
-    def _refresh_master(self, p: nn.Parameter) -> None:
+    def refresh_master(self, p: nn.Parameter) -> None:
         """``p``'s full value was edited: take this rank's slot of it into the master weights.
 
         Parameters outside every optimizer group (frozen ones, partitioned at stage 3 like
@@ -133,7 +134,7 @@ class ZeroOptimizer:
         if at is None:
             return
         g, shard = at
-        self.master[g][shard.offset : shard.offset + shard.shard_size].copy_(self._slot_of(p))
+        self.master[g][shard.offset : shard.offset + shard.shard_size].copy_(self.slot_of(p))
 
     # -- gradients ------------------------------------------------------------------------
     def partition(self, g: int) -> torch.Tensor:
@@ -143,7 +144,7 @@ class ZeroOptimizer:
             t = self._kept[g]
             if t is None:
                 t = torch.zeros(
-                    self.layouts[g].numel, dtype=self.grad_accum_dtype, device=self._grad_device()
+                    self.layouts[g].numel, dtype=self.grad_accum_dtype, device=self.grad_device()
                 )
                 if self.stage >= 2:
                     self._kept[g] = t
@@ -162,7 +163,7 @@ class ZeroOptimizer:
         else:
             dst.add_(values)
 
-    def _grad_device(self) -> torch.device:
+    def grad_device(self) -> torch.device:
         """Where gradient partitions live: beside the master weights."""
         return self.master[0].device if self.master else torch.device("cpu")
 
@@ -250,12 +251,12 @@ class ZeroOptimizer:
                 )
                 if sp.persistent:
                     persistent.append(p)
-            self._all_gather_params(persistent)
+            self.all_gather_params(persistent)
             return
         for ps in self.params:
-            self._all_gather_params(ps)
+            self.all_gather_params(ps)
 
-    def _all_gather_params(self, params: list[nn.Parameter]) -> None:
+    def all_gather_params(self, params: list[nn.Parameter]) -> None:
         """Every rank's slots of ``params`` → their full ``.data``, in buckets."""
         w = self.shard_world
         if w == 1:
@@ -271,7 +272,7 @@ class ZeroOptimizer:
                 end += 1
             chunk = params[start:end]
             start = end
-            inp = self._gather_input(chunk)
+            inp = self.gather_input(chunk)
             out = self._gather_out.get(inp.dtype)
             if out is None or out.numel() < w * inp.numel():
                 out = self._gather_out[inp.dtype] = torch.empty(
@@ -293,7 +294,7 @@ class ZeroOptimizer:
                 p.data.copy_(from_slots(grid, col, s).view(s.shape))
                 col += s.shard_size
 
-    def _gather_input(self, chunk: list[nn.Parameter]) -> torch.Tensor:
+    def gather_input(self, chunk: list[nn.Parameter]) -> torch.Tensor:
         """This rank's slots of ``chunk`` in the parameters' dtype, one flat tensor.
 
         A slice of the master weights when they are adjacent there and already in that
