@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.zcore.config.common import load_error, stage3
-from zcore.config import ConfigError, ZConfig
+from zcore.config import ConfigError, OldKeyWarning, ZConfig
 
 
 def only_line(config: dict) -> str:
@@ -56,7 +56,8 @@ def test_fractional_bucket_size_is_rejected() -> None:
 
 
 def test_fp16_and_bf16_together() -> None:
-    message = only_line({"fp16": {"enabled": True}, "bfloat16": {"enabled": True}})
+    with pytest.warns(OldKeyWarning, match="`bfloat16` is an old DeepSpeed key"):
+        message = only_line({"fp16": {"enabled": True}, "bfloat16": {"enabled": True}})
     assert message.startswith("bf16.enabled = true: fp16.enabled and bf16.enabled are both true")
 
 

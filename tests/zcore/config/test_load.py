@@ -63,23 +63,6 @@ def test_overlap_comm_resolves_like_deepspeed(
     assert cfg.zero_optimization.effective_overlap_comm is expected
 
 
-def test_deepspeed_aliases_are_read() -> None:
-    cfg = ZConfig.load(
-        {
-            "bfloat16": {"enabled": True},
-            "zero_optimization": {"stage3_gather_fp16_weights_on_model_save": True},
-        }
-    )
-    assert cfg.bf16.enabled
-    assert cfg.zero_optimization.stage3_gather_16bit_weights_on_model_save
-    assert "bfloat16" not in cfg.to_dict()
-
-
-def test_alias_next_to_its_new_name_is_an_error() -> None:
-    error = load_error({"bf16": {"enabled": True}, "bfloat16": {"enabled": False}})
-    assert "bfloat16" in str(error) and "keep only `bf16`" in str(error)
-
-
 def test_to_dict_round_trips_and_is_json() -> None:
     cfg = ZConfig.load(STAGE3)
     data = cfg.to_dict()

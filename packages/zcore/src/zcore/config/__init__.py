@@ -9,7 +9,9 @@ and the fix.
     sizes = cfg.batch_sizes(world_size)      # BatchSizes(train, micro, accumulation, world)
     cfg.zero_optimization.stage, cfg.optimizer.params.model_dump()
 
-DeepSpeed features zstack does not build yet are rejected unless a package
+Keys earlier DeepSpeed releases documented (``bfloat16``, ``cpu_offload``, ...) are
+read under their current name with an :class:`OldKeyWarning` naming it
+(:mod:`zcore.config.old_keys`). DeepSpeed features zstack does not build yet are rejected unless a package
 that builds them has called :func:`register_feature`.
 
 Top-level blocks other packages own (``compression_training`` with zquant
@@ -31,6 +33,7 @@ from zcore.config.blocks import (
 from zcore.config.errors import ConfigError, ConfigProblem
 from zcore.config.features import register_feature, registered_features, unregister_feature
 from zcore.config.monitor import CSVMonitorConfig, MonitorConfig, TensorBoardConfig
+from zcore.config.old_keys import OldKey, OldKeyWarning
 from zcore.config.optim import (
     AdagradParams,
     AdamParams,
@@ -79,6 +82,8 @@ __all__ = [
     "MonitorConfig",
     "OffloadOptimizerConfig",
     "OffloadParamConfig",
+    "OldKey",
+    "OldKeyWarning",
     "OneCycleConfig",
     "OneCycleParams",
     "OptimizerConfig",

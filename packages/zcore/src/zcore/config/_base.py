@@ -27,6 +27,7 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 
 from zcore.config.errors import AUTO_HINT, ValueProblem
+from zcore.config.old_keys import NOTHING, OldKey
 
 
 class ZModel(BaseModel):
@@ -43,19 +44,24 @@ class ZModel(BaseModel):
         validate_default=True,
     )
 
-    #: Old spellings DeepSpeed still reads, as {old key: field name}.
-    aliases: ClassVar[dict[str, str]] = {}
+    #: Keys earlier DeepSpeed releases documented, as {old key: OldKey}
+    #: (:mod:`zcore.config.old_keys`); ``ZConfig.load`` warns when it reads one.
+    aliases: ClassVar[dict[str, OldKey]] = {}
 
     @model_validator(mode="before")
     @classmethod
     def _rename_aliases(cls, data: Any) -> Any:
-        if cls.aliases and isinstance(data, dict):
-            renamed = {k: v for k, v in data.items() if k not in cls.aliases}
-            for old, new in cls.aliases.items():
-                if old in data and new not in data:
-                    renamed[new] = data[old]
-            return renamed
-        return data
+        """Old keys read under their current name, silently (the key pass warns); an old key
+        given next to its current one is left for validation to reject."""
+        if not cls.aliases or not isinstance(data, dict):
+            return data
+        renamed = dict(data)
+        for old, entry in cls.aliases.items():
+            if old in data and entry.new not in data:
+                value = entry.value(renamed.pop(old))
+                if value is not NOTHING:
+                    renamed[entry.new] = value
+        return renamed
 
     @classmethod
     def dynamic_blocks(cls, data: Mapping[str, Any]) -> dict[str, type[BaseModel]]:
@@ -169,8 +175,8 @@ def model_of(annotation: Any) -> type[BaseModel] | None:
     return annotation if is_model and annotation is not BaseModel else None
 
 
-def old_names(cls: type[BaseModel]) -> dict[str, str]:
-    """``cls.aliases`` for a ZModel: {old DeepSpeed key: field name}; {} for other models."""
+def old_names(cls: type[BaseModel]) -> dict[str, OldKey]:
+    """``cls.aliases`` for a ZModel: {old DeepSpeed key: OldKey}; {} for other models."""
     return cls.aliases if issubclass(cls, ZModel) else {}
 
 
@@ -194,8 +200,9 @@ def forbids_extra(cls: type[BaseModel]) -> bool:
 
 
 def accepted_keys(cls: type[BaseModel]) -> list[str]:
-    """Every key a block accepts: field names, their aliases and old DeepSpeed names."""
-    return [*key_names(cls), *old_names(cls)]
+    """The keys to suggest for a block: field names and their aliases (old DeepSpeed names
+    are read too, but never suggested)."""
+    return [k for k in key_names(cls) if k not in old_names(cls)]
 
 
 def field_at(

@@ -1,8 +1,9 @@
 """The key pass: every key of a raw config checked against the models before pydantic runs.
 
 It reports unknown keys (with a did-you-mean among the block's keys), gated
-DeepSpeed features (through :mod:`zcore.config.features`), old aliases given
-next to their new names, and ``optimizer``/``scheduler`` types that do not
+DeepSpeed features (through :mod:`zcore.config.features`), old DeepSpeed keys
+(:mod:`zcore.config.old_keys`: read under their current name with an
+:class:`OldKeyWarning`, rejected next to it), and ``optimizer``/``scheduler`` types that do not
 exist. It returns a cleaned copy (aliases renamed, ``type`` spelled as the
 model spells it, offending keys removed) so that pydantic then reports only
 problems with values, and each problem is reported once.
@@ -18,6 +19,7 @@ are kept as written, and a model that allows extra keys gets them unchecked.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from pydantic import BaseModel
@@ -33,6 +35,7 @@ from zcore.config._base import (
     tagged_members,
 )
 from zcore.config.errors import MISSING, ConfigProblem, ValueProblem, did_you_mean, join_path
+from zcore.config.old_keys import NOTHING, OldKey, OldKeyWarning
 
 _DROP = object()
 
@@ -57,7 +60,13 @@ def check_keys(
     out: dict[str, Any] = {}
     for key, value in data.items():
         path = join_path(prefix, key)
-        name = spellings.get(key) or old.get(key)
+        if key in old:
+            renamed = _old_key(key, old[key], value, data, prefix, problems)
+            if renamed is None:
+                continue
+            name, value = renamed
+        else:
+            name = spellings.get(key)
         if name is None:
             if not prefix and _plugin_block(key, value, problems, extensions):
                 continue
@@ -72,15 +81,8 @@ def check_keys(
             else:
                 out[key] = value
             continue
-        if name != key and name in data:
-            what = "DeepSpeed's old name" if issubclass(model, ZModel) else "another name"
-            problems.append(
-                ConfigProblem.at(
-                    path,
-                    value,
-                    f"`{key}` is {what} for `{name}`, which is also given; keep only `{name}`",
-                )
-            )
+        if name != key and name in data:  # a plug-in model's pydantic alias next to its name
+            problems.append(_both_given(path, value, key, name, "another name"))
             continue
         field_path = join_path(prefix, name)
         problem = features.gate(field_path, value)
@@ -89,8 +91,38 @@ def check_keys(
         annotation = (dynamic or {}).get(name, fields[name].annotation)
         checked = _descend(annotation, value, field_path, problems, extensions)
         if checked is not _DROP:
-            out[key if key in spellings else name] = checked
+            out[key if key in spellings and key not in old else name] = checked
     return out
+
+
+def _old_key(
+    key: str,
+    entry: OldKey,
+    value: Any,
+    data: dict[str, Any],
+    prefix: str,
+    problems: list[ConfigProblem],
+) -> tuple[str, Any] | None:
+    """An old DeepSpeed key: (current key, value) to read it as, with an OldKeyWarning;
+    None when it sets nothing or cannot be read (then a problem is appended)."""
+    path = join_path(prefix, key)
+    if entry.new in data:
+        problems.append(_both_given(path, value, key, entry.new, "DeepSpeed's old name"))
+        return None
+    try:
+        new_value = entry.value(value)
+    except ValueProblem as problem:
+        problems.append(ConfigProblem.at(path, value, problem.why))
+        return None
+    new_path = join_path(prefix, entry.new)
+    warnings.warn(entry.warning(path, new_path, value, new_value), OldKeyWarning, stacklevel=1)
+    return None if new_value is NOTHING else (entry.new, new_value)
+
+
+def _both_given(path: str, value: Any, key: str, name: str, what: str) -> ConfigProblem:
+    return ConfigProblem.at(
+        path, value, f"`{key}` is {what} for `{name}`, which is also given; keep only `{name}`"
+    )
 
 
 def _plugin_block(

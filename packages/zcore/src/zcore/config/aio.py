@@ -6,7 +6,7 @@ validated here like every other block.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import (
     AliasChoices,
@@ -19,6 +19,7 @@ from pydantic import (
 )
 
 from zcore.config._base import ZModel
+from zcore.config.old_keys import OldKey
 
 #: O_DIRECT alignment of buffer addresses, file offsets and lengths, in bytes.
 ALIGNMENT = 4096
@@ -28,6 +29,13 @@ class AioConfig(ZModel):
     """DeepSpeed's ``aio`` config block (same keys and defaults), plus ``backend``."""
 
     model_config = ConfigDict(**ZModel.model_config, populate_by_name=True)
+
+    aliases: ClassVar[dict[str, OldKey]] = {
+        "thread_count": OldKey(
+            "intra_op_parallelism",
+            "runtime/swap_tensor/constants.py: AIO_THREAD_COUNT, now AIO_INTRA_OP_PARALLELISM",
+        )
+    }
 
     block_size: StrictInt = Field(1048576, ge=ALIGNMENT, le=1 << 30)
     """Bytes per IO request to the kernel; requests are split into blocks of this size.

@@ -24,6 +24,7 @@ from zcore.config.batch import BatchSizes, resolve_batch_sizes
 from zcore.config.blocks import FoundBlock, dump_block, parse_block
 from zcore.config.errors import ConfigError, ConfigProblem, problem_at
 from zcore.config.monitor import CSVMonitorConfig, TensorBoardConfig
+from zcore.config.old_keys import OldKey
 from zcore.config.optim import OptimizerConfig
 from zcore.config.precision import (
     BF16Config,
@@ -42,7 +43,9 @@ class ZConfig(ZModel):
     Build one with :meth:`load`; every block is immutable (use ``model_copy``).
     """
 
-    aliases: ClassVar[dict[str, str]] = {"bfloat16": "bf16"}
+    aliases: ClassVar[dict[str, OldKey]] = {
+        "bfloat16": OldKey("bf16", "runtime/constants.py: BFLOAT16_OLD, kept for compatibility")
+    }
 
     train_batch_size: Int | None = Field(None, ge=1)
     """Samples per optimizer step over all data-parallel ranks."""

@@ -14,8 +14,11 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from zcore.config._base import Bool, Float, Int, ZModel
 from zcore.config.errors import problem_at
+from zcore.config.old_keys import OldKey, offload_to_cpu, read_not_applied
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
+
+_ZERO_CONFIG = "runtime/zero/config.py: deprecated, with new_param"
 
 
 class OffloadConfig(ZModel):
@@ -70,8 +73,24 @@ class OffloadParamConfig(OffloadConfig):
 class ZeroConfig(ZModel):
     """``zero_optimization``: which training state is partitioned across ranks and how."""
 
-    aliases: ClassVar[dict[str, str]] = {
-        "stage3_gather_fp16_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save"
+    aliases: ClassVar[dict[str, OldKey]] = {
+        "stage3_gather_fp16_weights_on_model_save": OldKey(
+            "stage3_gather_16bit_weights_on_model_save", _ZERO_CONFIG
+        ),
+        "cpu_offload": OldKey("offload_optimizer", _ZERO_CONFIG, offload_to_cpu),
+        "cpu_offload_param": OldKey("offload_param", _ZERO_CONFIG, offload_to_cpu),
+        "cpu_offload_params": OldKey(
+            "offload_param",
+            "runtime/zero/constants.py before the pydantic config, deprecated there too",
+            offload_to_cpu,
+        ),
+        "cpu_offload_use_pin_memory": OldKey(
+            "offload_optimizer.pin_memory",
+            "runtime/zero/config.py: deprecated with set_new_param false",
+            read_not_applied,
+            note=", as in DeepSpeed; pinning is `pin_memory` in `offload_optimizer` and "
+            "`offload_param`",
+        ),
     }
 
     stage: Int = Field(0, ge=0, le=3)
