@@ -1,9 +1,10 @@
 """`z train`, `z generate` and `z checkpoint consolidate`.
 
 Imports only typer and the standard library at load time (`zstack.cli` registers these
-commands); torch and the recipes load when a command runs. `z train --nproc N` starts
-itself again on N ranks through `z launch`'s torchrun; each rank then runs
-`zstack.recipes.train.run`.
+commands); torch and the recipes load when a command runs. `z train --nproc N` plans the
+run (`zstack.recipes.train_plan.plan_run`: a bad run fails here, before any rank starts),
+then starts itself again on N ranks through `z launch`'s torchrun; each rank plans the
+same run and runs `zstack.recipes.train.run` on it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 import typer
 
-from zstack.recipes.train import DEFAULT_STEPS, TrainError, TrainOptions
+from zstack.recipes.train_options import DEFAULT_STEPS, TrainError, TrainOptions
 
 checkpoint_app = typer.Typer(
     help="Work with the sharded checkpoints `z train` writes.", no_args_is_help=True
@@ -122,16 +123,18 @@ def train(
         explicit=explicit,
     )
     under_launcher = "RANK" in os.environ
+    world_size = int(os.environ.get("WORLD_SIZE", "1")) if under_launcher else nproc
     try:
-        if not under_launcher:
-            from zstack.recipes.train import preflight
+        from zstack.recipes.train_plan import plan_run
 
-            for note in preflight(opts, nproc):
+        plan = plan_run(opts, world_size)
+        if not under_launcher:
+            for note in plan.notes:
                 typer.echo(f"note: {note}", err=True)
         if under_launcher or nproc == 1:
             from zstack.recipes.train import run
 
-            raise typer.Exit(run(opts))
+            raise typer.Exit(run(plan))
     except (ConfigError, TrainError) as err:
         raise _fail(str(err)) from None
 

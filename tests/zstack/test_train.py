@@ -156,7 +156,8 @@ def test_bad_config_exits_2_naming_the_key(tmp_path: Path) -> None:
 
 
 def test_config_keys_win_over_flags(tmp_path: Path) -> None:
-    from zstack.recipes.train import TrainOptions, build_config
+    from zstack.recipes.train_config import build_config
+    from zstack.recipes.train_options import TrainOptions
 
     config = tmp_path / "ds.json"
     config.write_text(json.dumps({"train_batch_size": 32, "optimizer": {"type": "SGD"}}))

@@ -1,0 +1,131 @@
+"""A `z train` run decided once: options checked, engine config built, first step found.
+
+`plan_run` is the only reader of `TrainOptions` past the command line: the launcher calls
+it to reject a bad run before any rank starts, each rank calls it again (the same options,
+the same files), and everything after (`Trainer`, the loop) reads only the `TrainPlan`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from zstack.recipes.train_config import RunConfig, build_config
+from zstack.recipes.train_options import TrainError, TrainOptions
+
+
+@dataclass(frozen=True)
+class TrainPlan:
+    """What one `z train` run does; built by `plan_run`."""
+
+    out: Path
+    """The run directory."""
+    preset: str
+    """GPT size (`zstack.recipes.gpt.PRESETS`)."""
+    steps: int
+    """The optimizer step the run ends at."""
+    start: int
+    """The optimizer step the run starts at: 0, or the resumed checkpoint's."""
+    resume: bool
+    """Continue from the checkpoint in `checkpoints` (its weights, optimizer and tokenizer)."""
+    seq_len: int
+    seed: int
+    """Model init and batch order."""
+    vocab_size: int
+    """BPE vocabulary of a new tokenizer (a resumed run keeps the checkpoint's)."""
+    eval_interval: int
+    """Steps between validation passes."""
+    save_every: int
+    """Steps between checkpoints; 0 saves at the end only."""
+    world_size: int
+    config: RunConfig
+    """The engine config and the notes about the flags it overrides."""
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.out / "checkpoints"
+
+    @property
+    def metrics(self) -> Path:
+        return self.out / "metrics.jsonl"
+
+    @property
+    def export(self) -> Path:
+        return self.out / "export"
+
+    @property
+    def notes(self) -> list[str]:
+        """What to tell the user before the run starts (flags a `--config` overrides)."""
+        return self.config.notes
+
+
+def checkpoint_step(ckpt_dir: Path) -> int:
+    """The step of the `latest` checkpoint in `ckpt_dir`; TrainError when there is none."""
+    latest = ckpt_dir / "latest"
+    manifest = ckpt_dir / latest.read_text().strip() / "manifest.json" if latest.is_file() else None
+    if manifest is None or not manifest.is_file():
+        raise TrainError(
+            f"no checkpoint to resume in `{ckpt_dir}` (no `latest` checkpoint); "
+            f"run `z train --out {ckpt_dir.parent}` without `--resume` first"
+        )
+    return int(json.loads(manifest.read_text())["global_steps"])
+
+
+def plan_run(opts: TrainOptions, world_size: int) -> TrainPlan:
+    """Check `opts` for a job of `world_size` ranks and decide the run.
+
+    Raises ConfigError (bad `--config`) or TrainError (the message says what to change).
+    """
+    start = checkpoint_step(opts.checkpoints) if opts.resume else 0
+    config = build_config(opts, world_size, start)
+    from zstack.recipes.data import plays_dir
+    from zstack.recipes.gpt import PRESETS
+
+    try:
+        plays_dir()
+    except FileNotFoundError as err:
+        raise TrainError(str(err)) from None
+    if opts.preset not in PRESETS:
+        raise TrainError(f"unknown `--preset {opts.preset}`; choose one of {sorted(PRESETS)}")
+    block = PRESETS[opts.preset]["block_size"]
+    if opts.seq_len > block:
+        raise TrainError(
+            f"`--seq-len {opts.seq_len}` exceeds preset {opts.preset}'s block_size {block}; "
+            f"pass `--seq-len {block}` or less"
+        )
+    if opts.resume:
+        _check_resumable(opts, start)
+    return TrainPlan(
+        out=opts.out,
+        preset=opts.preset,
+        steps=opts.steps,
+        start=start,
+        resume=opts.resume,
+        seq_len=opts.seq_len,
+        seed=opts.seed,
+        vocab_size=opts.vocab_size,
+        eval_interval=opts.eval_interval,
+        save_every=opts.save_every,
+        world_size=world_size,
+        config=config,
+    )
+
+
+def _check_resumable(opts: TrainOptions, start: int) -> None:
+    """The checkpoint at `start` leaves steps to train and holds the model of `--preset`."""
+    from zstack.recipes.gpt import PRESETS, GPTConfig
+
+    if start >= opts.steps:
+        raise TrainError(
+            f"the checkpoint in `{opts.checkpoints}` is at step {start}; "
+            f"`--steps {opts.steps}` leaves nothing to train, pass `--steps` above {start}"
+        )
+    saved = GPTConfig.from_dict(json.loads((opts.checkpoints / "model.json").read_text()))
+    if saved != GPTConfig.preset(opts.preset, vocab_size=saved.vocab_size):
+        names = [n for n in PRESETS if GPTConfig.preset(n, saved.vocab_size) == saved]
+        fix = f"pass `--preset {names[0]}`" if names else "pass the preset it was trained with"
+        raise TrainError(
+            f"`{opts.checkpoints}` holds a model with {saved.n_layer} layers of width "
+            f"{saved.n_embd}, not preset {opts.preset}; {fix}"
+        )
