@@ -5,14 +5,57 @@ fp32/bf16/fp16, gradient accumulation and clipping) with the same call shape as
 ``deepspeed.initialize``, so porting a DeepSpeed loop is an import change. The config is
 DeepSpeed's JSON (:mod:`zcore.config`); checkpoints are sharded, atomic and load on any
 world size (:mod:`zcore.checkpoint`); :mod:`zcore.optim` holds the native CPU optimizers.
+
+The public submodules load on first use, as DeepSpeed's do after ``import deepspeed``:
+``import zcore`` then ``zcore.zero.Init()`` works, and ``import zcore`` itself imports
+neither torch nor the engine.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what __getattr__ gives, for type checkers
+    from zcore import checkpoint as checkpoint
+    from zcore import comm as comm
+    from zcore import config as config
+    from zcore import engine as engine
+    from zcore import lr_schedules as lr_schedules
+    from zcore import memory as memory
+    from zcore import monitor as monitor
+    from zcore import optim as optim
+    from zcore import precision as precision
+    from zcore import zero as zero
 
 __version__ = "0.1.0"
+
+#: Submodules reachable as attributes of ``zcore`` without importing them first.
+_SUBMODULES = frozenset(
+    {
+        "checkpoint",
+        "comm",
+        "config",
+        "engine",
+        "lr_schedules",
+        "memory",
+        "monitor",
+        "optim",
+        "precision",
+        "zero",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"zcore.{name}")  # also binds it on this module
+    raise AttributeError(f"module 'zcore' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_SUBMODULES})
 
 
 def initialize(
