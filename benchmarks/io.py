@@ -7,8 +7,11 @@ Every contender writes the same random bytes to a fresh file in ``--dir`` and
 reads them back into memory; the bytes read are compared with the bytes
 written. Writes are timed until durable (ours: ``fdatasync`` inside ``wait``;
 Python and torch: ``fsync``; DeepSpeed: its O_DIRECT write, then ``fdatasync``,
-with the unsynced time reported too). Before every read the file is dropped
-from the page cache (``posix_fadvise(DONTNEED)``), so reads are cold. The
+with the unsynced time reported too). Every read starts cold: ours and
+DeepSpeed's read with ``O_DIRECT``; before the buffered ones (Python, torch)
+the file is synced and dropped from the page cache (``posix_fadvise(DONTNEED)``),
+and ``mincore`` confirms no page of it stayed. Each result says how it read
+(``read_mode``) and how many bytes were cached when its read began. The
 contenders run in interleaved rounds on the same file system; medians are
 reported.
 
@@ -18,6 +21,8 @@ Run: ``z bench io --size 1GiB --dir D --block-size 1MiB --queue-depth 128 --json
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import mmap
 import os
 import platform
 import re
@@ -50,13 +55,57 @@ def parse_size(text: str | int, flag: str = "--size") -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
-def _drop_cache(path: Path) -> None:
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_int, ctypes.c_long]  # fmt: skip
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def resident_bytes(path: Path) -> int:
+    """Bytes of ``path`` in the page cache now: ``mincore`` over a fresh read-only mapping
+    (mapping faults nothing in, so looking does not warm the file)."""
+    size = os.path.getsize(path)
+    if size == 0:
+        return 0
+    page = os.sysconf("SC_PAGE_SIZE")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr == _MAP_FAILED:
+            e = ctypes.get_errno()
+            raise OSError(e, f"mmap of {path} to check its page cache: {os.strerror(e)}")
+        try:
+            vec = ctypes.create_string_buffer((size + page - 1) // page)
+            if _libc.mincore(addr, size, vec) != 0:
+                e = ctypes.get_errno()
+                raise OSError(e, f"mincore on {path}: {os.strerror(e)}")
+        finally:
+            _libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+    pages = sum(b & 1 for b in vec.raw)
+    return min(pages * page, size)
+
+
+def drop_cache(path: Path, tries: int = 3) -> int:
+    """Make ``path`` cold: write back its dirty pages (``fdatasync``), then drop them
+    (``posix_fadvise(DONTNEED)``), again while any stay. Returns the bytes still cached:
+    0 on a disk file system; more where the kernel keeps pages (tmpfs, a page mapped or
+    pinned elsewhere)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fdatasync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        for _ in range(tries):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            left = resident_bytes(path)
+            if left == 0:
+                break
     finally:
         os.close(fd)
+    return left
 
 
 def _fs_of(path: Path) -> str:
@@ -70,11 +119,16 @@ def _fs_of(path: Path) -> str:
     return f"{best[1]} on {best[2]} (mounted at {best[0]})"
 
 
+# How a buffered path reads: from disk, because every read starts with the file dropped.
+_BUFFERED_COLD = "buffered, cold (fdatasync + posix_fadvise DONTNEED)"
+
+
 class _Ours:
     def __init__(self, backend: str, cfg: AioConfig, dst: torch.Tensor):
         self.h = AioHandle(cfg.model_copy(update={"backend": backend}))
         self.dst = dst
         self.o_direct = True
+        self.read_mode = "O_DIRECT"
 
     def write(self, src: torch.Tensor, path: Path) -> None:
         self.h.async_pwrite(src, path).wait()
@@ -86,6 +140,7 @@ class _Ours:
 
 class _Python:
     o_direct = False
+    read_mode = _BUFFERED_COLD
 
     def __init__(self, dst: torch.Tensor):
         self.dst = dst
@@ -103,6 +158,7 @@ class _Python:
 
 class _Torch:
     o_direct = False
+    read_mode = _BUFFERED_COLD
 
     def write(self, src: torch.Tensor, path: Path) -> None:
         with open(path, "wb") as f:
@@ -116,6 +172,7 @@ class _Torch:
 
 class _DeepSpeed:
     o_direct = True
+    read_mode = "O_DIRECT"
 
     def __init__(self, handle: Any, dst: torch.Tensor):
         self.h, self.dst = handle, dst
@@ -157,6 +214,15 @@ def _deepspeed_handle(cfg: AioConfig) -> tuple[Any | None, str]:
     except Exception as e:
         return None, f"failed to build: {type(e).__name__}: {e}".splitlines()[0][:200]
     return handle, "ok"
+
+
+def _read_mode(mode: str, cached: int, nbytes: int) -> str:
+    """``mode``, or, for a buffered path whose file kept pages in the cache, what it really
+    was (O_DIRECT bypasses the cache, so pages left there do not help it)."""
+    if cached == 0 or mode == "O_DIRECT":
+        return mode
+    return (f"buffered, NOT cold: {cached} of {nbytes} bytes stayed cached after "
+            f"posix_fadvise(DONTNEED) (tmpfs? pick a disk with --dir)")  # fmt: skip
 
 
 def run(
@@ -204,6 +270,7 @@ def run(
 
     times: dict[str, dict[str, list[float]]] = {n: {"write": [], "read": []} for n in contenders}
     verified = dict.fromkeys(contenders, True)
+    cached = dict.fromkeys(contenders, 0)  # most bytes in the page cache when a read began
     try:
         for _ in range(rounds):
             for name, c in contenders.items():
@@ -211,7 +278,7 @@ def run(
                 t0 = time.perf_counter()
                 c.write(src, path)
                 times[name]["write"].append(time.perf_counter() - t0)
-                _drop_cache(path)
+                cached[name] = max(cached[name], drop_cache(path))
                 dst.zero_()
                 t0 = time.perf_counter()
                 out = c.read(path)
@@ -230,6 +297,8 @@ def run(
             "write_gb_per_s": nbytes / w / 1e9,
             "read_gb_per_s": nbytes / r / 1e9,
             "o_direct": c.o_direct,
+            "read_mode": _read_mode(c.read_mode, cached[name], nbytes),
+            "cached_bytes_at_read": cached[name],
             "verified": verified[name],
         }
         if isinstance(c, _DeepSpeed):
@@ -285,12 +354,12 @@ def report(result: dict[str, Any]) -> str:
     lines = [
         f"file io, {result['size_bytes'] / 2**20:.0f} MiB, block {result['block_size']}, "
         f"queue depth {result['queue_depth']}, {result['rounds']} rounds, {result['filesystem']}",
-        f"{'contender':<30} {'write GB/s':>10} {'read GB/s':>10}  o_direct verified",
+        f"{'contender':<30} {'write GB/s':>10} {'read GB/s':>10}  verified  read mode",
     ]
     for name, r in result["results"].items():
         lines.append(
             f"{name:<30} {r['write_gb_per_s']:10.3f} {r['read_gb_per_s']:10.3f}  "
-            f"{r['o_direct']!s:<8} {r['verified']}"
+            f"{r['verified']!s:<8}  {r['read_mode']}"
         )
     ratio = result["ratio_ours_over_deepspeed_gb_per_s"]
     if ratio:

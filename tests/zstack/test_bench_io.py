@@ -1,10 +1,12 @@
 """`z bench io` end to end at 8 MiB: one JSON object last, every contender
-measured on the same file system with its read-back verified, and the
+measured on the same file system with its read-back verified and every read
+cold (O_DIRECT, or no page of the file cached when it began), and the
 DeepSpeed entry either measured or explained. Timings are not asserted."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import znative
+from zstack.bench import load
 
 Z = str(Path(sys.executable).parent / "z")
 
@@ -35,6 +38,11 @@ def test_bench_io_json_shape_and_verified_reads(tmp_path: Path) -> None:
     for name, c in r["results"].items():
         assert c["verified"] is True, name
         assert c["write_gb_per_s"] > 0 and c["read_gb_per_s"] > 0, name
+        assert c["cached_bytes_at_read"] == 0, (name, c["read_mode"])
+        want = (
+            "O_DIRECT" if c["o_direct"] else "buffered, cold (fdatasync + posix_fadvise DONTNEED)"
+        )
+        assert c["read_mode"] == want, name
     for name in ("zstack_threads", "zstack_io_uring"):
         if name in r["results"]:
             stats = r["results"][name]["stats"]
@@ -45,6 +53,21 @@ def test_bench_io_json_shape_and_verified_reads(tmp_path: Path) -> None:
     else:
         assert r["deepspeed_aio"] and r["ratio_ours_over_deepspeed_gb_per_s"] is None
     assert list(tmp_path.iterdir()) == [], "benchmark files are removed"
+
+
+def test_drop_cache_leaves_no_page_and_the_check_sees_pages(tmp_path: Path) -> None:
+    """The coldness check is real: a file just written or just read has pages in the cache
+    (mincore sees them), and after drop_cache none is left."""
+    io = load("io")
+    path = tmp_path / "f.bin"
+    data = os.urandom(3 << 20) + b"tail"  # not a whole number of pages
+    path.write_bytes(data)
+    assert io.resident_bytes(path) > 0, "a file just written through the cache has pages there"
+    assert io.drop_cache(path) == 0
+    assert io.resident_bytes(path) == 0
+    assert path.read_bytes() == data
+    assert io.resident_bytes(path) == len(data), "a buffered read fills the cache again"
+    assert io.drop_cache(path) == 0 and io.resident_bytes(path) == 0
 
 
 @pytest.mark.parametrize(
