@@ -125,35 +125,37 @@ def train(
     under_launcher = "RANK" in os.environ
     world_size = int(os.environ.get("WORLD_SIZE", "1")) if under_launcher else nproc
     try:
+        from zstack.recipes.run_lock import hold_run_dir
+        from zstack.recipes.train import run
         from zstack.recipes.train_plan import plan_run
 
         plan = plan_run(opts, world_size)
-        if not under_launcher:
-            for note in plan.notes:
-                typer.echo(f"note: {note}", err=True)
-        if under_launcher or nproc == 1:
-            from zstack.recipes.train import run
-
+        if under_launcher:  # a rank: the launcher has said the notes and holds `--out`
             raise typer.Exit(run(plan))
+        for note in plan.notes:
+            typer.echo(f"note: {note}", err=True)
+        with hold_run_dir(opts.out):
+            raise typer.Exit(run(plan) if nproc == 1 else _launch(ctx, explicit, nproc))
     except (ConfigError, TrainError) as err:
         raise _fail(str(err)) from None
 
+
+def _launch(ctx: typer.Context, explicit: frozenset[str], nproc: int) -> int:
+    """Run `z train` with the options given here on `nproc` ranks; the launcher's exit code."""
     from zstack.launch import main as launch
 
     # torchrun would set 1 thread per rank with a warning; say it first (and divide the cores).
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (cores or 1) // nproc)))
-    raise typer.Exit(
-        launch(
-            script=_z_script(),
-            script_args=_rank_argv(ctx, explicit),
-            nproc=nproc,
-            nnodes="1",
-            node_rank=0,
-            master_addr="127.0.0.1",
-            master_port=0,  # `--standalone`: a free port
-            rdzv_endpoint="",
-        )
+    return launch(
+        script=_z_script(),
+        script_args=_rank_argv(ctx, explicit),
+        nproc=nproc,
+        nnodes="1",
+        node_rank=0,
+        master_addr="127.0.0.1",
+        master_port=0,  # `--standalone`: a free port
+        rdzv_endpoint="",
     )
 
 

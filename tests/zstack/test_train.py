@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -25,6 +26,7 @@ from zstack.cli import app
 from zstack.launch import RANK_ENTRY
 from zstack.recipes.gpt import GPT, GPTConfig
 from zstack.recipes.metrics import read_jsonl
+from zstack.recipes.run_lock import hold_run_dir
 
 Z = Path(sys.executable).parent / "z"
 TINY = ["--preset", "tiny", "--seq-len", "64", "--micro-batch", "4", "--eval-every", "3"]
@@ -215,7 +217,7 @@ def _training(out: Path, launcher: subprocess.Popen[str], timeout: float = 180) 
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_ranks_die_with_a_killed_launcher(tmp_path: Path) -> None:
+def test_a_live_run_holds_its_dir_and_its_ranks_die_with_its_launcher(tmp_path: Path) -> None:
     out = tmp_path / "run"
     launcher = subprocess.Popen(
         [str(Z), "train", "--nproc", "2", "--steps", "1000", *TINY, "--out", str(out)],
@@ -228,7 +230,16 @@ def test_ranks_die_with_a_killed_launcher(tmp_path: Path) -> None:
         _training(out, launcher)
         ranks = _ranks_of(launcher.pid)
         assert len(ranks) == 2 and all(alive(pid) for pid in ranks), ranks
+        # A second run on the directory fails at start, naming the live one.
+        second = z_train("--nproc", "2", "--steps", "2", *TINY, "--out", str(out))
+        assert second.returncode == 2, second.stdout + second.stderr
+        holder = f"pid {launcher.pid} on host {socket.gethostname()}"
+        assert f"`{out}` is in use by {holder}" in second.stderr, second.stderr
+        assert "--out" in second.stderr and "Traceback" not in second.stderr
     finally:
         launcher.send_signal(signal.SIGKILL)  # the launcher process alone, not its group
         launcher.communicate(timeout=10)
     assert still_alive_after(ranks, 10) == []
+    # The dead run's lock (file and holder text left behind) does not block the next one.
+    with hold_run_dir(out) as lock:
+        assert json.loads(lock.read_text())["pid"] == os.getpid()
