@@ -106,10 +106,28 @@ $(DS_DONE): $(STAMP)/deps
 	  echo "error: deepspeed does not import from $(DS_DIR); see the error above" >&2; exit 1; }
 	@touch "$@"
 
-bench-deepspeed: setup $(DS_DONE)
-	PATH="$(DS_DIR)/bin:$$PATH" PYTHONPATH="$(DS_DIR)" $(BIN)/z bench adam --numel $(NUMEL) --json
-	PATH="$(DS_DIR)/bin:$$PATH" PYTHONPATH="$(DS_DIR)" $(BIN)/z bench adam --numel $(NUMEL) --dtype bf16-states --json
-	PATH="$(DS_DIR)/bin:$$PATH" PYTHONPATH="$(DS_DIR)" $(BIN)/z bench zero-step --stages 1,2,3 --json
+# Its async_io op (the `z bench io` column) JIT-builds against libaio's headers: Debian's
+# libaio-dev, installed here when missing (needs root). The first build takes minutes (cached
+# in ~/.cache/torch_extensions); building it before the run shows a failure with its log.
+DS_ENV := PATH="$(DS_DIR)/bin:$$PATH" PYTHONPATH="$(DS_DIR)"
+.PHONY: ds-libaio ds-aio
+ds-libaio:
+	@[ -f /usr/include/libaio.h ] || dpkg -s libaio-dev >/dev/null 2>&1 || { \
+	  command -v apt-get >/dev/null || { echo "error: DeepSpeed's aio op needs libaio's headers (libaio.h): install your system's libaio development package (libaio-devel on RPM systems), then run \`make bench-deepspeed\` again" >&2; exit 1; }; \
+	  [ "$$(id -u)" = 0 ] || { echo "error: DeepSpeed's aio op needs libaio-dev, and installing it needs root: run \`sudo apt-get install libaio-dev\`, then \`make bench-deepspeed\` again" >&2; exit 1; }; \
+	  echo "installing libaio-dev for DeepSpeed's aio op"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q libaio-dev || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q libaio-dev; } || { \
+	    echo "error: apt-get could not install libaio-dev; see the error above" >&2; exit 1; }; }
+
+ds-aio: $(DS_DONE) ds-libaio
+	$(DS_ENV) $(PY) -c "from deepspeed.ops.op_builder import AsyncIOBuilder as B; b = B(); assert b.is_compatible(verbose=True), 'libaio not found'; b.load(verbose=False)" || { \
+	  echo "error: DeepSpeed's async_io op did not build; see the compiler output above" >&2; exit 1; }
+
+bench-deepspeed: setup $(DS_DONE) ds-aio
+	$(DS_ENV) $(BIN)/z bench adam --numel $(NUMEL) --json
+	$(DS_ENV) $(BIN)/z bench adam --numel $(NUMEL) --dtype bf16-states --json
+	$(DS_ENV) $(BIN)/z bench zero-step --stages 1,2,3 --json
+	$(DS_ENV) $(BIN)/z bench io --json
 
 clean:
 	rm -rf $(VENV) $(STAMP) dist native/target
