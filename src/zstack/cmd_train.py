@@ -134,6 +134,8 @@ def train(
             raise typer.Exit(run(plan))
         for note in plan.notes:
             typer.echo(f"note: {note}", err=True)
+        for warning in plan.warnings:
+            typer.echo(f"warning: {warning}", err=True)
         with hold_run_dir(opts.out):
             raise typer.Exit(run(plan) if nproc == 1 else _launch(ctx, explicit, nproc))
     except (ConfigError, TrainError) as err:

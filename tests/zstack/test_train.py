@@ -54,11 +54,12 @@ def z_train(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory, cache: Path) -> Path:
-    """A finished 6-step, 2-rank ZeRO-3 run of the tiny GPT."""
+    """A finished 6-step, 2-rank ZeRO-3 run of the tiny GPT, saved at steps 3 and 6."""
     out = tmp_path_factory.mktemp("run") / "tiny"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ZSTACK_CACHE", str(cache))
-        done = z_train("--nproc", "2", "--steps", "6", *TINY, "--out", str(out))
+        args = ["--nproc", "2", "--steps", "6", "--save-every", "3", *TINY]
+        done = z_train(*args, "--out", str(out))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "val loss" in done.stdout and "done: steps 0 -> 6" in done.stdout, done.stdout
     return out
@@ -101,6 +102,37 @@ def test_resume_continues_the_step_count(run: Path, tmp_path: Path) -> None:
     assert [r["step"] for r in records if "loss" in r] == list(range(1, 10))
     assert [r["step"] for r in records if "val_loss" in r] == [0, 3, 6, 9]
     assert (out / "checkpoints" / "latest").read_text().strip() == "global_step9"
+
+
+def test_resume_over_an_incomplete_latest_continues_from_the_previous(
+    run: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "resumed"
+    shutil.copytree(run, out)
+    (out / "checkpoints" / "global_step6" / "rank_00001.pt").unlink()
+    code, text = invoke(
+        "train", "--nproc", "1", "--resume", "--steps", "7", *TINY, "--out", str(out)
+    )
+    assert code == 0, text
+    assert "warning: checkpoint `global_step6`" in text, text
+    assert "is incomplete: no rank_00001.pt; resuming from `global_step3` (step 3)" in text
+    assert "steps 3 -> 7" in text
+    records = read_jsonl(out / "metrics.jsonl")
+    assert [r["step"] for r in records if "loss" in r] == list(range(1, 8))
+    assert (out / "checkpoints" / "latest").read_text().strip() == "global_step7"
+
+
+def test_resume_with_no_complete_checkpoint_exits_2(run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "resumed"
+    shutil.copytree(run, out)
+    for tag in ("global_step3", "global_step6"):
+        (out / "checkpoints" / tag / "manifest.json").unlink()
+    code, text = invoke(
+        "train", "--nproc", "1", "--resume", "--steps", "9", *TINY, "--out", str(out)
+    )
+    assert code == 2, text
+    assert "`global_step6`" in text and "no manifest.json" in text
+    assert "no complete checkpoint" in text and "without `--resume`" in text
 
 
 def test_generate_from_run_export_and_checkpoint(run: Path) -> None:

@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from zstack.recipes.resume import find_resume_point
 from zstack.recipes.train_config import RunConfig, build_config
 from zstack.recipes.train_options import TrainError, TrainOptions
 
@@ -27,8 +28,9 @@ class TrainPlan:
     """The optimizer step the run ends at."""
     start: int
     """The optimizer step the run starts at: 0, or the resumed checkpoint's."""
-    resume: bool
-    """Continue from the checkpoint in `checkpoints` (its weights, optimizer and tokenizer)."""
+    resume_tag: str | None
+    """The checkpoint in `checkpoints` to continue from (its weights, optimizer and the
+    tokenizer beside it); None: a new run."""
     seq_len: int
     seed: int
     """Model init and batch order."""
@@ -41,6 +43,12 @@ class TrainPlan:
     world_size: int
     config: RunConfig
     """The engine config and the notes about the flags it overrides."""
+    warnings: tuple[str, ...] = ()
+    """What to warn about before the run starts (a resume that skips an incomplete `latest`)."""
+
+    @property
+    def resume(self) -> bool:
+        return self.resume_tag is not None
 
     @property
     def checkpoints(self) -> Path:
@@ -60,24 +68,13 @@ class TrainPlan:
         return self.config.notes
 
 
-def checkpoint_step(ckpt_dir: Path) -> int:
-    """The step of the `latest` checkpoint in `ckpt_dir`; TrainError when there is none."""
-    latest = ckpt_dir / "latest"
-    manifest = ckpt_dir / latest.read_text().strip() / "manifest.json" if latest.is_file() else None
-    if manifest is None or not manifest.is_file():
-        raise TrainError(
-            f"no checkpoint to resume in `{ckpt_dir}` (no `latest` checkpoint); "
-            f"run `z train --out {ckpt_dir.parent}` without `--resume` first"
-        )
-    return int(json.loads(manifest.read_text())["global_steps"])
-
-
 def plan_run(opts: TrainOptions, world_size: int) -> TrainPlan:
     """Check `opts` for a job of `world_size` ranks and decide the run.
 
     Raises ConfigError (bad `--config`) or TrainError (the message says what to change).
     """
-    start = checkpoint_step(opts.checkpoints) if opts.resume else 0
+    point = find_resume_point(opts.checkpoints) if opts.resume else None
+    start = point.step if point else 0
     config = build_config(opts, world_size, start)
     from zstack.recipes.data import plays_dir
     from zstack.recipes.gpt import PRESETS
@@ -101,7 +98,7 @@ def plan_run(opts: TrainOptions, world_size: int) -> TrainPlan:
         preset=opts.preset,
         steps=opts.steps,
         start=start,
-        resume=opts.resume,
+        resume_tag=point.tag if point else None,
         seq_len=opts.seq_len,
         seed=opts.seed,
         vocab_size=opts.vocab_size,
@@ -109,6 +106,7 @@ def plan_run(opts: TrainOptions, world_size: int) -> TrainPlan:
         save_every=opts.save_every,
         world_size=world_size,
         config=config,
+        warnings=(point.warning,) if point and point.warning else (),
     )
 
 

@@ -134,7 +134,9 @@ class Trainer:
         )
         if plan.resume:
             engine.load_checkpoint(
-                str(plan.checkpoints), load_lr_scheduler_states=not rc.own_scheduler
+                str(plan.checkpoints),
+                tag=plan.resume_tag,
+                load_lr_scheduler_states=not rc.own_scheduler,
             )
             if rc.own_scheduler:  # the loaded param groups carry the old schedule's lr
                 lrs = engine.lr_scheduler.get_last_lr()

@@ -14,9 +14,18 @@ every file before it changes anything: a damaged checkpoint, or one that does no
 engine, raises :class:`CheckpointError` and leaves training as it was.
 """
 
+from zcore.checkpoint.complete import missing_files
 from zcore.checkpoint.consolidate import consolidate
 from zcore.checkpoint.files import CheckpointError, atomic_path, atomic_write
 from zcore.checkpoint.restore import load
 from zcore.checkpoint.sharded import save
 
-__all__ = ["CheckpointError", "atomic_path", "atomic_write", "consolidate", "load", "save"]
+__all__ = [
+    "CheckpointError",
+    "atomic_path",
+    "atomic_write",
+    "consolidate",
+    "load",
+    "missing_files",
+    "save",
+]
