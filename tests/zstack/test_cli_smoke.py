@@ -1,0 +1,448 @@
+"""Smoke test of every `z` command: each one really runs, as a user starts it (the `z`
+console script in a subprocess), on tiny sizes, and its output is checked.
+
+The commands come from the Typer app itself (`z`, `z bench`, `z checkpoint`, ...), and
+`test_every_command_has_a_smoke_case` fails for a command without a case in `CASES`, so a
+new command cannot land without one (nor can a case outlive its command).
+
+Each command imports torch (seconds of CPU), so the module fixture starts every case at
+once in a small pool, longest first, and each test waits for its own; cases that need
+another's output (`z generate` after `z train`) run after it in the same worker. The
+deeper behaviour of each command is tested in its own file (test_train.py,
+test_bench_*.py, test_quant_cli.py, ...); this file proves that each one starts, runs and
+prints what it promises.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from tests.utils.models import smollm2_dir
+
+Z = Path(sys.executable).parent / "z"
+WORKERS = 3  # 2 cores: a third process overlaps the others' waits (rendezvous, arrivals)
+TIMEOUT_S = 270.0  # one command on a busy machine (under pytest-timeout's 300 s per test)
+
+
+def app_commands() -> list[str]:
+    """Every runnable `z` command, as typed after `z` (`doctor`, `bench adam`, ...)."""
+    import typer.main
+
+    from zstack.cli import app
+
+    def walk(group: Any, prefix: str) -> Iterator[str]:
+        for name, command in group.commands.items():
+            if hasattr(command, "commands"):  # a group: `z bench`, `z checkpoint`
+                yield from walk(command, f"{prefix}{name} ")
+            else:
+                yield f"{prefix}{name}"
+
+    return list(walk(typer.main.get_command(app), ""))
+
+
+# ---------------------------------------------------------------------------- running
+
+
+@dataclass
+class Work:
+    """What the cases share: a scratch directory, the tiny model, the subprocess env."""
+
+    dir: Path
+    lm: Path
+    env: dict[str, str]
+    live: set[subprocess.Popen[str]] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def start(self, *args: str, stdout: int = subprocess.PIPE) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [str(Z), *args], stdout=stdout, stderr=subprocess.PIPE, text=True, env=self.env,
+            cwd=self.dir,
+        )  # fmt: skip
+        with self.lock:
+            self.live.add(proc)
+        return proc
+
+    def z(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """`z ARGS` to completion (killed after TIMEOUT_S)."""
+        proc = self.start(*args)
+        try:
+            out, err = proc.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            raise AssertionError(
+                f"`z {' '.join(args)}` ran past {TIMEOUT_S} s:\n{err[-3000:]}"
+            ) from None
+        finally:
+            with self.lock:
+                self.live.discard(proc)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+    def ok(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """`z ARGS`, which must exit 0."""
+        done = self.z(*args)
+        assert done.returncode == 0, (
+            f"`z {' '.join(args)}` exited {done.returncode}:\n{done.stdout[-2000:]}\n"
+            f"{done.stderr[-3000:]}"
+        )
+        return done
+
+    def json(self, *args: str) -> dict[str, Any]:
+        """The JSON object `z ARGS` prints last."""
+        done = self.ok(*args)
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@dataclass(frozen=True)
+class Case:
+    run: Callable[[Work], None]  # runs the command and asserts on what it did
+    after: str | None = None  # the case whose output this one reads
+
+
+CASES: dict[str, Case] = {}
+
+
+def smoke(command: str, after: str | None = None) -> Callable[[Callable[[Work], None]], Any]:
+    """Register the smoke case of `z COMMAND` (registration order: longest first)."""
+
+    def add(fn: Callable[[Work], None]) -> Callable[[Work], None]:
+        assert command not in CASES, f"two smoke cases for `z {command}`"
+        CASES[command] = Case(fn, after)
+        return fn
+
+    return add
+
+
+# ---------------------------------------------------------------------------- cases
+
+
+@smoke("train")
+def _train(w: Work) -> None:
+    run = w.dir / "run"
+    done = w.ok("train", "--nproc", "1", "--steps", "1", "--preset", "tiny", "--seq-len", "16",
+                "--micro-batch", "1", "--vocab-size", "257", "--eval-every", "1",
+                "--out", str(run))  # fmt: skip
+    assert "done: steps 0 -> 1" in done.stdout, done.stdout
+    assert (run / "checkpoints" / "latest").read_text().strip() == "global_step1"
+    assert (run / "export" / "model.safetensors").is_file()
+    metrics = (run / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in metrics] == [0, 1]
+
+
+@smoke("generate", after="train")
+def _generate(w: Work) -> None:
+    done = w.ok("generate", "--checkpoint", str(w.dir / "run"), "--prompt", "ROMEO:",
+                "--max-new-tokens", "4", "--temperature", "0")  # fmt: skip
+    assert done.stdout.startswith("ROMEO:") and len(done.stdout.strip()) > len("ROMEO:")
+
+
+@smoke("checkpoint consolidate", after="train")
+def _consolidate(w: Work) -> None:
+    out = w.dir / "model.safetensors"
+    done = w.ok("checkpoint", "consolidate", str(w.dir / "run" / "checkpoints"), str(out))
+    assert f"wrote `{out}`" in done.stdout
+    with safe_open(str(out), framework="pt") as f:
+        assert "lm_head.weight" in f.keys() and f.get_tensor("lm_head.weight").ndim == 2
+
+
+@smoke("bench offload")
+def _bench_offload(w: Work) -> None:
+    r = w.json("bench", "offload", "--modes", "none", "--preset", "tiny", "--n-layer", "1",
+               "--n-embd", "64", "--steps", "1", "--warmup", "0", "--seq", "16",
+               "--world-size", "1", "--dir", str(w.dir), "--json")  # fmt: skip
+    assert r["benchmark"] == "offload" and list(r["modes"]) == ["none"]
+    assert len(r["modes"]["none"]["losses"]) == 1 and math.isfinite(r["modes"]["none"]["losses"][0])
+
+
+@smoke("bench quant")
+def _bench_quant(w: Work) -> None:
+    r = w.json("bench", "quant", "--recipes", "w8", "--sentences", "4", "--no-smollm2",
+               "--no-latency", "--lkd-steps", "0", "--gptq", "", "--xtc-steps", "0",
+               "--json")  # fmt: skip
+    row = r["minilm"]["recipes"]["w8"]
+    assert 0.9 < row["cosine"] <= 1.0 and row["linear_ratio_vs_fp16"] > 1.5
+
+
+@smoke("bench zero")
+def _bench_zero(w: Work) -> None:
+    r = w.json("bench", "zero", "--world-size", "1", "--preset", "tiny", "--stages", "0", "--json")
+    [row] = r["stages"]
+    assert row["stage"] == 0 and row["within_10pct"], row
+
+
+@smoke("bench zero-step")
+def _bench_zero_step(w: Work) -> None:
+    r = w.json("bench", "zero-step", "--preset", "tiny", "--stages", "1", "--steps", "1",
+               "--warmup", "0", "--micro-batch", "1", "--seq", "16", "--world-size", "1",
+               "--no-ds", "--json")  # fmt: skip
+    [row] = r["stages"]
+    assert row["stage"] == 1 and row["ours"]["median_step_s"] > 0 and row["deepspeed"] is None
+
+
+@smoke("quantize")
+def _quantize(w: Work) -> None:
+    out = w.dir / "tiny-w8"
+    done = w.ok("quantize", str(w.lm), "--recipe", "w8", "--out", str(out))
+    assert "smaller than fp16" in done.stdout
+    manifest = json.loads((out / "zquant.json").read_text())
+    assert manifest["recipe"]["name"] == "w8" and len(manifest["layers"]) == 2 * 7  # not lm_head
+
+
+@smoke("eval", after="quantize")
+def _eval(w: Work) -> None:
+    text = w.dir / "text.txt"
+    text.write_text("To be, or not to be, that is the question:\n" * 4, encoding="utf-8")
+    r = w.json("eval", str(w.dir / "tiny-w8"), "--ppl", str(text), "--max-tokens", "16",
+               "--window", "8", "--json")  # fmt: skip
+    assert r["max_tokens"] == 16 and math.isfinite(r["ppl"]) and r["ppl"] > 1
+
+
+@smoke("bench adam")
+def _bench_adam(w: Work) -> None:
+    r = w.json("bench", "adam", "--numel", "1000", "--steps", "1", "--warmup", "0", "--json")
+    assert r["numel"] == 1000 and r["results"]["zstack_cpu_adam"]["median_step_s"] > 0
+
+
+@smoke("bench serve")
+def _bench_serve(w: Work) -> None:
+    r = w.json("bench", "serve", str(w.lm), "--policies", "splitfuse,static", "--rates", "50",
+               "--num-requests", "2", "--short-prompt", "4,8", "--long-prompt", "16,24",
+               "--output-len", "2,3", "--prefix-requests", "2", "--system-prompt-tokens", "16",
+               "--num-blocks", "64", "--token-budget", "32", "--max-num-seqs", "4",
+               "--json")  # fmt: skip
+    for policy in ("splitfuse", "static"):
+        assert r["results"][policy]["50.0"]["completed"] == 2, r["results"]
+    assert r["workload"]["prompt_tokens"]["output"] == [2, 3]  # --output-len reached the run
+    assert r["prefix_caching"]["requests"] == 2
+
+
+@smoke("serve")
+def _serve(w: Work) -> None:
+    proc = w.start("serve", str(w.lm), "--port", "0", "--num-blocks", "32",
+                   stdout=subprocess.DEVNULL)  # fmt: skip
+    lines: list[str] = []
+    url: list[str] = []
+    ready = threading.Event()
+
+    def read() -> None:  # uvicorn logs the port it bound to stderr
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+            found = re.search(r"running on (http://127\.0\.0\.1:\d+)", line, re.IGNORECASE)
+            if found:
+                url.append(found.group(1))
+                ready.set()
+        ready.set()  # EOF: it exited
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert ready.wait(TIMEOUT_S) and url, f"`z serve` did not start:\n{''.join(lines)}"
+        body = json.dumps(
+            {"model": w.lm.name, "prompt": "To be", "max_tokens": 3, "temperature": 0}
+        )
+        request = urllib.request.Request(
+            f"{url[0]}/v1/completions", data=body.encode(),
+            headers={"Content-Type": "application/json"},
+        )  # fmt: skip
+        with urllib.request.urlopen(request, timeout=60) as response:
+            assert response.status == 200
+            reply = json.loads(response.read())
+        assert reply["object"] == "text_completion" and isinstance(reply["choices"][0]["text"], str)
+        assert reply["usage"]["completion_tokens"] == 3
+    finally:
+        proc.send_signal(signal.SIGINT)  # what Ctrl+C does
+        try:
+            proc.wait(timeout=60)
+        finally:
+            proc.kill()
+            proc.wait()
+            reader.join(timeout=10)
+            assert proc.stderr is not None
+            proc.stderr.close()
+            with w.lock:
+                w.live.discard(proc)
+    assert proc.returncode == 0, "".join(lines)[-3000:]
+
+
+@smoke("launch")
+def _launch(w: Work) -> None:
+    script = w.dir / "rank.py"
+    script.write_text(
+        "import json, os, sys\n"
+        "print(json.dumps({k: os.environ[k] for k in ('RANK', 'WORLD_SIZE')} | "
+        "{'argv': sys.argv[1:]}))\n"
+    )
+    r = w.json("launch", "--nproc", "1", "--master-port", "0", str(script), "--lr", "1")
+    assert r == {"RANK": "0", "WORLD_SIZE": "1", "argv": ["--lr", "1"]}
+
+
+@smoke("doctor")
+def _doctor(w: Work) -> None:
+    r = w.json("doctor", "--json")
+    assert {"packages", "python", "torch", "cpu", "problems"} <= r.keys()
+    assert r["torch"]["version"] == torch.__version__
+
+
+@smoke("bench io")
+def _bench_io(w: Work) -> None:
+    r = w.json("bench", "io", "--size", "64KiB", "--block-size", "16KiB", "--queue-depth", "4",
+               "--rounds", "1", "--no-ds", "--dir", str(w.dir), "--json")  # fmt: skip
+    assert r["ok"] is True and r["size_bytes"] == 64 << 10 and r["results"]
+
+
+@smoke("estimate-memory")
+def _estimate_memory(w: Work) -> None:
+    r = w.json("estimate-memory", "--params", "1M", "--world-size", "2", "--stage", "3", "--json")
+    # stage 3 on 2 ranks: 2 B params + 2 B grads + 12 B Adam state per parameter, halved
+    assert (r["params"], r["grads"], r["optimizer"], r["total"]) == (
+        10**6,
+        10**6,
+        6 * 10**6,
+        8 * 10**6,
+    )
+
+
+# ---------------------------------------------------------------------------- fixtures
+
+
+def write_tiny_lm(out: Path) -> Path:
+    """A 2-layer random LLaMA with SmolLM2's tokenizer (so prompts are real text): what
+    zserve and zquant load, at a size that runs in milliseconds."""
+    vocab, hidden, inter, layers, heads, kv_heads = 49152, 64, 96, 2, 4, 2
+    head_dim = hidden // heads
+    out.mkdir(parents=True)
+    (out / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab,
+        "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers,
+        "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim,
+        "max_position_embeddings": 1024, "rms_norm_eps": 1e-6,
+        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+        "hidden_act": "silu", "tie_word_embeddings": False, "bos_token_id": 1,
+        "eos_token_id": 2, "torch_dtype": "float32",
+    }))  # fmt: skip
+    g = torch.Generator().manual_seed(0)
+
+    def w(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g) * 0.2
+
+    state = {"model.embed_tokens.weight": w(vocab, hidden), "lm_head.weight": w(vocab, hidden),
+             "model.norm.weight": torch.ones(hidden)}  # fmt: skip
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        state |= {
+            p + "self_attn.q_proj.weight": w(heads * head_dim, hidden),
+            p + "self_attn.k_proj.weight": w(kv_heads * head_dim, hidden),
+            p + "self_attn.v_proj.weight": w(kv_heads * head_dim, hidden),
+            p + "self_attn.o_proj.weight": w(hidden, heads * head_dim),
+            p + "mlp.gate_proj.weight": w(inter, hidden),
+            p + "mlp.up_proj.weight": w(inter, hidden),
+            p + "mlp.down_proj.weight": w(hidden, inter),
+            p + "input_layernorm.weight": torch.ones(hidden),
+            p + "post_attention_layernorm.weight": torch.ones(hidden),
+        }
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (smollm2_dir() / name).is_file():
+            (out / name).symlink_to(smollm2_dir() / name)
+    return out
+
+
+def _order() -> list[str]:
+    """The cases in the order they start: those that need no other's output first."""
+    return [c for c in CASES if CASES[c].after is None] + [c for c in CASES if CASES[c].after]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future[float]]]:
+    """Every case started: command -> future of its seconds (raising what the case raised)."""
+    root = tmp_path_factory.mktemp("smoke")
+    env = dict(os.environ, ZSTACK_CACHE=str(root / "cache"), OMP_NUM_THREADS="1")
+    work = Work(root, write_tiny_lm(root / "tiny-llama"), env)
+    done: dict[str, Future[float]] = {c: Future() for c in CASES}
+
+    def run(command: str) -> None:
+        t0 = time.perf_counter()
+        try:
+            CASES[command].run(work)
+        except BaseException as exc:  # handed to the command's test
+            done[command].set_exception(exc)
+            skip(command)
+        else:
+            done[command].set_result(time.perf_counter() - t0)
+            for next_ in (c for c in CASES if CASES[c].after == command):
+                pool.submit(run, next_)  # its input is there now
+
+    def skip(failed: str) -> None:
+        for next_ in (c for c in CASES if CASES[c].after == failed):
+            done[next_].set_exception(AssertionError(f"not run: `z {failed}` failed first"))
+            skip(next_)
+
+    pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="smoke")
+    for command in _order():
+        if CASES[command].after is None:
+            pool.submit(run, command)
+    yield done
+    pool.shutdown(wait=False, cancel_futures=True)
+    with work.lock:
+        for proc in work.live:  # only after a failure stopped the module early
+            proc.kill()
+    pool.shutdown(wait=True)
+
+
+# ---------------------------------------------------------------------------- tests
+
+
+def test_every_command_has_a_smoke_case() -> None:
+    commands = app_commands()
+    missing = [c for c in commands if c not in CASES]
+    assert not missing, (
+        f"no smoke case for {', '.join(f'`z {c}`' for c in missing)}; add one to CASES in "
+        f"{Path(__file__).name} (`@smoke(...)`: tiny sizes, a few seconds)"
+    )
+    stale = sorted(set(CASES) - set(commands))
+    assert not stale, f"smoke cases for commands `z` no longer has: {stale}; remove them"
+    assert {c.after for c in CASES.values()} - {None} <= set(CASES)
+
+
+def test_cli_import_loads_no_heavy_package() -> None:
+    """`z --help` stays fast: command modules import torch & co. inside their bodies."""
+    code = (
+        "import sys, zstack.cli\n"
+        "heavy = ('torch', 'numpy', 'transformers', 'znative', 'zcore', 'zserve', 'zquant')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+# Cases in the order they start (so each test mostly waits for its own), then any command
+# without one (which fails, naming it).
+@pytest.mark.parametrize(
+    "command",
+    [c for c in _order() if c in app_commands()] + sorted(set(app_commands()) - set(CASES)),
+)
+def test_command_runs(command: str, runs: dict[str, Future[float]]) -> None:
+    if command not in runs:
+        pytest.fail(f"`z {command}` has no smoke case; add one to CASES in {Path(__file__).name}")
+    runs[command].result()  # re-raises the case's assertion, with the command's output
