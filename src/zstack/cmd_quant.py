@@ -16,7 +16,7 @@ import typer
 
 
 class RecipeName(str, Enum):
-    """Named zquant recipes (`zquant.recipes.get_recipe`)."""
+    """Named zquant recipes (`zquant.schemes.get_recipe`)."""
 
     w8a8 = "w8a8"
     w4a8 = "w4a8"

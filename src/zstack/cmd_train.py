@@ -9,6 +9,7 @@ same run and runs `zstack.recipes.train.run` on it.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -63,9 +64,10 @@ def _z_script() -> str:
     beside = Path(sys.executable).with_name("z")
     if beside.is_file():
         return str(beside)
-    import zstack.cli
-
-    return zstack.cli.__file__
+    # the module that defines `z`, found without importing it (it imports this module)
+    spec = importlib.util.find_spec("zstack.cli")
+    assert spec is not None and spec.origin is not None
+    return spec.origin
 
 
 def train(
