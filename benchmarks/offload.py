@@ -127,13 +127,14 @@ def _rank_main(spec: dict[str, Any]) -> None:
         losses.append(float(loss))
         if i >= spec["warmup"]:
             rows.append({"total": t2 - t0, "step": t2 - t1})
-    nvme = engine.zopt.nvme_bytes() if hasattr(engine.zopt, "nvme_bytes") else 0
+    opt_store = engine.zopt.store
+    nvme = opt_store.nvme_bytes() if hasattr(opt_store, "nvme_bytes") else 0
     engine.destroy()
     store = engine.stage3.store if engine.stage3 is not None else None
     if store is not None and hasattr(store, "nvme_bytes"):
         nvme += store.nvme_bytes()
     out = {"rows": rows, "losses": losses, "peak_rss_mb": _ranks.memory_mb()["VmHWM"], "nvme_bytes": nvme,
-           "optimizer": type(engine.zopt).__name__, "params": psi}  # fmt: skip
+           "optimizer": type(opt_store).__name__, "params": psi}  # fmt: skip
     with open(spec["out"], "w") as f:
         json.dump(out, f)
     dist.destroy_process_group()

@@ -44,7 +44,7 @@ def offload_vs_plain(
     second.load_checkpoint(ckpt)
     losses += train(second, steps - half, start=half)
     params = full_params(second)
-    kind = type(second.zopt).__name__
+    kind = type(second.zopt.store).__name__
     second.destroy()
     return {
         "plain_losses": plain_losses,

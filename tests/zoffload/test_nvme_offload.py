@@ -45,7 +45,7 @@ def test_nvme_offload_matches_plain_training(stage: int, pipeline: bool, tmp_pat
     args = (stage, offload, str(tmp_path / "ckpt"), 10, {"sub_group_size": TILE})
     results = run_ranks(offload_vs_plain, 2, args=args, timeout=300)
     for got in results:
-        assert got["zopt"] == "NvmeZeroOptimizer"
+        assert got["zopt"] == "NvmeStore"
         assert_matches(got)
     assert list((tmp_path / "nvme").iterdir()) == []  # swap files removed with the engines
 
@@ -57,7 +57,7 @@ def test_nvme_adagrad_starts_from_its_initial_accumulator(tmp_path: Path) -> Non
     args = (2, nvme(tmp_path / "nvme"), str(tmp_path / "ckpt"), 6, {"sub_group_size": TILE})
     fn = functools.partial(offload_vs_plain, optimizer=adagrad)
     for got in run_ranks(fn, 2, args=args, timeout=300):
-        assert got["zopt"] == "NvmeZeroOptimizer"
+        assert got["zopt"] == "NvmeStore"
         assert_matches(got)
 
 
@@ -83,17 +83,17 @@ def test_bf16_states_are_refused_by_nvme_offload_with_the_fix(tmp_path: Path) ->
 def _swap_state(rank: int, world: int, root: str) -> dict[str, Any]:
     engine, *_ = zcore.initialize(make_model(), config=nvme_config(2, Path(root)))
     train(engine, 2)
-    zopt = engine.zopt
-    files = sorted(p.name for p in zopt.swap.root.iterdir())
+    zopt, store = engine.zopt, engine.zopt.store
+    files = sorted(p.name for p in store.swap.root.iterdir())
     out = {
         "files": files,
-        "nvme_bytes": zopt.nvme_bytes(),
+        "nvme_bytes": store.nvme_bytes(),
         "host_optimizer_bytes": zopt.optimizer_bytes(),
-        "partition": sum(zopt.numels),
-        "tile": zopt.tile,
+        "partition": sum(store.numels),
+        "tile": store.tile,
     }
     engine.destroy()
-    out["left_after_destroy"] = zopt.swap.root.parent.exists()
+    out["left_after_destroy"] = store.swap.root.parent.exists()
     return out
 
 
@@ -136,7 +136,7 @@ def _fault(rank: int, world: int, root: str, ckpt: str, kind: str) -> dict[str, 
     train(engine, 2)
     engine.save_checkpoint(ckpt)
     train(engine, 1, start=2)
-    swap = engine.zopt.swap.path("g0.exp_avg")
+    swap = engine.zopt.store.swap.path("g0.exp_avg")
     limit = resource.getrlimit(resource.RLIMIT_FSIZE)
     if rank == 0 and kind == "corrupt":
         with open(swap, "r+b") as f:  # flip bytes inside the second tile
@@ -238,16 +238,16 @@ def _grad_fault(rank: int, world: int, root: str, ckpt: str, when: str) -> dict[
             x, y = micro_batch(1, micro, rank, world, mb, gas)
             engine.backward(engine(x, y))
             if rank == 0 and micro == corrupt_after:
-                zopt._finish_grad_writes()  # the slots are on the file
-                g, offset = max(zopt._written)  # the last slot of the partition
-                with open(zopt.swap.path(f"g{g}.grad"), "r+b") as f:
+                zopt.store._finish_grad_writes()  # the slots are on the file
+                g, offset = max(zopt.store._written)  # the last slot of the partition
+                with open(zopt.store.swap.path(f"g{g}.grad"), "r+b") as f:
                     f.seek(offset * 4 + 4)
                     f.write(b"\xff" * 8)
             engine.step()
     except OSError as err:
         error = str(err)
     out: dict[str, Any] = {"error": error, "before": before, "after": full_params(engine)}
-    out["swap"] = str(zopt.swap.path("g0.grad"))
+    out["swap"] = str(zopt.store.swap.path("g0.grad"))
     if when == "accumulate":
         # found before any rank stepped: nothing moved, and training goes on
         out["swapped_unchanged"] = all(

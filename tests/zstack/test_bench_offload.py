@@ -23,5 +23,5 @@ def test_nvme_all_runs_when_the_embedding_is_the_largest_parameter(tmp_path: Pat
     assert out.returncode == 0, out.stderr[-2000:]
     r = json.loads(out.stdout.strip().splitlines()[-1])
     mode = r["modes"]["nvme_all"]
-    assert mode["optimizer"] == "NvmeZeroOptimizer" and len(mode["losses"]) == 1
+    assert mode["optimizer"] == "NvmeStore" and len(mode["losses"]) == 1
     assert all(b > 0 for b in mode["nvme_bytes_per_rank"])

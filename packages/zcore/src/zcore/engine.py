@@ -28,6 +28,7 @@ from zcore.optim.factory import build_inner_optimizer
 from zcore.precision import LossScaler, model_dtype
 from zcore.zero.backends import optimizer_backend, param_backend
 from zcore.zero.collectives import collectives_for
+from zcore.zero.optimizer import ZeroOptimizer
 from zcore.zero.stage3 import ShardStore, Stage3Params
 
 log = logging.getLogger("zcore")
@@ -118,9 +119,8 @@ class ZEngine:
         accum = config.data_types.grad_accum_dtype
         comm_dtype = config.communication_data_type
         offload = zc.offload_optimizer
-        make_zopt = optimizer_backend(offload.device if offload else "none")
-        self.zopt = make_zopt(
-            config,
+        store = optimizer_backend(offload.device if offload else "none")(config)
+        self.zopt = ZeroOptimizer(
             groups,
             names,
             self.stage,
@@ -142,6 +142,7 @@ class ZEngine:
             allgather_partitions=zc.allgather_partitions,
             replicas=self.replicas,
             collectives=self.collectives,
+            store=store,
         )
         self.optimizer = self.zopt.optimizer
         # Kept so that destroy() can take them off again: each one holds this engine, and
@@ -417,6 +418,29 @@ class ZEngine:
         self.monitor.close()
 
     # -- checkpoints ----------------------------------------------------------------------
+    COUNTERS = ("global_steps", "micro_steps", "global_samples", "skipped_steps")
+
+    def counters_state_dict(self) -> dict[str, int]:
+        """The step counters a checkpoint keeps (DeepSpeed's names)."""
+        return {k: int(getattr(self, k)) for k in self.COUNTERS}
+
+    def load_counters_state_dict(self, state: dict[str, int]) -> None:
+        """Take back :meth:`counters_state_dict`; collectives are labelled with the step."""
+        for k in self.COUNTERS:
+            setattr(self, k, int(state[k]))
+        self.mesh.set_step(self.global_steps)
+
+    def state_parts(self) -> dict[str, Any]:
+        """The parts a checkpoint saves whole through ``state_dict`` / ``load_state_dict``
+        (the master weights and optimizer state are sharded by the store instead):
+        ``lr_scheduler`` and ``loss_scaler`` when the engine has them."""
+        parts: dict[str, Any] = {}
+        if self.lr_scheduler is not None:
+            parts["lr_scheduler"] = self.lr_scheduler
+        if self.scaler is not None:
+            parts["loss_scaler"] = self.scaler
+        return parts
+
     def save_16bit_model(self, save_dir: str, save_filename: str = "pytorch_model.bin") -> bool:
         """Rank 0 writes the full model in its training dtype as one plain ``state_dict``.
 

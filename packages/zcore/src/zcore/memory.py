@@ -195,7 +195,7 @@ def model_state_bytes(
             nvme_per_rank += dev_optim
         dev_optim = 0
         # The CPU optimizer steps on an fp32 gradient partition: in host memory, or with
-        # NVMe in a swap file beside the master and state (zoffload's NvmeZeroOptimizer).
+        # NVMe in a swap file beside the master and state (zoffload's NvmeStore).
         # At stage 1 the device still holds full gradients.
         if offload_optimizer == "cpu":
             host_grads = shard * offload_grad_bytes

@@ -11,16 +11,15 @@ is zcore's own with the master kept on the CPU.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from zcore.config import ZConfig
-from zcore.zero.optimizer import ZeroOptimizer
+from zcore.zero.store import MemoryStore, OptimizerStore
 
 
-def cpu_optimizer(config: ZConfig, *args: Any, **kwargs: Any) -> ZeroOptimizer:
-    """The :mod:`zcore.zero.backends` factory for ``device = "cpu"``."""
+def cpu_optimizer(config: ZConfig) -> OptimizerStore:
+    """The :mod:`zcore.zero.backends` store for ``device = "cpu"``: zcore's in-memory store,
+    kept in (pinned) host memory."""
     offload = config.zero_optimization.offload_optimizer
     pin = bool(offload.pin_memory) if offload is not None else False
-    return ZeroOptimizer(*args, **kwargs, master_device=torch.device("cpu"), pin_memory=pin)
+    return MemoryStore(torch.device("cpu"), pin_memory=pin)

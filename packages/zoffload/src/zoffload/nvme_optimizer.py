@@ -34,6 +34,7 @@ from zcore.config import ZConfig
 from zcore.optim import NativeOptimizer
 from zcore.zero.layout import ParamShard
 from zcore.zero.optimizer import ZeroOptimizer
+from zcore.zero.store import OptimizerFactory, OptimizerStore
 from zoffload.aio import AioConfig, AioHandle, new_aligned_tensor
 from zoffload.swap import SwapError, SwapIO, SwapSpace, crc32, wait_all
 
@@ -58,11 +59,20 @@ class _Tile:
             raise failure
 
 
-class NvmeZeroOptimizer(ZeroOptimizer):
-    """A :class:`ZeroOptimizer` whose master weights and optimizer state are on NVMe."""
+class NvmeStore(OptimizerStore):
+    """An :class:`~zcore.zero.store.OptimizerStore` whose master weights, optimizer state
+    and gradient partitions are on NVMe."""
 
-    def __init__(self, config: ZConfig, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs, master_device=torch.device("cpu"))
+    def __init__(self, config: ZConfig) -> None:
+        self.config = config
+
+    def attach(
+        self, part: ZeroOptimizer, make_optimizer: OptimizerFactory, hyper: list[dict]
+    ) -> None:
+        self.part = part
+        config = self.config
+        # the master lives on NVMe: the inner optimizer holds only the hyperparameters
+        self.optimizer = make_optimizer([{**h, "params": [torch.empty(0)]} for h in hyper])
         offload = config.zero_optimization.offload_optimizer
         assert offload is not None and offload.nvme_path
         inner = self.optimizer
@@ -80,13 +90,13 @@ class NvmeZeroOptimizer(ZeroOptimizer):
                 '(device = "cpu") to keep bfloat16 states'
             )
         self.keys = tuple(inner.state_keys)
-        self.numels = [layout.numel for layout in self.layouts]
-        self._starts = [[s.offset for s in layout.shards] for layout in self.layouts]
+        self.numels = [layout.numel for layout in part.layouts]
+        self._starts = [[s.offset for s in layout.shards] for layout in part.layouts]
         largest = max(self.numels, default=0)
         size = min(int(config.zero_optimization.sub_group_size), max(largest, 1))
         self.tile = max(_ALIGN, -(-size // _ALIGN) * _ALIGN)
         aio = AioHandle(config.aio or AioConfig())
-        self.swap = SwapSpace.create(offload.nvme_path, self.comm.rank, aio)
+        self.swap = SwapSpace.create(offload.nvme_path, part.comm.rank, aio)
         self.pipeline_read = bool(offload.pipeline_read)
         self.pipeline_write = bool(offload.pipeline_write)
         self.steps = [0] * len(self.numels)
@@ -110,16 +120,10 @@ class NvmeZeroOptimizer(ZeroOptimizer):
         # the weights published after each step, in the parameters' dtype (stage 3: the shards)
         self.public: list[torch.Tensor | None] = [None] * len(self.numels)
         for g in range(len(self.numels)):
-            if self.stage3 is None:
-                dtype = self.params[g][0].dtype if self.params[g] else torch.float32
+            if part.stage3 is None:
+                dtype = part.params[g][0].dtype if part.params[g] else torch.float32
                 self.public[g] = torch.zeros(self.numels[g], dtype=dtype)
             self._write_initial(g)
-        # the master lives on NVMe; the inner optimizer keeps only its hyperparameters
-        for group in inner.param_groups:
-            group["params"] = [torch.empty(0)]
-
-    def initial_master(self, g: int) -> torch.Tensor:
-        return torch.empty(0)  # built tile by tile into the swap file by _write_initial
 
     def _write_initial(self, g: int) -> None:
         """Master (from the parameters), zero state and zero gradients, a tile at a time."""
@@ -131,7 +135,7 @@ class NvmeZeroOptimizer(ZeroOptimizer):
             t.master[:n].zero_()
             for p, shard, lo, hi in self._overlaps(g, a, b):
                 if cached[0] is not p:  # a slot spanning tiles is fetched once (maybe from NVMe)
-                    cached = (p, self.slot_of(p))
+                    cached = (p, self.part.slot_of(p))
                 t.master[lo - a : hi - a].copy_(cached[1][lo - shard.offset : hi - shard.offset])
             if self.public[g] is not None:
                 self.public[g][a:b].copy_(t.master[:n])  # type: ignore[index]
@@ -183,19 +187,15 @@ class NvmeZeroOptimizer(ZeroOptimizer):
         writes, self._grad_writes, self._grad_write_elems = self._grad_writes, [], 0
         self._grad_failure = self._grad_failure or wait_all(writes)
 
-    def global_grad_norm(self, inv_scale: float) -> float:
+    def grad_sq_norm(self) -> float:
         self._finish_grad_writes()
-        sq = sum(sq for sq, _ in self._written.values())
-        if self.shard_world > 1:
-            sq = self.comm.sum_scalar(sq, "all_reduce(gradient norm)")
-        return math.sqrt(sq) * inv_scale
+        return sum(sq for sq, _ in self._written.values())
 
-    def grads_overflow(self) -> bool:
+    def grads_nonfinite(self) -> bool:
         self._finish_grad_writes()
-        return self.comm.max_flag(self._nonfinite, "all_reduce(fp16 overflow flag)")
+        return self._nonfinite
 
     def zero_grad(self) -> None:
-        super().zero_grad()
         self._finish_grad_writes()
         self._written.clear()
         self._nonfinite = False
@@ -228,13 +228,13 @@ class NvmeZeroOptimizer(ZeroOptimizer):
     ) -> Iterator[tuple[torch.nn.Parameter, ParamShard, int, int]]:
         """Parameters of group ``g`` whose slots meet elements ``[a, b)``, with the shared
         range ``[lo, hi)``; found by bisection (shards are in offset order)."""
-        shards = self.layouts[g].shards
+        shards = self.part.layouts[g].shards
         i = max(bisect.bisect_right(self._starts[g], a) - 1, 0)
         while i < len(shards) and shards[i].offset < b:
             s = shards[i]
             lo, hi = max(a, s.offset), min(b, s.offset + s.shard_size)
             if lo < hi:
-                yield self.params[g][i], s, lo, hi
+                yield self.part.params[g][i], s, lo, hi
             i += 1
 
     def _ranges(self, g: int) -> list[tuple[int, int]]:
@@ -285,7 +285,7 @@ class NvmeZeroOptimizer(ZeroOptimizer):
         # of it before any rank steps, so a lost gradient leaves every partition as it was.
         failure: BaseException | None = self._grad_failure
         self._grad_failure = None
-        if self.comm.max_flag(failure is not None, "all_reduce(nvme gradients written)"):
+        if self.part.comm.max_flag(failure is not None, "all_reduce(nvme gradients written)"):
             self.zero_grad()  # this step's gradients are lost; the next starts clean
             if failure is not None:
                 raise failure
@@ -302,7 +302,7 @@ class NvmeZeroOptimizer(ZeroOptimizer):
         finally:
             failure = failure or self._drain_writes()
         # every rank learns of a failure before any publishes (no rank hangs in the gather)
-        if self.comm.max_flag(failure is not None, "all_reduce(nvme step failed)"):
+        if self.part.comm.max_flag(failure is not None, "all_reduce(nvme step failed)"):
             # Some tiles of some partitions took this step and others did not.
             cause = str(failure) if failure is not None else "another rank's swap failed"
             self._broken = f"an earlier optimizer step failed part-way ({cause})"
@@ -365,42 +365,19 @@ class NvmeZeroOptimizer(ZeroOptimizer):
         if public is not None:
             public[a:b].copy_(values)
             return
-        assert self.stage3 is not None
+        stage3 = self.part.stage3
+        assert stage3 is not None
         for p, shard, lo, hi in self._overlaps(g, a, b):
-            self.stage3.write_shard(p, values[lo - a : hi - a], lo - shard.offset)
+            stage3.write_shard(p, values[lo - a : hi - a], lo - shard.offset)
 
-    # -- what the base class reads from the master ---------------------------------------
-    def grad_device(self) -> torch.device:
-        return torch.device("cpu")
+    # -- what the partition publishes from ------------------------------------------------
+    def published(self, g: int) -> torch.Tensor | None:
+        return self.public[g]  # None at stage 3: the step wrote the shards
 
-    def published(self, g: int) -> torch.Tensor:
-        public = self.public[g]
-        assert public is not None, "stage 3 publishes from the parameter shards"
-        return public
-
-    def gather_input(self, chunk: list[torch.nn.Parameter]) -> torch.Tensor:
-        if self.stage3 is None:
-            return super().gather_input(chunk)
-        shards = [self.stage3.shard_of(p) for p in chunk]  # stage 3: the shards are current
-        return torch.cat(shards).to(chunk[0].dtype)
-
-    def publish(self) -> None:
-        if self.stage3 is None:
-            super().publish()
-            return
-        persistent = [
-            p for p, sp in self.stage3.params.items() if sp.persistent and p in self.where
-        ]
-        self.all_gather_params(persistent)
-
-    def refresh_master(self, p: torch.nn.Parameter) -> None:
-        """A full value edited under GatheredParameters: rewrite the tiles it touches (a
-        frozen parameter has no master: its shard alone holds the edit)."""
-        at = self.where.get(p)
-        if at is None:
-            return
-        g, shard = at
-        slot = self.slot_of(p)
+    def refresh(self, p: torch.nn.Parameter) -> None:
+        """A full value edited under GatheredParameters: rewrite the tiles it touches."""
+        g, shard = self.part.where[p]
+        slot = self.part.slot_of(p)
         lo, hi = shard.offset, shard.offset + shard.shard_size
         for a, b in self._ranges(g):
             if b <= lo or a >= hi:
@@ -477,6 +454,6 @@ class NvmeZeroOptimizer(ZeroOptimizer):
         self.swap.close()
 
 
-def nvme_optimizer(config: ZConfig, *args: Any, **kwargs: Any) -> ZeroOptimizer:
-    """The :mod:`zcore.zero.backends` factory for ``device = "nvme"``."""
-    return NvmeZeroOptimizer(config, *args, **kwargs)
+def nvme_optimizer(config: ZConfig) -> OptimizerStore:
+    """The :mod:`zcore.zero.backends` store for ``device = "nvme"``."""
+    return NvmeStore(config)

@@ -87,10 +87,7 @@ def _read(engine: ZEngine, root: Path, tag: str | None, load_optimizer: bool) ->
     try:
         old_layouts = [GroupLayout.from_json(g) for g in manifest["groups"]]
         shard_world = int(manifest["shard_world"])
-        counters = {
-            k: int(manifest[k])
-            for k in ("global_steps", "micro_steps", "global_samples", "skipped_steps")
-        }
+        counters = {k: int(manifest[k]) for k in engine.COUNTERS}
     except (KeyError, TypeError, ValueError) as err:
         raise CheckpointError(
             f"`{path / 'manifest.json'}` lacks or mangles {err}; {_DAMAGED}"
@@ -281,15 +278,12 @@ def _commit(engine: ZEngine, loaded: _Loaded, load_scheduler: bool) -> None:
     zopt.publish()
     common = loaded.common
     _load_frozen_and_buffers(engine, common)
-    if load_scheduler and engine.lr_scheduler is not None and common["lr_scheduler"] is not None:
-        engine.lr_scheduler.load_state_dict(common["lr_scheduler"])
-    engine.global_steps = loaded.counters["global_steps"]
-    engine.micro_steps = loaded.counters["micro_steps"]
-    engine.global_samples = loaded.counters["global_samples"]
-    engine.skipped_steps = loaded.counters["skipped_steps"]
-    engine.mesh.set_step(engine.global_steps)
-    if engine.scaler is not None and loaded.loss_scaler is not None:
-        engine.scaler.load_state_dict(loaded.loss_scaler)
+    parts = engine.state_parts()
+    if load_scheduler and "lr_scheduler" in parts and common["lr_scheduler"] is not None:
+        parts["lr_scheduler"].load_state_dict(common["lr_scheduler"])
+    engine.load_counters_state_dict(loaded.counters)
+    if "loss_scaler" in parts and loaded.loss_scaler is not None:
+        parts["loss_scaler"].load_state_dict(loaded.loss_scaler)
     zopt.zero_grad()
 
 

@@ -76,6 +76,7 @@ def save(engine: ZEngine, save_dir: str, tag: str | None, client_state: dict, la
         raise CheckpointError(failure or f"rank 0 could not create `{tmp}`")
 
     frozen, buffers = _frozen_and_buffers(engine)  # collective at stage 3
+    parts = engine.state_parts()
     writes_shard = first_replica and (zopt.shard_world > 1 or engine.rank == 0)
     try:
         if writes_shard:
@@ -89,7 +90,9 @@ def save(engine: ZEngine, save_dir: str, tag: str | None, client_state: dict, la
                 "frozen": frozen,
                 "buffers": buffers,
                 "client_state": client_state,
-                "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler else None,
+                "lr_scheduler": parts["lr_scheduler"].state_dict()
+                if "lr_scheduler" in parts
+                else None,
                 "param_groups": zopt.optimizer.state_dict()["param_groups"],
             }
             save_torch(common, tmp / "common.pt")
@@ -123,7 +126,7 @@ def save(engine: ZEngine, save_dir: str, tag: str | None, client_state: dict, la
 
 
 def _manifest(engine: ZEngine, tag: str) -> dict[str, Any]:
-    zopt = engine.zopt
+    zopt, parts = engine.zopt, engine.state_parts()
     return {
         "format": FORMAT,
         "tag": tag,
@@ -137,11 +140,8 @@ def _manifest(engine: ZEngine, tag: str) -> dict[str, Any]:
         "optimizer": type(zopt.optimizer).__name__,
         "groups": [layout.to_json() for layout in zopt.layouts],
         "aliases": _aliases(engine),
-        "global_steps": engine.global_steps,
-        "micro_steps": engine.micro_steps,
-        "global_samples": engine.global_samples,
-        "skipped_steps": engine.skipped_steps,
-        "loss_scaler": engine.scaler.state_dict() if engine.scaler else None,
+        **engine.counters_state_dict(),
+        "loss_scaler": parts["loss_scaler"].state_dict() if "loss_scaler" in parts else None,
         "config": engine.config.to_dict(),
     }
 

@@ -1,6 +1,7 @@
 """Where a rank's optimizer partition lives, by ``offload_optimizer.device``.
 
-zcore keeps it in memory on the model's device (``"none"``). Packages that build offload
+Each device names an :class:`~zcore.zero.store.OptimizerStore` factory. zcore keeps the
+partition in memory on the model's device (``"none"``). Packages that build offload
 register a factory for their device name at import (zoffload: ``"cpu"`` and ``"nvme"``);
 zcore finds installed ones through the ``zcore.extensions`` entry points, so a config
 naming the device is enough, as with DeepSpeed.
@@ -12,11 +13,11 @@ from collections.abc import Callable
 from typing import Any
 
 from zcore.config.features import load_extensions
-from zcore.zero.optimizer import ZeroOptimizer
+from zcore.zero.store import MemoryStore, OptimizerStore
 
-#: ``factory(config, *args, **kwargs)`` → a :class:`ZeroOptimizer`: ``config`` is the
-#: engine's :class:`~zcore.config.ZConfig`, the other arguments :class:`ZeroOptimizer`'s.
-OptimizerBackend = Callable[..., ZeroOptimizer]
+#: ``factory(config)`` → the :class:`~zcore.zero.store.OptimizerStore` that keeps a rank's
+#: master weights, optimizer state and gradient partitions for ``offload_optimizer.device``.
+OptimizerBackend = Callable[[Any], OptimizerStore]
 
 _BACKENDS: dict[str, OptimizerBackend] = {}
 
@@ -46,12 +47,13 @@ def param_backend(device: str) -> ParamBackend:
 
 
 def register_optimizer_backend(device: str, factory: OptimizerBackend) -> None:
-    """Make ``offload_optimizer.device = device`` build its optimizer with ``factory``."""
+    """Make ``offload_optimizer.device = device`` keep the optimizer partition in the store
+    ``factory(config)`` builds."""
     _BACKENDS[device] = factory
 
 
 def optimizer_backend(device: str) -> OptimizerBackend:
-    """The factory for ``device``; ``"none"`` is zcore's in-memory :class:`ZeroOptimizer`."""
+    """The store factory for ``device``; ``"none"`` is zcore's :class:`MemoryStore`."""
     if device == "none":
         return _in_memory
     if device not in _BACKENDS:
@@ -65,5 +67,5 @@ def optimizer_backend(device: str) -> OptimizerBackend:
         ) from None
 
 
-def _in_memory(config: Any, *args: Any, **kwargs: Any) -> ZeroOptimizer:
-    return ZeroOptimizer(*args, **kwargs)
+def _in_memory(config: Any) -> OptimizerStore:
+    return MemoryStore()

@@ -5,13 +5,17 @@ all-reduced). Stages 1-3 cut the layout across the data-parallel ranks: each ran
 only its slots with an ordinary ``torch.optim`` optimizer built over one flat fp32 tensor
 per parameter group, then the new weights go back to the model (stages 1-2: all-gathered
 into every rank's full parameters; stage 3: into the rank's own shards).
+
+Where the master weights, the optimizer state and the gradient partitions live is the
+injected :class:`~zcore.zero.store.OptimizerStore`'s business (memory by default; zoffload's
+CPU and NVMe stores), and how buckets and parameters travel is the injected
+:class:`~zcore.zero.collectives.Collectives`'; any store combines with any collectives.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -22,8 +26,7 @@ from zcore.zero.collectives import Collectives
 from zcore.zero.layout import GroupLayout, ParamShard, from_slots, own_slot
 from zcore.zero.reducer import GradReducer
 from zcore.zero.stage3 import Stage3Params
-
-OptimizerFactory = Callable[[list[dict[str, Any]]], torch.optim.Optimizer]
+from zcore.zero.store import MemoryStore, OptimizerFactory, OptimizerStore
 
 
 class ZeroOptimizer:
@@ -46,10 +49,9 @@ class ZeroOptimizer:
         reduce_scatter: bool = True,
         predivide: float | None = None,
         allgather_partitions: bool = True,
-        master_device: torch.device | None = None,
-        pin_memory: bool = False,
         replicas: Comm | None = None,
         collectives: Collectives | None = None,
+        store: OptimizerStore | None = None,
     ) -> None:
         self.stage = stage
         self.comm = comm
@@ -68,27 +70,19 @@ class ZeroOptimizer:
             GroupLayout.build([(names[p], tuple(self._shape(p))) for p in ps], self.shard_world)
             for ps in self.params
         ]
-        self.master_device = master_device
-        self.pin_memory = pin_memory and torch.cuda.is_available()
         self.where: dict[nn.Parameter, tuple[int, ParamShard]] = {}
         for g, (ps, layout) in enumerate(zip(self.params, self.layouts, strict=True)):
             for p, shard in zip(ps, layout.shards, strict=True):
                 self.where[p] = (g, shard)
-        self.master = [self.initial_master(g) for g in range(len(self.params))]
         self.grad_accum_dtype = grad_accum_dtype
-        # Stage 0-1 accumulate model-sized gradients, so their partitions exist only while
-        # a cycle has gradients (allocated by the first reduction, dropped after the step).
-        # Stage 2-3 hold no model-sized gradient; their partitions are kept and zeroed.
-        self.grads: list[torch.Tensor | None] = [None] * len(self.master)
-        self._kept: list[torch.Tensor | None] = [None] * len(self.master)
         self._gather_out: dict[torch.dtype, torch.Tensor] = {}
+        self.store = store or MemoryStore()
+        """Where the master, the optimizer state and the gradient partitions live."""
         hyper = [{k: v for k, v in g.items() if k != "params"} for g in groups]
-        self.optimizer = make_optimizer(
-            [{**h, "params": [m]} for h, m in zip(hyper, self.master, strict=True)]
-        )
+        self.store.attach(self, make_optimizer, hyper)
         self.reducer = GradReducer(
             comm,
-            self.accumulate,
+            self.store.accumulate,
             self.shard_world,
             reduce_bucket_elems,
             overlap_comm,
@@ -117,12 +111,15 @@ class ZeroOptimizer:
             return self.stage3.shard_of(p).float()
         return own_slot(p.data.float(), shard, self.shard_rank)
 
-    def initial_master(self, g: int) -> torch.Tensor:
-        """Group ``g``'s fp32 master partition at construction (an offloaded store writes it out)."""
-        slots = [self.slot_of(p) for p in self.params[g]]
-        device = self.master_device or (slots[0].device if slots else torch.device("cpu"))
-        master = torch.cat(slots).to(device) if slots else torch.zeros(0, device=device)
-        return master.pin_memory() if self.pin_memory and device.type == "cpu" else master
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The inner optimizer (its param groups carry the hyperparameters)."""
+        return self.store.optimizer
+
+    @property
+    def master(self) -> list[torch.Tensor]:
+        """The fp32 master partitions held in memory (none when the store keeps them elsewhere)."""
+        return self.store.live_master
 
     def refresh_master(self, p: nn.Parameter) -> None:
         """``p``'s full value was edited: take this rank's slot of it into the master weights.
@@ -130,48 +127,10 @@ class ZeroOptimizer:
         Parameters outside every optimizer group (frozen ones, partitioned at stage 3 like
         the rest) have no master weights: their shard alone holds the edit.
         """
-        at = self.where.get(p)
-        if at is None:
-            return
-        g, shard = at
-        self.master[g][shard.offset : shard.offset + shard.shard_size].copy_(self.slot_of(p))
+        if p in self.where:
+            self.store.refresh(p)
 
     # -- gradients ------------------------------------------------------------------------
-    def partition(self, g: int) -> torch.Tensor:
-        """This rank's gradient partition of group ``g`` (zeros when first asked for)."""
-        t = self.grads[g]
-        if t is None:
-            t = self._kept[g]
-            if t is None:
-                t = torch.zeros(
-                    self.layouts[g].numel, dtype=self.grad_accum_dtype, device=self.grad_device()
-                )
-                if self.stage >= 2:
-                    self._kept[g] = t
-            else:
-                t.zero_()
-            self.grads[g] = t
-        return t
-
-    def accumulate(self, g: int, shard: ParamShard, values: torch.Tensor, alpha: float) -> None:
-        """Add ``alpha * values`` (a reduced slot) into ``shard``'s part of partition ``g``."""
-        dst = self.partition(g)[shard.offset : shard.offset + shard.shard_size]
-        if values.device != dst.device:  # an offloaded partition: the copy out of the device
-            values = values.to(dst.device)
-        if alpha != 1.0:
-            dst.add_(values, alpha=alpha)
-        else:
-            dst.add_(values)
-
-    def grad_device(self) -> torch.device:
-        """Where gradient partitions live: beside the master weights."""
-        return self.master[0].device if self.master else torch.device("cpu")
-
-    def published(self, g: int) -> torch.Tensor:
-        """The flat tensor the updated weights of group ``g`` are published from (the fp32
-        master here; an offloaded optimizer keeps a copy in memory instead)."""
-        return self.master[g]
-
     def on_grad(self, p: nn.Parameter) -> None:
         """Move ``p.grad`` into a reduction bucket and drop it from the parameter."""
         if p.grad is None or p not in self.where:
@@ -189,26 +148,18 @@ class ZeroOptimizer:
         self.reducer.finish()
 
     def zero_grad(self) -> None:
-        self.grads = [None] * len(self.master)
+        self.store.zero_grad()
         for ps in self.params:
             for p in ps:
                 p.grad = None
 
     # -- step -----------------------------------------------------------------------------
     def grads_overflow(self) -> bool:
-        local = any(
-            t is not None and t.numel() and not bool(torch.isfinite(t).all()) for t in self.grads
-        )
+        local = self.store.grads_nonfinite()
         return self.comm.max_flag(local, "all_reduce(fp16 overflow flag)")
 
     def global_grad_norm(self, inv_scale: float) -> float:
-        # vector_norm reduces in one pass without a squared temporary (10x faster than
-        # pow(2).sum() on a 13M-element partition here)
-        sq = sum(
-            float(torch.linalg.vector_norm(t, dtype=torch.float32)) ** 2
-            for t in self.grads
-            if t is not None
-        )
+        sq = self.store.grad_sq_norm()
         if self.shard_world > 1:
             sq = self.comm.sum_scalar(sq, "all_reduce(gradient norm)")
         return math.sqrt(sq) * inv_scale
@@ -229,14 +180,17 @@ class ZeroOptimizer:
 
     def update(self, coef: float) -> None:
         """Step the master weights with the gradient partitions times ``coef``."""
-        for g, m in enumerate(self.master):
-            gr = self.partition(g)
-            m.grad = gr.float() if gr.dtype != torch.float32 else gr
-            if coef != 1.0:
-                m.grad.mul_(coef)
-        self.optimizer.step()
-        for m in self.master:
-            m.grad = None
+        self.store.update(coef)
+
+    def published(self, g: int) -> torch.Tensor | None:
+        """The flat tensor group ``g``'s updated weights are published from (None: the
+        store's step wrote them into the stage-3 shards already)."""
+        return self.store.published(g)
+
+    def _source(self, g: int) -> torch.Tensor:
+        src = self.published(g)
+        assert src is not None, "a store that publishes into the shards runs at stage 3"
+        return src
 
     def publish(self) -> None:
         """Write the master weights back into the model's parameters."""
@@ -246,9 +200,9 @@ class ZeroOptimizer:
                 sp = self.stage3.params.get(p)
                 if sp is None:
                     continue
-                self.stage3.write_shard(
-                    p, self.published(g)[shard.offset : shard.offset + shard.shard_size]
-                )
+                src = self.published(g)
+                if src is not None:
+                    self.stage3.write_shard(p, src[shard.offset : shard.offset + shard.shard_size])
                 if sp.persistent:
                     persistent.append(p)
             self.all_gather_params(persistent)
@@ -262,7 +216,7 @@ class ZeroOptimizer:
         if w == 1:
             for p in params:
                 g, s = self.where[p]
-                p.data.copy_(self.published(g)[s.offset : s.offset + s.numel].view(s.shape))
+                p.data.copy_(self._source(g)[s.offset : s.offset + s.numel].view(s.shape))
             return
         start = 0
         while start < len(params):
@@ -298,9 +252,12 @@ class ZeroOptimizer:
         """This rank's slots of ``chunk`` in the parameters' dtype, one flat tensor.
 
         A slice of the master weights when they are adjacent there and already in that
-        dtype (fp32 training), a concatenated copy otherwise.
+        dtype (fp32 training), a concatenated copy otherwise; at stage 3 with a store that
+        wrote the step into the shards, the shards themselves.
         """
         dtype = chunk[0].dtype
+        if self.stage3 is not None and self.published(self.where[chunk[0]][0]) is None:
+            return torch.cat([self.stage3.shard_of(p) for p in chunk]).to(dtype)
         at = [self.where[p] for p in chunk]
         g0, first = at[0]
         last = at[-1][1]
@@ -309,44 +266,39 @@ class ZeroOptimizer:
             for (_, prev), (g, s) in itertools.pairwise(at)
         )
         device = chunk[0].device
-        src = self.published(g0)
+        src = self._source(g0)
         if adjacent and src.dtype == dtype and src.device == device:
             return src[first.offset : last.offset + last.shard_size]
         # offloaded master weights travel to the parameters' device here
-        return torch.cat([self.published(g)[s.offset : s.offset + s.shard_size] for g, s in at]).to(
+        return torch.cat([self._source(g)[s.offset : s.offset + s.shard_size] for g, s in at]).to(
             device=device, dtype=dtype
         )
 
-    # -- checkpoints (overridden where master and state live off-memory) ---------------------
+    # -- checkpoints and accounting: the store's ---------------------------------------------
     def master_for_save(self) -> list[torch.Tensor]:
         """This rank's fp32 master partition of every group."""
-        return [m.detach() for m in self.master]
+        return self.store.master_for_save()
 
     def optimizer_state_for_save(self) -> dict[int, dict[str, Any]]:
         """The inner optimizer's per-group state (``state_dict()["state"]``)."""
-        return self.optimizer.state_dict()["state"]
+        return self.store.optimizer_state_for_save()
 
     def master_for_load(self) -> list[torch.Tensor]:
         """The tensors a checkpoint's master values are copied into (then :meth:`finish_load`)."""
-        return self.master
+        return self.store.master_for_load()
 
     def finish_load(self, masters: list[torch.Tensor], state: dict[str, Any] | None) -> None:
         """Adopt loaded master values and, unless ``None``, an optimizer ``state_dict``."""
-        if state is not None:
-            self.optimizer.load_state_dict(state)
+        self.store.finish_load(masters, state)
 
     def close(self) -> None:
-        """Release what outlives the process group (an offloaded optimizer's swap files)."""
+        """Release what outlives the process group (an offloaded store's swap files)."""
+        self.store.close()
 
-    # -- accounting -----------------------------------------------------------------------
     def optimizer_bytes(self) -> int:
-        """fp32 master weights plus every tensor of optimizer state held by this rank."""
-        total = sum(m.numel() * m.element_size() for m in self.master)
-        for st in self.optimizer.state.values():
-            for v in st.values():
-                if isinstance(v, torch.Tensor):
-                    total += v.numel() * v.element_size()
-        return total
+        """Memory bytes of the master weights and optimizer state held by this rank."""
+        return self.store.optimizer_bytes()
 
     def grad_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.grads if t is not None)
+        """Memory bytes of this rank's gradient partitions."""
+        return self.store.grad_bytes()
