@@ -164,12 +164,10 @@ class ZEngine:
         return str(torch.distributed.get_backend(self.comm.group))
 
     def _broadcast(self, tensors: list[torch.Tensor]) -> None:
-        """Start every data-parallel rank from rank 0's values (as DistributedDataParallel
-        does): across replicas first, then along the ZeRO axis from its first rank."""
-        for comm in (self.replicas, self.comm):
-            for t in tensors:
-                if t.numel():
-                    comm.broadcast(t, 0, "broadcast(initial parameters)").wait()
+        """Start every data-parallel rank from rank 0's values (as DistributedDataParallel does)."""
+        for t in tensors:
+            if t.numel():
+                self.mesh.broadcast_from_first(t, "broadcast(initial parameters)")
 
     def _cast_buffers(self) -> None:
         for m in self.module.modules():

@@ -286,6 +286,12 @@ class Mesh:
             self._comms[axis] = comm
         return comm
 
+    def broadcast_from_first(self, t: torch.Tensor, what: str) -> None:
+        """``t`` as the first data-parallel rank has it, on every data-parallel rank: across
+        replicas first, then along the ZeRO axis from its first rank."""
+        for axis in ("dp_replicate", "dp"):
+            self.comm(axis).broadcast(t, 0, what).wait()
+
     def set_step(self, step: int) -> None:
         """Label every axis's next collectives with training step ``step``."""
         for comm in self._comms.values():

@@ -68,7 +68,7 @@ class Init:
             mesh = mesh_for_config(self.config)
         else:
             mesh = job_mesh(None, self.timeout_s)
-        self._replicas = mesh.comm("dp_replicate")
+        self._mesh = mesh
         self.stage3 = Stage3Params(
             mesh.comm("dp"), persistence_threshold=self.persistence_threshold
         )
@@ -95,10 +95,8 @@ class Init:
         nn.Module.apply = self._apply  # type: ignore[method-assign]
 
     def _from_rank0(self, p: nn.Parameter, what: str) -> None:
-        """``p`` as rank 0 has it, on every rank: across replicas, then along the ZeRO axis."""
-        assert self.stage3 is not None
-        self._replicas.broadcast(p.data, 0, what).wait()
-        self.stage3.comm.broadcast(p.data, 0, what).wait()
+        """``p`` as rank 0 has it, on every rank (the mesh's first data-parallel rank)."""
+        self._mesh.broadcast_from_first(p.data, what)
 
     def _wrap_init(self, init: Any) -> Any:
         stage3 = self.stage3

@@ -55,9 +55,6 @@ class ZeroOptimizer:
     ) -> None:
         self.stage = stage
         self.comm = comm
-        self.replicas = replicas
-        """Collectives across replicas of this partition (MiCS); gradients are summed over
-        them too, nothing else crosses them."""
         data_parallel = comm.size * (replicas.size if replicas is not None else 1)
         self.collectives = collectives or Collectives()
         self.stage3 = stage3
