@@ -1,12 +1,17 @@
-"""zmoe: Mixture-of-Experts.
+"""zmoe: Mixture-of-Experts layers, gating and expert parallelism.
 
-This package will own MoE layers and gating (top-1/top-2 with capacity
-factors and load-balancing loss), expert parallelism over zcore's process
-groups (all-to-all dispatch and combine), Pyramid-Residual MoE (PR-MoE), and
-MoE inference.
+``zmoe.MoE`` is DeepSpeed's ``deepspeed.moe.layer.MoE`` (same signature and outputs) with a
+dropless path, sigmoid and aux-loss-free routing, router z-loss, and expert parallelism over
+the job mesh's ``ep`` axis (``mesh_axes`` / ``bind_mesh``).
 
-Nothing is implemented yet; importing it gives only this docstring and the
-version.
+Files: ``gating.py`` (routers, losses), ``capacity.py`` (capacity-buffer dispatch),
+``dropless.py`` (sorted dispatch), ``experts.py`` (experts named by global index),
+``parallel.py`` (the autograd all-to-all), ``layer.py`` (the layer).
 """
 
+from zmoe.gating import Routing, TopKRouter
+from zmoe.layer import MoE, MoEStats
+
 __version__ = "0.1.0"
+
+__all__ = ["MoE", "MoEStats", "Routing", "TopKRouter", "__version__"]

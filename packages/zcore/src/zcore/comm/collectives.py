@@ -163,6 +163,22 @@ class Comm:
             return Handle(self, None, what, self.step)
         return self._issue(what, dist.all_gather_into_tensor, out, inp)
 
+    def all_to_all_single(
+        self,
+        out: torch.Tensor,
+        inp: torch.Tensor,
+        out_splits: list[int] | None,
+        in_splits: list[int] | None,
+        what: str,
+    ) -> Handle:
+        """Send row block ``r`` of ``inp`` (``in_splits[r]`` rows; None: ``size`` equal
+        blocks) to rank ``r``; block ``r`` of ``out`` (``out_splits[r]`` rows) comes from rank
+        ``r``. On a single process ``out`` is a copy of ``inp``."""
+        if self.group is None or self.size == 1:
+            out.copy_(inp)
+            return Handle(self, None, what, self.step)
+        return self._issue(what, dist.all_to_all_single, out, inp, out_splits, in_splits)
+
     def broadcast(self, t: torch.Tensor, src: int, what: str) -> Handle:
         """``t`` of this group's rank ``src`` (a rank within the group, not a global rank)."""
         if self.group is not None and self.group is not dist.group.WORLD and self.size > 1:
