@@ -21,6 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.utils.models import smollm2_dir
+from tests.zserve.tiny_llama import hf_greedy
 from zserve.runner import ModelRunner, SeqChunk
 from zstack.recipes.data import clean_markdown, plays_dir
 
@@ -173,13 +174,6 @@ def test_greedy_decode_matches_generate(
         ]
         logits = runner.forward(chunks)
     for s, g in zip(seqs, generated, strict=True):
-        with torch.no_grad():
-            expected = hf_model.generate(
-                torch.tensor([s]),
-                attention_mask=torch.ones(1, len(s), dtype=torch.int64),
-                do_sample=False,
-                max_new_tokens=steps,
-                pad_token_id=2,
-            )[0, len(s) :].tolist()
+        expected = hf_greedy(hf_model, s, steps)
         # generate stops after EOS; the runner's tokens must agree up to and including it.
         assert len(expected) >= 5 and g[: len(expected)] == expected

@@ -45,7 +45,7 @@ class SeqChunk:
 
 
 class ModelRunner:
-    """A LLaMA-family model and its paged KV cache; runs ragged batches.
+    """A LLaMA-family (or Mixtral) model and its paged KV cache; runs ragged batches.
 
     Args:
         model_dir: HF model directory (``config.json`` + ``*.safetensors``).

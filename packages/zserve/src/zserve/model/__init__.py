@@ -1,4 +1,5 @@
-"""The LLaMA-family model of zserve: config, weights, and ragged paged attention."""
+"""The LLaMA-family models of zserve (Mixtral included): config, weights, and ragged paged
+attention."""
 
 from zserve.model.attention import (
     AttentionPlan,
@@ -8,6 +9,7 @@ from zserve.model.attention import (
 )
 from zserve.model.config import LlamaConfig, RopeScaling
 from zserve.model.llama import LlamaModel, SafetensorsCheckpoint, WeightsMismatchError
+from zserve.model.mixtral import SparseMoE
 
 __all__ = [
     "AttentionPlan",
@@ -15,6 +17,7 @@ __all__ = [
     "LlamaModel",
     "RopeScaling",
     "SafetensorsCheckpoint",
+    "SparseMoE",
     "WeightsMismatchError",
     "paged_attention_reference",
     "plan_ragged_attention",

@@ -2,7 +2,8 @@
 
 Covers LLaMA 1-3, Mistral and SmolLM2-style checkpoints: RMSNorm, rotary position
 embeddings (plain, or with LLaMA-3.1 frequency scaling), grouped-query attention and a
-SwiGLU MLP. Both spellings of the rotary base are accepted: ``rope_theta`` at the top
+SwiGLU MLP; and Mixtral, the same decoder with a sparse mixture of SwiGLU experts in
+place of the MLP (``num_local_experts``, top-``num_experts_per_tok`` routing). Both spellings of the rotary base are accepted: ``rope_theta`` at the top
 level (transformers 4) and ``rope_parameters.rope_theta`` (transformers 5).
 """
 
@@ -17,8 +18,14 @@ from typing import Any
 import torch
 
 #: ``model_type`` values this runner implements, and the HF architecture class names.
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "mistral")
-SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("LlamaForCausalLM", "MistralForCausalLM")
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "mistral", "mixtral")
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "MixtralForCausalLM",
+)
+#: Mixtral's expert counts when config.json leaves them out (transformers' defaults).
+MIXTRAL_DEFAULT_EXPERTS, MIXTRAL_DEFAULT_TOP_K = 8, 2
 #: rotary variants (HF ``rope_type``) this runner implements.
 SUPPORTED_ROPE_TYPES: tuple[str, ...] = ("default", "llama3")
 
@@ -71,6 +78,10 @@ class LlamaConfig:
     """gate/up/down projections carry biases."""
     sliding_window: int | None = None
     """Mistral's attention window; None for full attention."""
+    num_local_experts: int = 0
+    """Mixtral: SwiGLU experts per layer (each ``intermediate_size`` wide); 0 = dense MLP."""
+    num_experts_per_tok: int = 0
+    """Mixtral: experts each token is routed to (top-k of the router's softmax)."""
     eos_token_ids: tuple[int, ...] = ()
     """End-of-sequence token ids named by ``config.json``."""
     model_type: str = "llama"
@@ -98,6 +109,11 @@ class LlamaConfig:
             raise ValueError(
                 f"config.json: num_attention_heads {self.num_attention_heads} is not a multiple "
                 f"of num_key_value_heads {self.num_key_value_heads}"
+            )
+        if self.num_local_experts and not 1 <= self.num_experts_per_tok <= self.num_local_experts:
+            raise ValueError(
+                f"config.json: num_experts_per_tok {self.num_experts_per_tok} must be in "
+                f"[1, num_local_experts {self.num_local_experts}]"
             )
         if self.head_dim % 2:
             raise ValueError(f"config.json: head_dim {self.head_dim} must be even for rotary")
@@ -149,6 +165,15 @@ class LlamaConfig:
         kv_heads = raw.get("num_key_value_heads") or heads
         head_dim = raw.get("head_dim") or raw["hidden_size"] // heads
         theta, scaling = _rope(raw)
+        experts, top_k = 0, 0
+        if model_type == "mixtral":
+            experts = raw.get("num_local_experts", MIXTRAL_DEFAULT_EXPERTS)
+            top_k = raw.get("num_experts_per_tok", MIXTRAL_DEFAULT_TOP_K)
+            for name, value in (("num_local_experts", experts), ("num_experts_per_tok", top_k)):
+                if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                    raise ValueError(
+                        f"config.json: `{name}` must be a positive integer; got {value!r}"
+                    )
         eos = raw.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
         return cls(
@@ -167,6 +192,8 @@ class LlamaConfig:
             attention_bias=bool(raw.get("attention_bias", False)),
             mlp_bias=bool(raw.get("mlp_bias", False)),
             sliding_window=raw.get("sliding_window"),
+            num_local_experts=experts,
+            num_experts_per_tok=top_k,
             eos_token_ids=eos_ids,
             model_type=model_type,
             torch_dtype=raw.get("dtype") or raw.get("torch_dtype"),

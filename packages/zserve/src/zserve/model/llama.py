@@ -1,9 +1,10 @@
-"""The LLaMA-family decoder in plain torch, over packed (ragged) tokens.
+"""The LLaMA-family decoder (and Mixtral) in plain torch, over packed (ragged) tokens.
 
 Weights are read straight from ``*.safetensors`` (one file, or shards listed by
 ``model.safetensors.index.json``) without transformers. Per layer the q/k/v and the
 gate/up projections are concatenated into one matrix each, so a layer is four GEMMs
 over all packed tokens of the forward; only attention looks at sequence boundaries.
+A Mixtral layer swaps the MLP for the sparse experts of :mod:`zserve.model.mixtral`.
 
 The math follows transformers' ``LlamaForCausalLM`` op for op (RMSNorm in fp32,
 rotary tables in fp32 cast to the model dtype, ``rotate_half`` convention), which is
@@ -16,6 +17,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, Self
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +26,7 @@ from safetensors import safe_open
 from zserve.kv_cache import KVCache
 from zserve.model.attention import AttentionPlan, ragged_paged_attention
 from zserve.model.config import LlamaConfig
+from zserve.model.mixtral import SparseMoE
 
 #: ``(q, k, v, k_cache, v_cache, plan, scale) -> out``, as :func:`ragged_paged_attention`.
 AttentionFn = Callable[
@@ -87,9 +90,29 @@ class SafetensorsCheckpoint:
         return t
 
 
+class FeedForward(Protocol):
+    """A layer's feed-forward block: ``(T, hidden)`` normed tokens to ``(T, hidden)``."""
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+@dataclass
+class DenseMLP:
+    """LLaMA's SwiGLU MLP, gate/up fused: ``gate_up (2 I, hidden)``, ``down (hidden, I)``."""
+
+    gate_up: torch.Tensor
+    gate_up_bias: torch.Tensor | None
+    down: torch.Tensor
+    down_bias: torch.Tensor | None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(x, self.gate_up, self.gate_up_bias).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, self.down, self.down_bias)
+
+
 @dataclass
 class LayerWeights:
-    """One decoder layer, projections fused: ``qkv (q + 2 kv, hidden)``, ``gate_up (2 I, hidden)``."""
+    """One decoder layer, q/k/v fused: ``qkv (q + 2 kv, hidden)``; ``mlp`` its feed-forward."""
 
     input_norm: torch.Tensor
     qkv: torch.Tensor
@@ -97,10 +120,31 @@ class LayerWeights:
     o: torch.Tensor
     o_bias: torch.Tensor | None
     post_norm: torch.Tensor
-    gate_up: torch.Tensor
-    gate_up_bias: torch.Tensor | None
-    down: torch.Tensor
-    down_bias: torch.Tensor | None
+    mlp: FeedForward
+
+
+class WeightLoader:
+    """Reads checkpoint tensors, checked against their expected shapes, onto the model's
+    device and dtype."""
+
+    def __init__(
+        self, checkpoint: SafetensorsCheckpoint, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        self.checkpoint = checkpoint
+        self.dtype = dtype
+        self.device = device
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.checkpoint
+
+    def __call__(self, name: str, *shape: int) -> torch.Tensor:
+        """The tensor ``name`` of shape ``shape``; :class:`WeightsMismatchError` if not."""
+        t = self.checkpoint.get(name, shape)
+        return t.to(device=self.device, dtype=self.dtype).contiguous()
+
+    def cat(self, names: list[str], shapes: list[tuple[int, ...]]) -> torch.Tensor:
+        """The tensors ``names`` concatenated along dim 0."""
+        return torch.cat([self(n, *s) for n, s in zip(names, shapes, strict=True)])
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -133,14 +177,8 @@ class LlamaModel:
         self.dtype = dtype
         self.device = device
         c = config
-        h, inter = c.hidden_size, c.intermediate_size
-
-        def load(name: str, *shape: int) -> torch.Tensor:
-            return checkpoint.get(name, shape).to(device=device, dtype=dtype).contiguous()
-
-        def cat(names: list[str], shapes: list[tuple[int, ...]]) -> torch.Tensor:
-            return torch.cat([load(n, *s) for n, s in zip(names, shapes, strict=True)])
-
+        h = c.hidden_size
+        load = WeightLoader(checkpoint, dtype, device)
         self.embed = load("model.embed_tokens.weight", c.vocab_size, h)
         if c.tie_word_embeddings and "lm_head.weight" not in checkpoint:
             self.lm_head = self.embed
@@ -152,20 +190,16 @@ class LlamaModel:
             p = f"model.layers.{i}."
             attn = [p + f"self_attn.{x}_proj" for x in "qkv"]
             attn_shapes = [(c.q_size,), (c.kv_size,), (c.kv_size,)]
-            mlp = [p + "mlp.gate_proj", p + "mlp.up_proj"]
-            ab, mb = c.attention_bias, c.mlp_bias
+            ab = c.attention_bias
             self.layers.append(
                 LayerWeights(
                     input_norm=load(p + "input_layernorm.weight", h),
-                    qkv=cat([n + ".weight" for n in attn], [(s[0], h) for s in attn_shapes]),
-                    qkv_bias=cat([n + ".bias" for n in attn], attn_shapes) if ab else None,
+                    qkv=load.cat([n + ".weight" for n in attn], [(s[0], h) for s in attn_shapes]),
+                    qkv_bias=load.cat([n + ".bias" for n in attn], attn_shapes) if ab else None,
                     o=load(p + "self_attn.o_proj.weight", h, c.q_size),
                     o_bias=load(p + "self_attn.o_proj.bias", h) if ab else None,
                     post_norm=load(p + "post_attention_layernorm.weight", h),
-                    gate_up=cat([n + ".weight" for n in mlp], [(inter, h)] * 2),
-                    gate_up_bias=cat([n + ".bias" for n in mlp], [(inter,)] * 2) if mb else None,
-                    down=load(p + "mlp.down_proj.weight", h, inter),
-                    down_bias=load(p + "mlp.down_proj.bias", h) if mb else None,
+                    mlp=self._load_mlp(load, p),
                 )
             )
         # Rotary tables for every position, fp32 like transformers, then the model dtype.
@@ -176,6 +210,21 @@ class LlamaModel:
         self.sin = emb.sin().to(device=device, dtype=dtype)
         self.scale = c.head_dim**-0.5
 
+    def _load_mlp(self, load: WeightLoader, prefix: str) -> FeedForward:
+        """The feed-forward block of the layer whose tensors start with ``prefix``: the
+        SwiGLU MLP, or Mixtral's experts when the config has ``num_local_experts``."""
+        c = self.config
+        if c.num_local_experts:
+            return SparseMoE.load(load, prefix, c)
+        h, inter = c.hidden_size, c.intermediate_size
+        names, bias = [prefix + "mlp.gate_proj", prefix + "mlp.up_proj"], c.mlp_bias
+        return DenseMLP(
+            gate_up=load.cat([n + ".weight" for n in names], [(inter, h)] * 2),
+            gate_up_bias=load.cat([n + ".bias" for n in names], [(inter,)] * 2) if bias else None,
+            down=load(prefix + "mlp.down_proj.weight", h, inter),
+            down_bias=load(prefix + "mlp.down_proj.bias", h) if bias else None,
+        )
+
     @classmethod
     def from_dir(
         cls,
@@ -184,7 +233,7 @@ class LlamaModel:
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
         max_positions: int | None = None,
-    ) -> LlamaModel:
+    ) -> Self:
         """Load ``config.json`` and the safetensors weights of ``model_dir``."""
         config = LlamaConfig.from_dir(model_dir)
         return cls(
@@ -228,9 +277,7 @@ class LlamaModel:
             kv_cache.write(i, plan.slots, k, v)
             o = attention(q, k, v, kv_cache.keys[i], kv_cache.values[i], plan, self.scale)
             x = x + F.linear(o.reshape(t, c.q_size), w.o, w.o_bias)
-            h = rms_norm(x, w.post_norm, c.rms_norm_eps)
-            gate, up = F.linear(h, w.gate_up, w.gate_up_bias).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, w.down, w.down_bias)
+            x = x + w.mlp(rms_norm(x, w.post_norm, c.rms_norm_eps))
         # Only the rows whose logits are wanted go through the final norm and the LM head.
         x = rms_norm(x.index_select(0, logit_rows), self.norm, c.rms_norm_eps)
         return F.linear(x, self.lm_head).float()
