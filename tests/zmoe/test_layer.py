@@ -117,3 +117,34 @@ def test_residual_mixes_a_dense_copy() -> None:
     assert layer.mlp is not None and layer.coefficient.weight.shape == (2, 16)
     out.sum().backward()
     assert layer.coefficient.weight.grad is not None and layer.mlp[0].weight.grad is not None
+
+
+def test_grouped_gemm_experts_equal_one_call_per_expert() -> None:
+    grouped = build(k=2, drop_tokens=False)
+    looped = build(k=2, drop_tokens=False)
+    looped.experts.grouped = False
+    with torch.no_grad():  # expert 3 gets no token
+        for layer in (grouped, looped):
+            layer.gate.wg.weight[3] = -10.0
+    x = torch.randn(40, 16).abs()
+    outs = []
+    for layer in (grouped, looped):
+        xi = x.clone().requires_grad_()
+        out, _, counts = layer(xi)
+        assert counts[3] == 0
+        out.sum().backward()
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in layer.parameters()]
+        outs.append((out, xi.grad, grads))
+    assert grouped.experts.grouped or not hasattr(torch, "_grouped_mm")
+    torch.testing.assert_close(outs[0][0], outs[1][0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(outs[0][1], outs[1][1], atol=1e-5, rtol=1e-5)
+    for a, b in zip(outs[0][2], outs[1][2], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_all_to_all_on_one_process_copies() -> None:
+    from zcore.comm.collectives import Comm
+
+    inp, out = torch.arange(6.0).view(3, 2), torch.zeros(3, 2)
+    Comm(None, 0, 1, 5.0).all_to_all_single(out, inp, None, None, "a2a").wait()
+    assert torch.equal(out, inp)
