@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.utils.models import smollm2_dir
-from zserve.pipeline import pipeline
+from zserve.pipelines import pipeline
 
 PROMPTS = [
     "To be, or not to be: that is the question:",
@@ -44,7 +44,7 @@ def test_a_long_chunked_prefill_is_progress(pipe, monkeypatch: pytest.MonkeyPatc
     """Prefill steps return no output but compute their chunk: a prompt of many chunks
     (here ~3 forwards of 32 tokens with a no-progress limit of 1) must not be taken for
     a stuck engine."""
-    import zserve.pipeline as zp
+    import zserve.pipelines as zp
 
     monkeypatch.setattr(zp, "_MAX_IDLE_STEPS", 1)
     prompt = " ".join([PROMPTS[0]] * 8)  # ~100 tokens

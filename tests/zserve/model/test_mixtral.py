@@ -33,7 +33,7 @@ from tests.zserve.server.conftest import serving
 from tests.zserve.tiny_llama import hf_greedy, tiny_mixtral
 from zserve.engine import Engine
 from zserve.model import LlamaConfig, LlamaModel, SparseMoE, WeightsMismatchError
-from zserve.pipeline import pipeline
+from zserve.pipelines import pipeline
 from zserve.runner import ModelRunner, SeqChunk
 
 BLOCK, NUM_BLOCKS = 8, 64

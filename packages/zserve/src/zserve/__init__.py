@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from zserve.config import EngineConfig
     from zserve.engine import Engine, make_engine
     from zserve.outputs import Completion, RequestOutput
-    from zserve.pipeline import Pipeline, pipeline
+    from zserve.pipelines import Pipeline, pipeline
     from zserve.runner import ModelRunner, SeqChunk
     from zserve.sampling import SamplingParams
 
@@ -29,8 +29,10 @@ _EXPORTS = {
     "make_engine": "zserve.engine",
     "Completion": "zserve.outputs",
     "RequestOutput": "zserve.outputs",
-    "Pipeline": "zserve.pipeline",
-    "pipeline": "zserve.pipeline",
+    # The module is `pipelines`, not `pipeline`: importing a submodule binds it as an
+    # attribute of this package, which would shadow the lazily exported function.
+    "Pipeline": "zserve.pipelines",
+    "pipeline": "zserve.pipelines",
     "ModelRunner": "zserve.runner",
     "SeqChunk": "zserve.runner",
     "SamplingParams": "zserve.sampling",

@@ -1,4 +1,6 @@
-"""`zserve.pipeline`: the non-persistent API.
+"""The non-persistent API, exported as `zserve.pipeline` (the function).
+
+The module is named `pipelines` so that importing it never rebinds `zserve.pipeline`.
 
     pipe = zserve.pipeline(model_dir, policy="splitfuse")
     [c.text for c in pipe(["To be, or not to be", "Once more unto the breach"],
