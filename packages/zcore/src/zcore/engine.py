@@ -23,9 +23,11 @@ from torch.utils.hooks import RemovableHandle
 
 from zcore.comm import mesh_for_config
 from zcore.config import ZConfig
+from zcore.lr_schedules.attach import engine_scheduler
 from zcore.monitor import MonitorMaster
 from zcore.optim.factory import build_inner_optimizer
 from zcore.precision import LossScaler, model_dtype
+from zcore.zero.axes import bind_model, group_axes, mesh_request, param_axis, split_groups
 from zcore.zero.backends import optimizer_backend, param_backend
 from zcore.zero.collectives import collectives_for
 from zcore.zero.optimizer import ZeroOptimizer
@@ -62,7 +64,10 @@ class ZEngine:
         zc = config.zero_optimization
         first = next(iter(model.parameters()), None)
         device = first.device if first is not None else torch.device("cpu")
-        self.mesh = mesh_for_config(config, device)
+        self.mesh = mesh_for_config(config, device, mesh_request(model).get("ep", 1))
+        bind_model(model, self.mesh)
+        self.axes = group_axes(self.mesh)
+        """The axes a parameter group is sharded over: ``dp``, ``edp`` (experts)."""
         self.comm = self.mesh.comm("dp")
         """Collectives over the ZeRO axis (what stages 1-3 shard across)."""
         self.replicas = self.mesh.comm("dp_replicate")
@@ -98,10 +103,18 @@ class ZEngine:
             self.stage3.prefetch_elems = int(zc.stage3_prefetch_bucket_size)
             self.stage3.max_live_elems = int(zc.stage3_max_live_parameters)
             self.stage3.max_reuse_elems = int(zc.stage3_max_reuse_distance)
+            self.stage3.axis_comms = {a: ax.shard for a, ax in self.axes.items()}
             for n, p in named:
                 if p not in self.stage3.params:  # zero.Init broadcast its own already
-                    self._broadcast([p.data])
+                    self._broadcast([p.data], param_axis(p))
                     self.stage3.partition(p, n)
+                elif param_axis(p) != "dp" and self.mesh.spec.ep > 1:
+                    raise ValueError(
+                        f"expert parameter `{n}` was partitioned by zero.Init over every "
+                        "data-parallel rank, but experts are cut across the expert-data-"
+                        f"parallel ranks (ep {self.mesh.spec.ep}); build MoE layers outside "
+                        "zero.Init (each rank builds only its own experts)"
+                    )
             self.stage3.collectives = self.collectives
             self.stage3.cast_(self.dtype)
             off_param = zc.offload_param
@@ -113,9 +126,11 @@ class ZEngine:
             self.stage3.install(model)
         else:
             model.to(self.dtype)
-            self._broadcast([p.data for _, p in named] + list(model.buffers()))
+            for axis in self.axes:
+                self._broadcast([p.data for _, p in named if param_axis(p) == axis], axis)
+            self._broadcast(list(model.buffers()))
 
-        groups = self._param_groups(named, optimizer, model_parameters)
+        groups = split_groups(self._param_groups(named, optimizer, model_parameters))
         accum = config.data_types.grad_accum_dtype
         comm_dtype = config.communication_data_type
         offload = zc.offload_optimizer
@@ -143,6 +158,7 @@ class ZEngine:
             replicas=self.replicas,
             collectives=self.collectives,
             store=store,
+            axes=self.axes,
         )
         self.optimizer = self.zopt.optimizer
         # Kept so that destroy() can take them off again: each one holds this engine, and
@@ -152,7 +168,7 @@ class ZEngine:
             for p in ps:
                 self._grad_hooks.append(p.register_post_accumulate_grad_hook(self._on_grad))
                 p._z_on_edit = [self.zopt.refresh_master]  # type: ignore[attr-defined]
-        self.lr_scheduler = self._scheduler(lr_scheduler)
+        self.lr_scheduler = engine_scheduler(config, self.optimizer, lr_scheduler)
         self.monitor = MonitorMaster(
             config.csv_monitor.model_dump(), config.tensorboard.model_dump(), rank=self.rank
         )
@@ -163,11 +179,12 @@ class ZEngine:
             return "none"
         return str(torch.distributed.get_backend(self.comm.group))
 
-    def _broadcast(self, tensors: list[torch.Tensor]) -> None:
-        """Start every data-parallel rank from rank 0's values (as DistributedDataParallel does)."""
+    def _broadcast(self, tensors: list[torch.Tensor], axis: str = "dp") -> None:
+        """Start every rank from the values of the first rank of ``axis`` (as
+        DistributedDataParallel does; experts: the first rank holding the same experts)."""
         for t in tensors:
             if t.numel():
-                self.mesh.broadcast_from_first(t, "broadcast(initial parameters)")
+                self.axes[axis].broadcast_from_first(t, "broadcast(initial parameters)")
 
     def _cast_buffers(self) -> None:
         for m in self.module.modules():
@@ -200,29 +217,6 @@ class ZEngine:
                 )
             groups.append({**g, "params": params})
         return groups
-
-    def _scheduler(self, lr_scheduler: Any) -> Any:
-        if lr_scheduler is None and self.config.scheduler is not None:
-            from zcore.lr_schedules import build_scheduler
-
-            sc = self.config.scheduler
-            return build_scheduler(sc.type, self.optimizer, sc.params.model_dump())
-        if lr_scheduler is None:
-            return None
-        if isinstance(lr_scheduler, torch.optim.lr_scheduler.LRScheduler):
-            if len(lr_scheduler.optimizer.param_groups) != len(self.optimizer.param_groups):
-                raise ValueError(
-                    "lr_scheduler was built for an optimizer with "
-                    f"{len(lr_scheduler.optimizer.param_groups)} param groups, the engine's has "
-                    f"{len(self.optimizer.param_groups)}; pass a callable `lambda opt: ...`"
-                )
-            for g, lr in zip(self.optimizer.param_groups, lr_scheduler.get_last_lr(), strict=True):
-                g["lr"] = lr
-            lr_scheduler.optimizer = self.optimizer
-            return lr_scheduler
-        if callable(lr_scheduler):
-            return lr_scheduler(self.optimizer)
-        raise TypeError(f"lr_scheduler must be an LRScheduler or a callable, got {lr_scheduler!r}")
 
     # -- the training step ----------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -258,7 +252,7 @@ class ZEngine:
         start = time.perf_counter()
         (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
         if self._sync:
-            self.zopt.reducer.finish()
+            self.zopt.finish_reduction()
         if self.stage3 is not None:
             self.stage3.end_backward()
         self._times["backward"] += time.perf_counter() - start

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zcore.comm.collectives import Comm
+from zcore.zero import register_external_parameter
 from zmoe import capacity, dropless
 from zmoe.experts import Experts
 from zmoe.gating import NOISY_POLICIES, ROUTERS, Routing, TopKRouter
@@ -147,6 +148,10 @@ class MoE(nn.Module):
         if use_residual:
             self.mlp = copy.deepcopy(expert)
             self.coefficient = nn.Linear(hidden_size, 2)
+        # the gate and the grouped GEMMs read their weights without calling the modules that
+        # own them: at ZeRO stage 3 this layer's forward gathers them all
+        for p in self.parameters():
+            register_external_parameter(self, p)
         self._ep_comm: Comm | None = None
         self._world_comm: Comm | None = None
         self.last_stats: MoEStats | None = None

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -187,9 +187,12 @@ class NvmeStore(OptimizerStore):
         writes, self._grad_writes, self._grad_write_elems = self._grad_writes, [], 0
         self._grad_failure = self._grad_failure or wait_all(writes)
 
-    def grad_sq_norm(self) -> float:
+    def grad_sq_norm(self, groups: Sequence[int] | None = None) -> float:
         self._finish_grad_writes()
-        return sum(sq for sq, _ in self._written.values())
+        if groups is None:
+            return sum(sq for sq, _ in self._written.values())
+        picked = set(groups)
+        return sum(sq for (g, _), (sq, _) in self._written.items() if g in picked)
 
     def grads_nonfinite(self) -> bool:
         self._finish_grad_writes()

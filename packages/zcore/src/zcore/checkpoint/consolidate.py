@@ -7,8 +7,9 @@ from pathlib import Path
 import torch
 
 from zcore.checkpoint.files import CheckpointError, load_json, load_torch
-from zcore.checkpoint.sharded import FORMAT, rank_file, resolve_tag
-from zcore.zero.layout import GroupLayout
+from zcore.checkpoint.rank_files import file_pieces, listed_files
+from zcore.checkpoint.sharded import FORMAT, resolve_tag
+from zcore.zero.layout import GroupLayout, ParamShard
 
 
 def consolidate(checkpoint_dir: str, tag: str | None = None) -> dict[str, torch.Tensor]:
@@ -25,13 +26,21 @@ def consolidate(checkpoint_dir: str, tag: str | None = None) -> dict[str, torch.
             f"`{path}` has format {manifest.get('format')!r}, expected {FORMAT!r}"
         )
     layouts = [GroupLayout.from_json(g) for g in manifest["groups"]]
-    world = int(manifest["shard_world"])
-    shards = [load_torch(path / rank_file(r))["master"] for r in range(world)]
+    # every slot of every parameter, from whichever rank file holds it
+    slots: dict[str, tuple[ParamShard, dict[int, torch.Tensor]]] = {}
+    for name in listed_files(manifest):
+        shard = load_torch(path / name)
+        for g, piece in enumerate(file_pieces(manifest, name, shard, layouts)):
+            if piece is None:
+                continue
+            layout, rank = piece
+            for s in layout.shards:
+                slot = shard["master"][g][s.offset : s.offset + s.shard_size]
+                slots.setdefault(s.name, (s, {}))[1][rank] = slot
     out: dict[str, torch.Tensor] = {}
-    for g, layout in enumerate(layouts):
-        for s in layout.shards:
-            pieces = [shards[r][g][s.offset : s.offset + s.shard_size] for r in range(world)]
-            out[s.name] = torch.cat(pieces)[: s.numel].view(s.shape).float().clone()
+    for s, held in slots.values():
+        pieces = [held[r] for r in sorted(held)]
+        out[s.name] = torch.cat(pieces)[: s.numel].view(s.shape).float().clone()
     common = load_torch(path / "common.pt")
     for name, value in common["frozen"].items():
         out[name] = value.float().clone() if value.is_floating_point() else value.clone()

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from zcore.checkpoint.files import CheckpointError, load_json, load_torch
-from zcore.checkpoint.sharded import FORMAT, rank_file, resolve_tag
-from zcore.zero.layout import GroupLayout, copy_ranges
+from zcore.checkpoint.rank_files import file_pieces, listed_files
+from zcore.checkpoint.sharded import FORMAT, resolve_tag
+from zcore.zero.layout import GroupLayout, ParamShard, copy_ranges
 
 if TYPE_CHECKING:
     from zcore.engine import ZEngine
@@ -93,7 +94,8 @@ def _read(engine: ZEngine, root: Path, tag: str | None, load_optimizer: bool) ->
             f"`{path / 'manifest.json'}` lacks or mangles {err}; {_DAMAGED}"
         ) from err
     zopt = engine.zopt
-    _check_layouts(path, old_layouts, zopt.layouts, shard_world)
+    axes = manifest.get("axes") or ["dp"] * len(old_layouts)
+    _check_layouts(path, old_layouts, zopt.layouts, shard_world, axes)
     if load_optimizer:
         _check_optimizer(path, manifest.get("optimizer"), type(zopt.optimizer).__name__)
 
@@ -101,12 +103,15 @@ def _read(engine: ZEngine, root: Path, tag: str | None, load_optimizer: bool) ->
     masters = [_buffer_for(t, zopt.master) for t in targets]
     states: list[dict[str, Any]] = [{} for _ in targets]
     copied = [0] * len(targets)
-    for src in range(shard_world):
-        got = _read_shard(path / rank_file(src), src, old_layouts, zopt, masters,
-                          states if load_optimizer else None)  # fmt: skip
+    seen: list[dict[str, ParamShard]] = [{} for _ in targets]
+    for name in listed_files(manifest):
+        got = _read_shard(path / name, manifest, old_layouts, zopt, masters,
+                          states if load_optimizer else None, seen)  # fmt: skip
         copied = [a + b for a, b in zip(copied, got, strict=True)]
     for g, new in enumerate(zopt.layouts):
-        want = sum(hi - lo for lo, hi in (d.owned(zopt.shard_rank) for d in new.shards))
+        if axes[g] != "dp":  # expert layouts differ per file: check against what they held
+            _check_names(path, GroupLayout(tuple(seen[g].values()), 0), new)
+        want = sum(hi - lo for lo, hi in (d.owned(zopt.group_rank(g)) for d in new.shards))
         if copied[g] != want:
             raise CheckpointError(
                 f"the rank files of `{path}` hold {copied[g]} of the {want} values this rank "
@@ -138,31 +143,44 @@ def _buffer_for(target: torch.Tensor, live: list[torch.Tensor]) -> torch.Tensor:
 
 
 def _check_layouts(
-    path: Path, old_layouts: list[GroupLayout], new_layouts: list[GroupLayout], shard_world: int
+    path: Path,
+    old_layouts: list[GroupLayout],
+    new_layouts: list[GroupLayout],
+    shard_world: int,
+    axes: list[str],
 ) -> None:
-    """Every trainable parameter of the engine is in the checkpoint, with the same shape."""
-    if len(old_layouts) != len(new_layouts):
+    """Every trainable parameter of the engine's dense groups is in the checkpoint, with the
+    same shape (expert groups: checked against the rank files once they are read)."""
+    if len(old_layouts) != len(new_layouts) or len(axes) != len(old_layouts):
         raise CheckpointError(
             f"`{path}` has {len(old_layouts)} parameter groups, the engine has "
-            f"{len(new_layouts)}; build the optimizer with the same param groups"
+            f"{len(new_layouts)}; build the optimizer with the same param groups (and the "
+            "model with the same expert layers)"
         )
-    for old, new in zip(old_layouts, new_layouts, strict=True):
+    for old, new, axis in zip(old_layouts, new_layouts, axes, strict=True):
+        if axis != "dp":
+            continue
         if old.world != shard_world:
             raise CheckpointError(
                 f"`{path / 'manifest.json'}` says {shard_world} rank files but cuts its "
                 f"groups for {old.world}; {_DAMAGED}"
             )
-        saved = {s.name: s for s in old.shards}
-        missing = [d.name for d in new.shards if d.name not in saved]
-        if missing:
-            raise CheckpointError(
-                f"`{path}` has no values for {missing[:5]} (model changed since the save?); "
-                "load it into the model it was saved from"
-            )
-        changed = [(d.name, saved[d.name].shape, d.shape) for d in new.shards
-                   if tuple(saved[d.name].shape) != tuple(d.shape)]  # fmt: skip
-        if changed:
-            _raise_shapes(path, "parameter", changed)
+        _check_names(path, old, new)
+
+
+def _check_names(path: Path, old: GroupLayout, new: GroupLayout) -> None:
+    """Every parameter of ``new`` is in ``old``, with the same shape."""
+    saved = {s.name: s for s in old.shards}
+    missing = [d.name for d in new.shards if d.name not in saved]
+    if missing:
+        raise CheckpointError(
+            f"`{path}` has no values for {missing[:5]} (model changed since the save?); "
+            "load it into the model it was saved from"
+        )
+    changed = [(d.name, saved[d.name].shape, d.shape) for d in new.shards
+               if tuple(saved[d.name].shape) != tuple(d.shape)]  # fmt: skip
+    if changed:
+        _raise_shapes(path, "parameter", changed)
 
 
 def _raise_shapes(path: Path, kind: str, changed: list[tuple[str, Any, Any]]) -> None:
@@ -194,28 +212,38 @@ def _check_optimizer(path: Path, saved: str | None, current: str) -> None:
 
 def _read_shard(
     file: Path,
-    src: int,
+    manifest: dict[str, Any],
     old_layouts: list[GroupLayout],
     zopt: ZeroOptimizer,
     masters: list[torch.Tensor],
     states: list[dict[str, Any]] | None,
+    seen: list[dict[str, ParamShard]],
 ) -> list[int]:
-    """Copy what this rank needs from rank file ``src`` into ``masters`` (and ``states``);
-    returns how many master values each group got."""
+    """Copy what this rank needs from rank file ``file`` into ``masters`` (and ``states``);
+    returns how many master values each group got, and adds the parameters the file holds
+    to ``seen``."""
     shard = load_torch(file)
     saved_master = shard.get("master") if isinstance(shard, dict) else None
     saved_state = shard.get("optimizer") if isinstance(shard, dict) else None
-    if (
-        not isinstance(saved_master, list | tuple)
-        or len(saved_master) != len(old_layouts)
-        or not isinstance(saved_state, dict)
-    ):
+    pieces = None
+    if isinstance(saved_master, list | tuple) and isinstance(saved_state, dict):
+        try:
+            pieces = file_pieces(manifest, file.name, shard, old_layouts)
+        except (KeyError, TypeError, ValueError):
+            pieces = None
+    if pieces is None or len(saved_master) != len(old_layouts) or len(pieces) != len(old_layouts):
         raise CheckpointError(
             f"`{file}` is not a rank file of this checkpoint (expected master values and "
             f"optimizer state for {len(old_layouts)} parameter groups); {_DAMAGED}"
         )
     copied = []
-    for g, (old, new) in enumerate(zip(old_layouts, zopt.layouts, strict=True)):
+    for g, new in enumerate(zopt.layouts):
+        piece = pieces[g]
+        if piece is None:
+            copied.append(0)
+            continue
+        old, src = piece
+        seen[g].update((s.name, s) for s in old.shards)
         values = saved_master[g]
         if not torch.is_tensor(values) or values.ndim != 1 or values.numel() != old.numel:
             got = list(values.shape) if torch.is_tensor(values) else type(values).__name__
@@ -223,7 +251,12 @@ def _read_shard(
                 f"`{file}` holds master values of shape {got} for parameter group {g}, the "
                 f"manifest says [{old.numel}]; {_DAMAGED}"
             )
-        copied.append(copy_ranges(masters[g], new, zopt.shard_rank, values, old, src))
+        try:
+            copied.append(copy_ranges(masters[g], new, zopt.group_rank(g), values, old, src))
+        except ValueError as err:  # a shape differs (dense groups are checked before)
+            raise CheckpointError(
+                f"`{file}`: {err}; load it into the model it was saved from"
+            ) from err
         if states is None:
             continue
         for key, value in saved_state.get(g, {}).items():
@@ -231,8 +264,8 @@ def _read_shard(
                 mine = states[g].get(key)
                 if mine is None:
                     mine = states[g][key] = torch.zeros(new.numel, dtype=value.dtype)
-                copy_ranges(mine, new, zopt.shard_rank, value, old, src)
-            elif src == 0:  # per-group scalars (the step count) are the same on every rank
+                copy_ranges(mine, new, zopt.group_rank(g), value, old, src)
+            elif key not in states[g]:  # per-group scalars (the step count): same everywhere
                 states[g][key] = value.clone() if torch.is_tensor(value) else value
     return copied
 

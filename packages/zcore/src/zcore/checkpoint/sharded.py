@@ -63,7 +63,6 @@ def save(engine: ZEngine, save_dir: str, tag: str | None, client_state: dict, la
     tmp = root / f".tmp-{tag}"
     # votes span every rank of the job; replicas of a partition (MiCS) write it once
     zopt, comm = engine.zopt, engine.world_comm
-    first_replica = engine.replicas.rank == 0
     failure = ""
     try:
         if engine.rank == 0:
@@ -77,14 +76,17 @@ def save(engine: ZEngine, save_dir: str, tag: str | None, client_state: dict, la
 
     frozen, buffers = _frozen_and_buffers(engine)  # collective at stage 3
     parts = engine.state_parts()
-    writes_shard = first_replica and (zopt.shard_world > 1 or engine.rank == 0)
+    owned = [zopt.owns_group(g) for g in range(len(zopt.layouts))]
+    files = _written_files(engine, any(owned))  # collective
     try:
-        if writes_shard:
+        if any(owned):
+            master, state = zopt.master_for_save(), zopt.optimizer_state_for_save()
             shard = {
-                "master": zopt.master_for_save(),
-                "optimizer": zopt.optimizer_state_for_save(),
+                "master": [m if own else m[:0] for m, own in zip(master, owned, strict=True)],
+                "optimizer": {g: s for g, s in state.items() if owned[g]},
+                "groups": [_piece(zopt, g) if own else None for g, own in enumerate(owned)],
             }
-            save_torch(shard, tmp / rank_file(zopt.shard_rank))
+            save_torch(shard, tmp / rank_file(engine.data_rank))
         if engine.rank == 0:
             common = {
                 "frozen": frozen,
@@ -108,7 +110,7 @@ def save(engine: ZEngine, save_dir: str, tag: str | None, client_state: dict, la
 
     if engine.rank == 0:
         try:
-            save_json(_manifest(engine, tag), tmp / "manifest.json")
+            save_json(_manifest(engine, tag, files), tmp / "manifest.json")
             final, old = root / tag, root / f".old-{tag}"
             if final.exists():
                 shutil.rmtree(old, ignore_errors=True)
@@ -125,16 +127,38 @@ def save(engine: ZEngine, save_dir: str, tag: str | None, client_state: dict, la
     return str(root / tag)
 
 
-def _manifest(engine: ZEngine, tag: str) -> dict[str, Any]:
+def _piece(zopt: Any, g: int) -> dict[str, Any]:
+    """What a rank file says of its slot of group ``g`` (:mod:`.rank_files` reads it)."""
+    return {"layout": zopt.layouts[g].to_json(), "rank": zopt.group_rank(g),
+            "axis": zopt.group_axis[g]}  # fmt: skip
+
+
+def _written_files(engine: ZEngine, writes: bool) -> dict[str, dict[str, int]]:
+    """Every rank file of this save and its coordinates on the mesh (collective)."""
+    mesh = engine.mesh
+    axes = ("dp", "ep", "edp") if mesh.spec.ep > 1 else ("dp",)
+    mine = [engine.data_rank if writes else -1, *(mesh.coordinate(a) for a in axes)]
+    inp = torch.tensor(mine, dtype=torch.int64)
+    out = torch.empty(engine.world_comm.size * len(mine), dtype=torch.int64)
+    engine.world_comm.all_gather(out, inp, "all_gather(checkpoint rank files)").wait()
+    files = {}
+    for row in out.view(-1, len(mine)).tolist():
+        if row[0] >= 0:
+            files[rank_file(row[0])] = dict(zip(axes, row[1:], strict=True))
+    return files
+
+
+def _manifest(engine: ZEngine, tag: str, files: dict[str, dict[str, int]]) -> dict[str, Any]:
     zopt, parts = engine.zopt, engine.state_parts()
     return {
         "format": FORMAT,
         "tag": tag,
         "world_size": engine.world_size,
         "shard_world": zopt.shard_world,
-        # the job's mesh, and where each rank file sits on it (its coordinate on `dp`)
+        # the job's mesh, and where each rank file sits on it
         "mesh": engine.mesh.describe(),
-        "files": {rank_file(r): {"dp": r} for r in range(zopt.shard_world)},
+        "files": files,
+        "axes": zopt.group_axis,
         "stage": engine.stage,
         "dtype": str(engine.dtype).removeprefix("torch."),
         "optimizer": type(zopt.optimizer).__name__,

@@ -141,28 +141,30 @@ class MeshSpec:
         }
 
 
-def spec_from_config(config: Any, world: int) -> MeshSpec:
+def spec_from_config(config: Any, world: int, ep: int = 1) -> MeshSpec:
     """The mesh a :class:`~zcore.config.ZConfig` asks for on ``world`` ranks.
 
     ``zero_optimization.mics_shard_size`` (DeepSpeed's MiCS; -1: every rank) sizes ``dp``
-    and leaves the rest as replicas; ``zero_hpz_partition_size`` sizes ``dp_local``.
-    Pipeline, tensor and expert parallelism add their sizes here as they land.
+    and leaves the rest as replicas; ``zero_hpz_partition_size`` sizes ``dp_local``. ``ep``
+    comes from the model (its MoE layers' ``ep_size``, as in DeepSpeed, not the config).
+    Pipeline and tensor parallelism add their sizes here as they land.
     """
     zc = config.zero_optimization
     mics = int(getattr(zc, "mics_shard_size", -1) or -1)
     hpz = int(getattr(zc, "zero_hpz_partition_size", 1) or 1)
     try:
-        return MeshSpec.resolve(world, dp=None if mics <= 0 else mics, dp_local=hpz)
+        return MeshSpec.resolve(world, dp=None if mics <= 0 else mics, dp_local=hpz, ep=ep)
     except MeshError as err:
         raise MeshError(f"{err} (zero_optimization: mics_shard_size {mics}, "
-                        f"zero_hpz_partition_size {hpz})") from None  # fmt: skip
+                        f"zero_hpz_partition_size {hpz}; the model's ep_size {ep})") from None  # fmt: skip
 
 
-def mesh_for_config(config: Any, device: torch.device | str | None = None) -> Mesh:
-    """Join the job (if launched) and return its mesh as ``config`` sizes it (shared)."""
+def mesh_for_config(config: Any, device: torch.device | str | None = None, ep: int = 1) -> Mesh:
+    """Join the job (if launched) and return its mesh as ``config`` (and the model's
+    expert-parallel size ``ep``) sizes it (shared)."""
     backend = None if device is None else backend_for(device)
     world = dist.get_world_size() if init_distributed(config.comm_timeout_s, backend) else 1
-    return job_mesh(spec_from_config(config, world), config.comm_timeout_s, device)
+    return job_mesh(spec_from_config(config, world, ep), config.comm_timeout_s, device)
 
 
 @dataclass

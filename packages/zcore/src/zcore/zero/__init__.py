@@ -1,10 +1,12 @@
 """ZeRO: partitioned optimizer state (stage 1), gradients (2) and parameters (3).
 
 :class:`Init` builds a model already partitioned for stage 3 and
-:class:`GatheredParameters` gives temporary full access to partitioned parameters.
+:class:`GatheredParameters` gives temporary full access to partitioned parameters;
+:func:`register_external_parameter` gathers a parameter around another module's use.
 """
 
 from zcore.zero.init import GatheredParameters, Init
 from zcore.zero.layout import GroupLayout, ParamShard
+from zcore.zero.stage3 import register_external_parameter
 
-__all__ = ["GatheredParameters", "GroupLayout", "Init", "ParamShard"]
+__all__ = ["GatheredParameters", "GroupLayout", "Init", "ParamShard", "register_external_parameter"]

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from zcore.comm import Comm
+from zcore.zero.axes import GroupAxis
 from zcore.zero.collectives import Collectives
 from zcore.zero.layout import GroupLayout, ParamShard, from_slots, own_slot
 from zcore.zero.reducer import GradReducer
@@ -52,20 +53,28 @@ class ZeroOptimizer:
         replicas: Comm | None = None,
         collectives: Collectives | None = None,
         store: OptimizerStore | None = None,
+        axes: dict[str, GroupAxis] | None = None,
     ) -> None:
         self.stage = stage
         self.comm = comm
         data_parallel = comm.size * (replicas.size if replicas is not None else 1)
+        self.axes = axes or {"dp": GroupAxis("dp", comm, replicas)}
+        """The axes groups are sharded over (:mod:`zcore.zero.axes`); ``"dp"`` always."""
         self.collectives = collectives or Collectives()
         self.stage3 = stage3
         self.shard_world = comm.size if stage >= 1 else 1
+        """Ranks the dense (``dp``) groups are cut across; see :meth:`group_world`."""
         self.shard_rank = comm.rank if stage >= 1 else 0
         self.allgather_bucket_elems = max(1, allgather_bucket_elems)
         self.allgather_partitions = allgather_partitions
         self.params: list[list[nn.Parameter]] = [list(g["params"]) for g in groups]
+        self.group_axis: list[str] = [g.get("axis", "dp") for g in groups]
+        """The axis each group is sharded and reduced over."""
+        for axis in set(self.group_axis) - set(self.axes):
+            raise ValueError(f"a param group has axis {axis!r}; the axes are {sorted(self.axes)}")
         self.layouts = [
-            GroupLayout.build([(names[p], tuple(self._shape(p))) for p in ps], self.shard_world)
-            for ps in self.params
+            GroupLayout.build([(names[p], tuple(self._shape(p))) for p in ps], self.group_world(g))
+            for g, ps in enumerate(self.params)
         ]
         self.where: dict[nn.Parameter, tuple[int, ParamShard]] = {}
         for g, (ps, layout) in enumerate(zip(self.params, self.layouts, strict=True)):
@@ -75,25 +84,55 @@ class ZeroOptimizer:
         self._gather_out: dict[torch.dtype, torch.Tensor] = {}
         self.store = store or MemoryStore()
         """Where the master, the optimizer state and the gradient partitions live."""
-        hyper = [{k: v for k, v in g.items() if k != "params"} for g in groups]
+        hyper = [{k: v for k, v in g.items() if k not in ("params", "axis")} for g in groups]
         self.store.attach(self, make_optimizer, hyper)
-        self.reducer = GradReducer(
-            comm,
-            self.store.accumulate,
-            self.shard_world,
-            reduce_bucket_elems,
-            overlap_comm,
-            comm_dtype,
-            predivide=float(data_parallel if predivide is None else predivide),
-            postscale=1.0 if predivide is None else predivide / data_parallel,
-            reduce_scatter=reduce_scatter,
-            replicas=replicas,
-            collectives=self.collectives,
-            total_elems=sum(layout.numel for layout in self.layouts) * self.shard_world,
-        )
+        # one reducer per axis in use (dense first): each buckets its groups' gradients
+        self.reducers: dict[str, GradReducer] = {}
+        for axis in dict.fromkeys(["dp", *self.group_axis]):
+            ax = self.axes[axis]
+            world = ax.shard.size if stage >= 1 else 1
+            elems = sum(
+                layout.numel
+                for layout, a in zip(self.layouts, self.group_axis, strict=True)
+                if a == axis
+            )
+            self.reducers[axis] = GradReducer(
+                ax.shard,
+                self.store.accumulate,
+                world,
+                reduce_bucket_elems,
+                overlap_comm,
+                comm_dtype,
+                predivide=float(data_parallel if predivide is None else predivide),
+                postscale=1.0 if predivide is None else predivide / data_parallel,
+                reduce_scatter=reduce_scatter,
+                replicas=ax.replicas,
+                collectives=self.collectives,
+                total_elems=elems * world,
+            )
         if stage3 is not None:
             stage3.on_repartition.append(self.refresh_master)
         self.last_grad_norm: float | None = None
+
+    def group_world(self, g: int) -> int:
+        """Ranks group ``g`` is cut across (1 at stage 0)."""
+        return self.axes[self.group_axis[g]].shard.size if self.stage >= 1 else 1
+
+    def group_rank(self, g: int) -> int:
+        """This rank's slot in group ``g``'s layout."""
+        return self.axes[self.group_axis[g]].shard.rank if self.stage >= 1 else 0
+
+    def owns_group(self, g: int) -> bool:
+        """Whether this rank writes group ``g``'s partition to checkpoints: the first
+        replica of each slot (stage 0: of the whole group)."""
+        ax = self.axes[self.group_axis[g]]
+        first_replica = ax.replicas is None or ax.replicas.rank == 0
+        return first_replica and (self.stage >= 1 or ax.shard.rank == 0)
+
+    @property
+    def reducer(self) -> GradReducer:
+        """The dense (``dp``) groups' reducer."""
+        return self.reducers["dp"]
 
     # -- construction ---------------------------------------------------------------------
     def _shape(self, p: nn.Parameter) -> torch.Size:
@@ -103,10 +142,10 @@ class ZeroOptimizer:
 
     def slot_of(self, p: nn.Parameter) -> torch.Tensor:
         """This rank's slot of ``p`` as fp32 (from the stage-3 shard or the full value)."""
-        _, shard = self.where[p]
+        g, shard = self.where[p]
         if self.stage3 is not None and p in self.stage3.params:
             return self.stage3.shard_of(p).float()
-        return own_slot(p.data.float(), shard, self.shard_rank)
+        return own_slot(p.data.float(), shard, self.group_rank(g))
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -133,8 +172,13 @@ class ZeroOptimizer:
         if p.grad is None or p not in self.where:
             return
         g, shard = self.where[p]
-        self.reducer.add(g, shard, p.grad)
+        self.reducers[self.group_axis[g]].add(g, shard, p.grad)
         p.grad = None
+
+    def finish_reduction(self) -> None:
+        """Flush every axis's last bucket and wait for its collectives."""
+        for reducer in self.reducers.values():
+            reducer.finish()
 
     def reduce_leftovers(self) -> None:
         """Reduce gradients still held by parameters (accumulated under ``no_sync``)."""
@@ -142,7 +186,7 @@ class ZeroOptimizer:
             for p in ps:
                 if p.grad is not None:
                     self.on_grad(p)
-        self.reducer.finish()
+        self.finish_reduction()
 
     def zero_grad(self) -> None:
         self.store.zero_grad()
@@ -152,14 +196,34 @@ class ZeroOptimizer:
 
     # -- step -----------------------------------------------------------------------------
     def grads_overflow(self) -> bool:
-        local = self.store.grads_nonfinite()
-        return self.comm.max_flag(local, "all_reduce(fp16 overflow flag)")
+        flag = self.store.grads_nonfinite()
+        what = "all_reduce(fp16 overflow flag)"
+        if len(self.reducers) == 1:
+            return self.comm.max_flag(flag, what)
+        # the axes' shards and spreads together cover every data-parallel rank
+        for axis in self.reducers:
+            ax = self.axes[axis]
+            for comm in (ax.shard, ax.spread):
+                if comm is not None:
+                    flag = comm.max_flag(flag, what)
+        return flag
 
     def global_grad_norm(self, inv_scale: float) -> float:
-        sq = self.store.grad_sq_norm()
-        if self.shard_world > 1:
-            sq = self.comm.sum_scalar(sq, "all_reduce(gradient norm)")
-        return math.sqrt(sq) * inv_scale
+        if len(self.reducers) == 1:
+            sq = self.store.grad_sq_norm()
+            if self.shard_world > 1:
+                sq = self.comm.sum_scalar(sq, "all_reduce(gradient norm)")
+            return math.sqrt(sq) * inv_scale
+        total = 0.0
+        for axis in self.reducers:  # each axis's partitions, then across the ranks that differ
+            ax = self.axes[axis]
+            sq = self.store.grad_sq_norm([g for g, a in enumerate(self.group_axis) if a == axis])
+            if self.stage >= 1 and ax.shard.size > 1:
+                sq = ax.shard.sum_scalar(sq, f"all_reduce(gradient norm over {axis})")
+            if ax.spread is not None:
+                sq = ax.spread.sum_scalar(sq, f"all_reduce(gradient norm across {axis} spread)")
+            total += sq
+        return math.sqrt(total) * inv_scale
 
     def step(self, inv_scale: float, clip: float) -> float:
         """Unscale, clip by the global norm, step the master weights, publish them.
@@ -208,8 +272,17 @@ class ZeroOptimizer:
             self.all_gather_params(ps)
 
     def all_gather_params(self, params: list[nn.Parameter]) -> None:
-        """Every rank's slots of ``params`` → their full ``.data``, in buckets."""
-        w = self.shard_world
+        """Every rank's slots of ``params`` → their full ``.data``, in buckets (one run of
+        buckets per axis the parameters are sharded over)."""
+        axes = [self.group_axis[self.where[p][0]] for p in params]
+        for axis in dict.fromkeys(axes):
+            same = params if len(set(axes)) == 1 else [
+                p for p, a in zip(params, axes, strict=True) if a == axis
+            ]  # fmt: skip
+            self._all_gather_axis(same, self.axes[axis].shard)
+
+    def _all_gather_axis(self, params: list[nn.Parameter], comm: Comm) -> None:
+        w = comm.size if self.stage >= 1 else 1
         if w == 1:
             for p in params:
                 g, s = self.where[p]
@@ -233,12 +306,12 @@ class ZeroOptimizer:
             grid = out.view(w, -1)
             if self.allgather_partitions:
                 what = f"all_gather(updated parameters, {out.numel()} elems)"
-                self.collectives.all_gather(self.comm, out, inp, what).wait()
+                self.collectives.all_gather(comm, out, inp, what).wait()
             else:  # `allgather_partitions: false`: each rank broadcasts its slots
-                grid[self.shard_rank].copy_(inp)
+                grid[comm.rank].copy_(inp)
                 for r in range(w):
                     what = f"broadcast(updated parameters of rank {r}, {inp.numel()} elems)"
-                    self.comm.broadcast(grid[r], r, what).wait()
+                    comm.broadcast(grid[r], r, what).wait()
             col = 0
             for p in chunk:
                 _, s = self.where[p]

@@ -24,8 +24,29 @@ from torch import nn
 
 from zcore.comm import Comm, Handle
 from zcore.zero import linear as zero_linear
+from zcore.zero.axes import param_axis
 from zcore.zero.collectives import Collectives
 from zcore.zero.layout import ParamShard, from_slots, own_slot
+
+EXTERNAL = "zero_external_params"
+"""The module attribute listing the parameters :func:`register_external_parameter` added."""
+
+
+def register_external_parameter(module: nn.Module, parameter: nn.Parameter) -> None:
+    """At ZeRO stage 3, gather ``parameter`` around ``module``'s forward and backward too.
+
+    For a module that uses a parameter it does not own, or its submodules' parameters
+    without calling those submodules (an MoE layer stacking its experts' weights for one
+    grouped GEMM), as DeepSpeed's ``deepspeed.zero.register_external_parameter``. Call it
+    before ``zcore.initialize``; it does nothing at other stages.
+    """
+    listed = module.__dict__.setdefault(EXTERNAL, [])
+    if not any(q is parameter for q in listed):
+        listed.append(parameter)
+
+
+def _external(m: nn.Module) -> list[nn.Parameter]:
+    return m.__dict__.get(EXTERNAL, [])
 
 
 def _empty(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -42,6 +63,8 @@ class ShardedParam:
     numel: int
     shard_size: int
     persistent: bool
+    comm: Comm
+    """The ranks this parameter is cut across (its axis, :mod:`zcore.zero.axes`)."""
     status: str = "released"  # released | inflight | gathered
     pending: _Gather | None = None
 
@@ -56,6 +79,7 @@ class _Gather:
     handle: Handle
     out: torch.Tensor
     members: list[tuple[nn.Parameter, int]]
+    world: int
     done: bool = False
 
 
@@ -97,6 +121,8 @@ class Stage3Params:
         max_reuse_elems: int = 0,
     ) -> None:
         self.comm = comm
+        self.axis_comms: dict[str, Comm] = {"dp": comm}
+        """The comm of each axis a parameter may be cut across (the engine adds ``edp``)."""
         self.persistence_threshold = persistence_threshold
         self.prefetch_elems = prefetch_elems
         self.max_live_elems = max_live_elems
@@ -127,11 +153,19 @@ class Stage3Params:
         """Keep only this rank's slot of ``p`` (its full value must be identical on all ranks)."""
         if p in self.params:
             return
+        axis = param_axis(p)
+        comm = self.axis_comms.get(axis)
+        if comm is None:
+            raise ValueError(
+                f"parameter `{name}` is sharded over {axis}, which this stage-3 partitioner "
+                f"was not given (it has {', '.join(self.axis_comms)}); build the model "
+                "outside zero.Init and let zcore.initialize partition it"
+            )
         numel = p.numel()
-        size = -(-numel // self.comm.size)
+        size = -(-numel // comm.size)
         persistent = numel <= self.persistence_threshold
-        sp = ShardedParam(name, torch.empty(0), p.shape, numel, size, persistent)
-        sp.shard = own_slot(p.data, sp.slots, self.comm.rank)
+        sp = ShardedParam(name, torch.empty(0), p.shape, numel, size, persistent, comm)
+        sp.shard = own_slot(p.data, sp.slots, comm.rank)
         self.store.adopt(p, sp)
         self.params[p] = sp
         p.z_shape = p.shape  # type: ignore[attr-defined]
@@ -145,7 +179,7 @@ class Stage3Params:
     def repartition(self, p: nn.Parameter) -> None:
         """Take this rank's slot of ``p``'s current full value (after an edit) into its shard."""
         sp = self.params[p]
-        self.store.write(p, sp, own_slot(p.data, sp.slots, self.comm.rank), 0)
+        self.store.write(p, sp, own_slot(p.data, sp.slots, sp.comm.rank), 0)
         for fn in self.on_repartition:
             fn(p)
 
@@ -157,19 +191,25 @@ class Stage3Params:
 
     # -- gather / release ---------------------------------------------------------------
     def fetch(self, params: Iterable[nn.Parameter], what: str) -> None:
-        """Issue one all-gather for those of ``params`` not yet gathered or in flight."""
+        """Issue one all-gather (per axis) for those of ``params`` not yet gathered or in flight."""
         todo = [p for p in params if p in self.params and self.params[p].status == "released"]
         if not todo:
             return
-        w = self.comm.size
+        comms = {id(self.params[p].comm): self.params[p].comm for p in todo}
+        if len(comms) > 1:  # a module holding parameters of two axes: one gather each
+            for comm in comms.values():
+                self.fetch([p for p in todo if self.params[p].comm is comm], what)
+            return
+        comm = next(iter(comms.values()))
+        w = comm.size
         cols = sum(self.params[p].shard_size for p in todo)
         device = todo[0].device  # the shards may be offloaded; the gather runs here
         inp = torch.cat([self.shard_of(p) for p in todo]).to(device)
         out = torch.empty(w * cols, dtype=inp.dtype, device=device)
         what = f"all_gather({what}, {w * cols} elems)"
-        handle = self.collectives.all_gather(self.comm, out, inp, what)
+        handle = self.collectives.all_gather(comm, out, inp, what)
         members, col = [], 0
-        gather = _Gather(handle, out, members)
+        gather = _Gather(handle, out, members, w)
         for p in todo:
             sp = self.params[p]
             members.append((p, col))
@@ -191,8 +231,7 @@ class Stage3Params:
             return
         gather.handle.wait()
         gather.done = True
-        w = self.comm.size
-        grid = gather.out.view(w, -1)
+        grid = gather.out.view(gather.world, -1)
         for p, col in gather.members:
             sp = self.params[p]
             if sp.status != "inflight" or sp.pending is not gather:
@@ -228,7 +267,7 @@ class Stage3Params:
     # -- hooks --------------------------------------------------------------------------
     def install(self, module: nn.Module) -> None:
         for m in module.modules():
-            if any(p in self.params for p in m.parameters(recurse=False)):
+            if any(p in self.params for p in (*m.parameters(recurse=False), *_external(m))):
                 self._hooks.append(m.register_forward_pre_hook(self._pre_forward))
                 self._hooks.append(m.register_forward_hook(self._post_forward))
             sp = self.params.get(getattr(m, "weight", None))  # type: ignore[arg-type]
@@ -249,7 +288,9 @@ class Stage3Params:
     def _own(self, m: nn.Module) -> list[nn.Parameter]:
         own = self._own_params.get(m)
         if own is None:
-            own = self._own_params[m] = [p for p in m.parameters(recurse=False) if p in self.params]
+            mine = list(m.parameters(recurse=False))
+            mine += [p for p in _external(m) if not any(p is q for q in mine)]
+            own = self._own_params[m] = [p for p in mine if p in self.params]
         return own
 
     def _prefetch(self, trace: list[nn.Module], now: list[nn.Module]) -> None:

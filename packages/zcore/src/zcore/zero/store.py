@@ -11,13 +11,14 @@ any collectives.
 
 The store sees its partition through the public attributes of ``ZeroOptimizer``:
 ``params``, ``layouts``, ``where`` (parameter → (group, slot)), ``stage3``, ``comm``,
-``shard_world`` / ``shard_rank`` and :meth:`~ZeroOptimizer.slot_of`.
+:meth:`~ZeroOptimizer.group_world` / :meth:`~ZeroOptimizer.group_rank` (a group's axis,
+:mod:`zcore.zero.axes`) and :meth:`~ZeroOptimizer.slot_of`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -52,8 +53,9 @@ class OptimizerStore(ABC):
         gradient partition of group ``g``."""
 
     @abstractmethod
-    def grad_sq_norm(self) -> float:
-        """Sum of squares of this rank's gradient partitions (no collective)."""
+    def grad_sq_norm(self, groups: Sequence[int] | None = None) -> float:
+        """Sum of squares of this rank's gradient partitions of ``groups`` (default: every
+        group; no collective)."""
 
     @abstractmethod
     def grads_nonfinite(self) -> bool:
@@ -168,12 +170,13 @@ class MemoryStore(OptimizerStore):
         else:
             dst.add_(values)
 
-    def grad_sq_norm(self) -> float:
+    def grad_sq_norm(self, groups: Sequence[int] | None = None) -> float:
         # vector_norm reduces in one pass without a squared temporary (10x faster than
         # pow(2).sum() on a 13M-element partition here)
+        picked = self.grads if groups is None else [self.grads[g] for g in groups]
         return sum(
             float(torch.linalg.vector_norm(t, dtype=torch.float32)) ** 2
-            for t in self.grads
+            for t in picked
             if t is not None
         )
 
