@@ -180,3 +180,32 @@ def test_checkpoint_moves_between_ep_and_data_parallel_sizes(tmp_path: Path) -> 
     for world, ep in ((2, 1), (2, 2)):
         for losses in run_ranks(_resume, world, args=(ep, 3, ckpt, 0.0, MB * 4 // world)):
             assert losses == pytest.approx(ref, rel=2e-5, abs=2e-5), (world, ep)
+
+
+# -- offloaded expert state ---------------------------------------------------------------
+def _offloaded(rank: int, world: int, root: str) -> dict:
+    nvme = {"device": "nvme", "nvme_path": root}
+    setups = {
+        "stage 2, optimizer on cpu": (2, {"offload_optimizer": {"device": "cpu"}}),
+        "stage 3, optimizer on nvme, parameters on cpu": (
+            3, {"offload_optimizer": nvme, "offload_param": {"device": "cpu"}},
+        ),
+    }  # fmt: skip
+    out = {}
+    for what, (stage, zero) in setups.items():
+        cfg = config(stage, mb=MB, gas=GAS, zero_optimization=zero)
+        engine, *_ = zcore.initialize(make(2, CASES["dropless"]), config=cfg)
+        out[what] = (train(engine, STEPS), full_params(engine))
+        engine.destroy()
+    return out
+
+
+def test_ep2_with_offloaded_expert_state_equals_one_process(tmp_path: Path) -> None:
+    results = run_ranks(_offloaded, 2, args=(str(tmp_path),), timeout=600)
+    ref_losses, ref_params = baseline(CASES["dropless"], 2, STEPS)
+    for rank, r in enumerate(results):
+        for what, (losses, params) in r.items():
+            assert losses == pytest.approx(ref_losses, rel=2e-5, abs=2e-5), (what, rank)
+            for key, value in params.items():
+                torch.testing.assert_close(value, ref_params[key], atol=1e-4, rtol=0,
+                                           msg=f"{what} rank {rank} {key}")  # fmt: skip

@@ -284,9 +284,9 @@ class ZeroOptimizer:
     def _all_gather_axis(self, params: list[nn.Parameter], comm: Comm) -> None:
         w = comm.size if self.stage >= 1 else 1
         if w == 1:
-            for p in params:
-                g, s = self.where[p]
-                p.data.copy_(self._source(g)[s.offset : s.offset + s.numel].view(s.shape))
+            for p in params:  # the slot is the whole parameter (from the shard at stage 3)
+                s = self.where[p][1]
+                p.data.copy_(self.gather_input([p])[: s.numel].view(s.shape))
             return
         start = 0
         while start < len(params):
