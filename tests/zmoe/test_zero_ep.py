@@ -38,39 +38,51 @@ CASES: dict[str, dict[str, Any]] = {
 
 
 class MoELM(nn.Module):
-    """Embedding → residual MoE layer → LayerNorm → head; loss = CE + aux_coef * l_aux."""
+    """Embedding → residual MoE layers → LayerNorm → head; loss = CE + aux_coef * l_aux.
 
-    def __init__(self, ep: int = 1, aux_coef: float = 0.01, **moe: Any) -> None:
+    ``experts`` gives each layer's expert count (PR-MoE's pyramid: more in later layers).
+    """
+
+    def __init__(self, ep: int = 1, aux_coef: float = 0.01, experts: tuple[int, ...] = (EXPERTS,),
+                 **moe: Any) -> None:  # fmt: skip
         super().__init__()
         torch.manual_seed(0)
         self.emb = nn.Embedding(VOCAB, D)
-        self.moe = zmoe.MoE(D, mlp(D, 2 * D), num_experts=EXPERTS, ep_size=ep, **moe)
+        self.layers = nn.ModuleList(
+            zmoe.MoE(D, mlp(D, 2 * D), num_experts=e, ep_size=ep, **moe) for e in experts
+        )
         self.ln = nn.LayerNorm(D)
         self.head = nn.Linear(D, VOCAB, bias=False)
         self.aux_coef = aux_coef
-        seed_experts(self.moe)
+        for i, layer in enumerate(self.layers):
+            seed_experts(layer, seed=i)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         x = self.emb(idx)
-        h, l_aux, _ = self.moe(x.reshape(-1, D))
-        logits = self.head(self.ln(x + h.view_as(x))).float()
-        return F.cross_entropy(logits.view(-1, VOCAB), targets.reshape(-1)) + self.aux_coef * l_aux
+        aux = 0.0
+        for layer in self.layers:
+            h, l_aux, _ = layer(x.reshape(-1, D))
+            x = x + h.view_as(x)
+            aux = aux + l_aux
+        logits = self.head(self.ln(x)).float()
+        return F.cross_entropy(logits.view(-1, VOCAB), targets.reshape(-1)) + self.aux_coef * aux
 
 
-def make(ep: int, case: dict[str, Any], aux_coef: float = 0.01) -> MoELM:
+def make(ep: int, case: dict[str, Any], aux_coef: float = 0.01,
+         experts: tuple[int, ...] = (EXPERTS,)) -> MoELM:  # fmt: skip
     """The model at ``ep``, with the ``ep_size=1`` model's weights (experts by global name)."""
-    ref = MoELM(1, aux_coef, **case)
+    ref = MoELM(1, aux_coef, experts, **case)
     if ep == 1:
         return ref
-    model = MoELM(ep, aux_coef, **case)
+    model = MoELM(ep, aux_coef, experts, **case)
     own = model.state_dict()
     model.load_state_dict({k: v for k, v in ref.state_dict().items() if k in own})
     return model
 
 
-def baseline(case: dict[str, Any], world: int, steps: int, start: int = 0,
-             aux_coef: float = 0.01) -> tuple[list[float], dict[str, torch.Tensor]]:  # fmt: skip
-    model = make(1, case, aux_coef)
+def baseline(case: dict[str, Any], world: int, steps: int, start: int = 0, aux_coef: float = 0.01,
+             experts: tuple[int, ...] = (EXPERTS,)) -> tuple[list[float], dict[str, torch.Tensor]]:  # fmt: skip
+    model = make(1, case, aux_coef, experts)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     losses = []
     for step in range(steps + start):
@@ -158,8 +170,8 @@ def test_checkpoint_saved_at_ep2_continues_at_ep1(tmp_path: Path) -> None:
     assert {f["ep"] for f in manifest["files"].values()} == {0, 1}
     # the experts, whole, one per global name, from the two ep ranks' files
     sd = zcore.checkpoint.consolidate(str(tmp_path / "ckpt"), "t")
-    assert {k for k in sd if k.startswith("moe.experts.")} == {
-        f"moe.experts.{e}.{i}.{w}"
+    assert {k for k in sd if k.startswith("layers.0.experts.")} == {
+        f"layers.0.experts.{e}.{i}.{w}"
         for e in range(EXPERTS)
         for i in (0, 2)
         for w in ("weight", "bias")
@@ -209,3 +221,24 @@ def test_ep2_with_offloaded_expert_state_equals_one_process(tmp_path: Path) -> N
             for key, value in params.items():
                 torch.testing.assert_close(value, ref_params[key], atol=1e-4, rtol=0,
                                            msg=f"{what} rank {rank} {key}")  # fmt: skip
+
+
+# -- PR-MoE: a pyramid of expert counts with the residual expert ---------------------------
+PYRAMID = (2, 4)
+
+
+def _pyramid(rank: int, world: int) -> tuple[list[float], dict[str, torch.Tensor]]:
+    case = CASES["residual"]
+    engine, *_ = zcore.initialize(make(2, case, experts=PYRAMID), config=config(3, mb=MB, gas=GAS))
+    return train(engine, STEPS), full_params(engine)
+
+
+def test_pyramid_residual_moe_at_ep2_stage3_equals_one_process() -> None:
+    ref_losses, ref_params = baseline(CASES["residual"], 2, STEPS, experts=PYRAMID)
+    for rank, (losses, params) in enumerate(run_ranks(_pyramid, 2)):
+        assert losses == pytest.approx(ref_losses, rel=2e-5, abs=2e-5), rank
+        # each rank holds half of each layer's experts: 1 of 2, then 2 of 4
+        held = {k.split(".")[3] for k in params if k.startswith("layers.1.experts.")}
+        assert held == {str(2 * rank), str(2 * rank + 1)}, held
+        for key, value in params.items():
+            torch.testing.assert_close(value, ref_params[key], atol=1e-4, rtol=0, msg=key)
