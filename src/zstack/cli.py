@@ -14,6 +14,7 @@ import typer
 from zstack import (
     cmd_bench,
     cmd_doctor,
+    cmd_export,
     cmd_launch,
     cmd_memory,
     cmd_quant,
@@ -31,7 +32,16 @@ bench_app = typer.Typer(help="Run a benchmark from `benchmarks/`; prints one JSO
 app.add_typer(bench_app, name="bench")
 
 # In `z --help` and `z bench --help` order.
-for _module in (cmd_doctor, cmd_launch, cmd_bench, cmd_memory, cmd_train, cmd_serve, cmd_quant):
+for _module in (
+    cmd_doctor,
+    cmd_launch,
+    cmd_bench,
+    cmd_memory,
+    cmd_train,
+    cmd_export,
+    cmd_serve,
+    cmd_quant,
+):
     _module.register(app, bench_app)
 
 

@@ -101,8 +101,31 @@ def train(
     save_every: int = typer.Option(
         0, "--save-every", min=0, help="Steps between checkpoints; 0: at the end only."
     ),
+    moe: bool = typer.Option(
+        False, "--moe", help="Train a Mixtral-style MoE LM (SwiGLU experts, top-k) instead."
+    ),
+    moe_experts: str = typer.Option(
+        "8", "--moe-experts", help="Experts per MoE layer; `4,8`: a pyramid over layer groups."
+    ),
+    moe_top_k: int = typer.Option(2, "--moe-top-k", help="Experts per token."),
+    moe_layers: str = typer.Option(
+        "every", "--moe-layers", help="Which layers are MoE: `every` or `every-other`."
+    ),
+    moe_capacity_factor: float = typer.Option(
+        1.0, "--moe-capacity-factor", help="Expert capacity, x the balanced share."
+    ),
+    moe_dropless: bool = typer.Option(
+        False, "--moe-dropless", help="No capacity limit: no token is dropped."
+    ),
+    moe_ep: int = typer.Option(1, "--moe-ep", help="Expert-parallel ranks (ep_size)."),
+    moe_aux_coef: float = typer.Option(
+        0.01, "--moe-aux-coef", help="Load-balancing loss weight in the training loss."
+    ),
+    dense_twin: bool = typer.Option(
+        False, "--dense-twin", help="The MoE model's dense twin: same active parameters."
+    ),
 ) -> None:
-    """Train a GPT on Shakespeare with ZeRO (stage 3 by default) on NPROC ranks."""
+    """Train a GPT (or with `--moe` a Mixtral-style MoE) on Shakespeare with ZeRO on NPROC ranks."""
     from zcore.config import ConfigError
 
     explicit = _explicit(ctx)
@@ -122,6 +145,15 @@ def train(
         vocab_size=vocab_size,
         bf16=bf16,
         save_every=save_every,
+        moe=moe,
+        moe_experts=moe_experts,
+        moe_top_k=moe_top_k,
+        moe_layers=moe_layers,
+        moe_capacity_factor=moe_capacity_factor,
+        moe_dropless=moe_dropless,
+        moe_ep=moe_ep,
+        moe_aux_coef=moe_aux_coef,
+        dense_twin=dense_twin,
         explicit=explicit,
     )
     under_launcher = "RANK" in os.environ
@@ -164,12 +196,12 @@ def _launch(ctx: typer.Context, explicit: frozenset[str], nproc: int) -> int:
 
 
 def _load_model(path: Path) -> tuple[Any, Any]:
-    """(GPT, Tokenizer) from a run directory, an export directory or file, or a checkpoint."""
+    """(GPT or MoELM, Tokenizer) from a run directory, an export directory or file, or a checkpoint."""
     import json
 
     from zcore.checkpoint import consolidate
     from zstack.recipes.generate import MODEL_JSON, TOKENIZER_JSON, WEIGHTS, load_for_generation
-    from zstack.recipes.gpt import GPT, GPTConfig
+    from zstack.recipes.moe_plan import build_model, config_from_dict
     from zstack.recipes.tokenizer import Tokenizer
 
     if path.is_file() or (path / WEIGHTS).is_file():
@@ -191,8 +223,9 @@ def _load_model(path: Path) -> tuple[Any, Any]:
             f"checkpoint `{root}` has no {' or '.join(missing)} beside it; "
             "pass the run directory or its `export/` instead"
         )
-    model = GPT(GPTConfig.from_dict(json.loads((root / MODEL_JSON).read_text())))
-    model.load_state_dict(consolidate(str(root), tag), strict=True)
+    model = build_model(config_from_dict(json.loads((root / MODEL_JSON).read_text()), ep_size=1))
+    keys = set(model.state_dict())  # the checkpoint also holds non-persistent buffers
+    model.load_state_dict({k: v for k, v in consolidate(str(root), tag).items() if k in keys})
     return model.eval(), Tokenizer.load(root / TOKENIZER_JSON)
 
 

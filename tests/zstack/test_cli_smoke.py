@@ -148,6 +148,22 @@ def _train(w: Work) -> None:
     assert [json.loads(line)["step"] for line in metrics] == [0, 1]
 
 
+@smoke("export-mixtral")
+def _export_mixtral(w: Work) -> None:
+    run, out = w.dir / "moe-run", w.dir / "mixtral"
+    w.ok("train", "--nproc", "1", "--steps", "1", "--preset", "tiny", "--seq-len", "16",
+         "--micro-batch", "1", "--vocab-size", "257", "--eval-every", "1", "--moe",
+         "--moe-experts", "2", "--moe-dropless", "--out", str(run))  # fmt: skip
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert {"aux_loss", "dropped_fraction", "expert_load"} <= metrics[-1].keys()
+    done = w.ok("export-mixtral", str(run), str(out))
+    assert f"wrote `{out}`: Mixtral, 4 layers x 2 experts, top-2" in done.stdout, done.stdout
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["MixtralForCausalLM"] and config["num_local_experts"] == 2
+    with safe_open(str(out / "model.safetensors"), framework="pt") as f:
+        assert "model.layers.3.block_sparse_moe.experts.1.w3.weight" in f.keys()
+
+
 @smoke("generate", after="train")
 def _generate(w: Work) -> None:
     done = w.ok("generate", "--checkpoint", str(w.dir / "run"), "--prompt", "ROMEO:",

@@ -22,6 +22,7 @@ import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -150,8 +151,8 @@ def read_state_dict(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_for_generation(path: str | os.PathLike[str]) -> tuple[GPT, Tokenizer]:
-    """(model in eval mode on CPU, tokenizer) from an export directory or a weights file.
+def load_for_generation(path: str | os.PathLike[str]) -> tuple[Any, Tokenizer]:
+    """(GPT or MoELM in eval mode on CPU, tokenizer) from an export directory or a weights file.
 
     A file (`.safetensors` or `.pt`) needs `model.json` and `tokenizer.json` in its
     directory; a directory needs those and `model.safetensors`.
@@ -164,7 +165,9 @@ def load_for_generation(path: str | os.PathLike[str]) -> tuple[GPT, Tokenizer]:
     ]
     if missing:
         raise FileNotFoundError(f"`{folder}` lacks {', '.join(missing)}; write it with export_dir")
-    config = GPTConfig.from_dict(json.loads((folder / MODEL_JSON).read_text()))
+    from zstack.recipes.moe_plan import build_model, config_from_dict
+
+    config = config_from_dict(json.loads((folder / MODEL_JSON).read_text()), ep_size=1)
     tokenizer = Tokenizer.load(folder / TOKENIZER_JSON)
     if tokenizer.vocab_size > config.vocab_size:
         raise ValueError(
@@ -175,7 +178,7 @@ def load_for_generation(path: str | os.PathLike[str]) -> tuple[GPT, Tokenizer]:
         state.pop(_TIED_KEY, None)
         if _EMBEDDING_KEY in state:
             state[_TIED_KEY] = state[_EMBEDDING_KEY]
-    model = GPT(config)
+    model = build_model(config)
     model.load_state_dict(state, strict=True)
     model.eval()
     return model, tokenizer

@@ -103,3 +103,47 @@ def plot_loss_curve(
     png = Path(png_path)
     atomic_write(png, lambda f: fig.savefig(f, format="png"))
     return png
+
+
+def val_curves(runs: dict[str, str | os.PathLike[str]]) -> dict[str, tuple[list[int], list[float]]]:
+    """label -> (steps, val losses) of each run's `metrics.jsonl`."""
+    return {label: _points(read_jsonl(path), "val_loss") for label, path in runs.items()}
+
+
+def write_val_csv(
+    runs: dict[str, str | os.PathLike[str]], csv_path: str | os.PathLike[str]
+) -> Path:
+    """`step,<label>,...` rows of the runs' val losses (empty where a run has none)."""
+    curves = val_curves(runs)
+    steps = sorted({s for xs, _ in curves.values() for s in xs})
+    by_step = {label: dict(zip(xs, ys, strict=True)) for label, (xs, ys) in curves.items()}
+    lines = [",".join(["step", *curves])]
+    for s in steps:
+        cells = [f"{by_step[lb][s]:.6f}" if s in by_step[lb] else "" for lb in curves]
+        lines.append(",".join([str(s), *cells]))
+    path = Path(csv_path)
+    atomic_write(path, lambda f: f.write(("\n".join(lines) + "\n").encode()))
+    return path
+
+
+def plot_val_curves(
+    runs: dict[str, str | os.PathLike[str]], png_path: str | os.PathLike[str], title: str
+) -> Path:
+    """One PNG with the val-loss curve of each run (label -> its `metrics.jsonl`)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4.2), dpi=120)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for label, (steps, losses) in val_curves(runs).items():
+        ax.plot(steps, losses, "o-", markersize=3, label=f"{label} (final {losses[-1]:.3f})")
+    ax.set_xlabel("step")
+    ax.set_ylabel("val cross-entropy (nats/token)")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    png = Path(png_path)
+    atomic_write(png, lambda f: fig.savefig(f, format="png"))
+    return png

@@ -49,13 +49,20 @@ def format_metrics(
     val_loss: float | None,
     tokens_per_s: float | None,
     rank_rss_mib: Sequence[float],
+    aux_loss: float | None = None,
+    dropped_fraction: float | None = None,
 ) -> str:
-    """`loss 4.1234 · val 4.3012 · 3,210 tok/s · rss r0 512 r1 498 MiB` (parts that are set)."""
+    """`loss 4.1234 · val 4.3012 · 3,210 tok/s · rss r0 512 r1 498 MiB` (parts that are set);
+    an MoE run adds `aux 1.0123 · dropped 2.1%` after the losses."""
     parts = []
     if loss is not None:
         parts.append(f"loss {loss:.4f}")
     if val_loss is not None:
         parts.append(f"val {val_loss:.4f}")
+    if aux_loss is not None:
+        parts.append(f"aux {aux_loss:.4f}")
+    if dropped_fraction is not None:
+        parts.append(f"dropped {dropped_fraction:.1%}")
     if tokens_per_s is not None:
         parts.append(f"{tokens_per_s:,.0f} tok/s")
     if rank_rss_mib:
@@ -145,13 +152,17 @@ class TrainProgress:
         tokens_per_s: float | None = None,
         rank_rss_mib: Sequence[float] = (),
         val_loss: float | None = None,
+        aux_loss: float | None = None,
+        dropped_fraction: float | None = None,
     ) -> None:
         """Show the state after `step` completed steps; the last val loss stays shown."""
         if not self.enabled:
             return
         if val_loss is not None:
             self._val_loss = val_loss
-        metrics = format_metrics(loss, self._val_loss, tokens_per_s, rank_rss_mib)
+        metrics = format_metrics(
+            loss, self._val_loss, tokens_per_s, rank_rss_mib, aux_loss, dropped_fraction
+        )
         if self._progress is not None and self._task is not None:
             self._progress.update(self._task, completed=step, metrics=metrics)
             return

@@ -1,4 +1,4 @@
-"""`z train`: the GPT of `gpt.py` on Shakespeare under the zcore ZeRO engine, on every rank.
+"""`z train`: the GPT of `gpt.py` (or with `--moe` the MoE LM of `moe_lm.py`) on Shakespeare under the zcore ZeRO engine, on every rank.
 
 A run directory holds everything one run writes::
 
@@ -50,6 +50,7 @@ def _restart_metrics(path: Path, resume_step: int | None) -> None:
 def run(plan: TrainPlan, echo: Callable[[str], None] = print) -> int:
     """Train on this rank (every rank of the job calls it); returns the exit code."""
     from zstack.recipes.metrics import JsonlWriter
+    from zstack.recipes.moe_plan import model_name
     from zstack.recipes.progress import TrainProgress, rss_bytes
 
     t = Trainer.start(plan)
@@ -57,8 +58,10 @@ def run(plan: TrainPlan, echo: Callable[[str], None] = print) -> int:
     first, b = engine.global_steps, engine.batch
     if t.rank0:
         _restart_metrics(plan.metrics, first if plan.resume else None)
+        name = model_name(t.model_config, plan.preset)
+        moe = f"; {plan.moe.describe()}" if plan.moe else ""
         echo(
-            f"training GPT {plan.preset} ({t.model_config.num_params() / 1e6:.1f}M params) on "
+            f"training {name} ({t.model_config.num_params() / 1e6:.1f}M params{moe}) on "
             f"{ranks.world} rank(s), ZeRO stage {engine.stage}, {t.precision}: steps {first} -> "
             f"{plan.steps}, batch {b.world_size}x{b.micro_batch_size}x"
             f"{b.gradient_accumulation_steps} x {plan.seq_len} tokens"
@@ -74,11 +77,13 @@ def run(plan: TrainPlan, echo: Callable[[str], None] = print) -> int:
         for step in range(first, plan.steps):
             t0, lr = time.perf_counter(), engine.get_lr()[0]
             loss = t.train_step(step)
-            gathered = ranks.gather(loss, rss_bytes() / 2**20)  # [loss_r0, rss_r0, loss_r1, ...]
+            mine = [loss, rss_bytes() / 2**20, *t.moe.vector()]  # [loss, rss, MoE stats...]
+            gathered = ranks.gather(*mine)
+            rows = [gathered[r * len(mine) : (r + 1) * len(mine)] for r in range(ranks.world)]
             dt = time.perf_counter() - t0
             train_time += dt
             window[0], window[1] = window[0] + 1, window[1] + dt
-            done, loss, rss = step + 1, sum(gathered[0::2]) / ranks.world, gathered[1::2]
+            done, loss, rss = step + 1, sum(r[0] for r in rows) / ranks.world, [r[1] for r in rows]
             record: dict[str, Any] = {
                 "step": done,
                 "loss": loss,
@@ -86,6 +91,7 @@ def run(plan: TrainPlan, echo: Callable[[str], None] = print) -> int:
                 "grad_norm": engine.get_global_grad_norm(),
                 "tokens_per_s": t.tokens_per_step / dt,
                 "rank_rss_mib": rss,
+                **t.moe.record([r[2:] for r in rows]),
             }
             val = None
             if done % plan.eval_interval == 0 or done == plan.steps:
@@ -97,7 +103,13 @@ def run(plan: TrainPlan, echo: Callable[[str], None] = print) -> int:
             if progress.live or val is not None or done % print_every == 0:
                 tps = t.tokens_per_step * window[0] / window[1]
                 progress.update(
-                    step=done, loss=loss, tokens_per_s=tps, rank_rss_mib=rss, val_loss=val
+                    step=done,
+                    loss=loss,
+                    tokens_per_s=tps,
+                    rank_rss_mib=rss,
+                    val_loss=val,
+                    aux_loss=record.get("aux_loss"),
+                    dropped_fraction=record.get("dropped_fraction"),
                 )
                 window = [0, 0.0]
             if plan.save_every and done % plan.save_every == 0 and done < plan.steps:
@@ -124,7 +136,10 @@ def _report(
 
     plan = t.plan
     export = t.export()
-    png = plot_loss_curve(plan.metrics, plan.out / "loss.png", f"GPT {plan.preset} on Shakespeare")
+    from zstack.recipes.moe_plan import model_name
+
+    title = f"{model_name(t.model_config, plan.preset)} on Shakespeare"
+    png = plot_loss_curve(plan.metrics, plan.out / "loss.png", title)
     vals = [(rec["step"], rec["val_loss"]) for rec in read_jsonl(plan.metrics) if "val_loss" in rec]
     tps = t.tokens_per_step * (plan.steps - first) / train_s if train_s else 0.0
     echo(
@@ -134,4 +149,5 @@ def _report(
         f"  metrics     {plan.metrics}\n  loss curve  {png}\n  checkpoint  {checkpoint}\n"
         f"  export      {export}\n"
         f'next: `z generate --checkpoint {plan.out} --prompt "ROMEO:"`'
+        + (f"; `z export-mixtral {plan.out} {plan.out / 'mixtral'}`" if plan.moe else "")
     )

@@ -37,6 +37,23 @@ class TrainOptions:
     bf16: bool = False
     save_every: int = 0
     """Steps between checkpoints; 0 saves at the end only."""
+    moe: bool = False
+    """Train the Mixtral-architecture MoE model (`moe_lm.py`) instead of the GPT."""
+    moe_experts: str = "8"
+    """Experts per MoE layer: one count, or counts for equal consecutive groups of the MoE
+    layers (PR-MoE's pyramid, e.g. `4,8`)."""
+    moe_top_k: int = 2
+    moe_layers: str = "every"
+    """Which layers are MoE: `every` or `every-other` (1, 3, 5, ...)."""
+    moe_capacity_factor: float = 1.0
+    moe_dropless: bool = False
+    moe_ep: int = 1
+    """Expert-parallel size (ep_size)."""
+    moe_aux_coef: float = 0.01
+    """Weight of the summed load-balancing losses in the training loss (DeepSpeed's 0.01)."""
+    dense_twin: bool = False
+    """Train the MoE model's dense twin: the same architecture with one SwiGLU of `top-k x`
+    the expert width per layer (the same active parameters)."""
     explicit: frozenset[str] = field(default_factory=frozenset)
     """Option names given on the command line (only those are reported as overridden)."""
 

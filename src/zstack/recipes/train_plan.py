@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from zstack.recipes.moe_plan import MoESpec, plan_moe
 from zstack.recipes.resume import find_resume_point
 from zstack.recipes.train_config import RunConfig, build_config
 from zstack.recipes.train_options import TrainError, TrainOptions
@@ -45,6 +46,9 @@ class TrainPlan:
     """The engine config and the notes about the flags it overrides."""
     warnings: tuple[str, ...] = ()
     """What to warn about before the run starts (a resume that skips an incomplete `latest`)."""
+    moe: MoESpec | None = None
+    """The Mixtral-architecture model to train (`--moe`, `--dense-twin`); None: the GPT."""
+    moe_notes: tuple[str, ...] = ()
 
     @property
     def resume(self) -> bool:
@@ -65,7 +69,7 @@ class TrainPlan:
     @property
     def notes(self) -> list[str]:
         """What to tell the user before the run starts (flags a `--config` overrides)."""
-        return self.config.notes
+        return [*self.config.notes, *self.moe_notes]
 
 
 def plan_run(opts: TrainOptions, world_size: int) -> TrainPlan:
@@ -91,8 +95,9 @@ def plan_run(opts: TrainOptions, world_size: int) -> TrainPlan:
             f"`--seq-len {opts.seq_len}` exceeds preset {opts.preset}'s block_size {block}; "
             f"pass `--seq-len {block}` or less"
         )
+    moe, moe_notes = plan_moe(opts, world_size, PRESETS[opts.preset]["n_layer"])
     if opts.resume:
-        _check_resumable(opts, start)
+        _check_resumable(opts, start, moe)
     return TrainPlan(
         out=opts.out,
         preset=opts.preset,
@@ -107,21 +112,44 @@ def plan_run(opts: TrainOptions, world_size: int) -> TrainPlan:
         world_size=world_size,
         config=config,
         warnings=(point.warning,) if point and point.warning else (),
+        moe=moe,
+        moe_notes=tuple(moe_notes),
     )
 
 
-def _check_resumable(opts: TrainOptions, start: int) -> None:
-    """The checkpoint at `start` leaves steps to train and holds the model of `--preset`."""
-    from zstack.recipes.gpt import PRESETS, GPTConfig
+def _check_resumable(opts: TrainOptions, start: int, moe: MoESpec | None) -> None:
+    """The checkpoint at `start` leaves steps to train and holds the model the flags ask for."""
+    import dataclasses
+
+    from zstack.recipes.gpt import PRESETS
+    from zstack.recipes.moe_plan import config_from_dict, model_config
 
     if start >= opts.steps:
         raise TrainError(
             f"the checkpoint in `{opts.checkpoints}` is at step {start}; "
             f"`--steps {opts.steps}` leaves nothing to train, pass `--steps` above {start}"
         )
-    saved = GPTConfig.from_dict(json.loads((opts.checkpoints / "model.json").read_text()))
-    if saved != GPTConfig.preset(opts.preset, vocab_size=saved.vocab_size):
-        names = [n for n in PRESETS if GPTConfig.preset(n, saved.vocab_size) == saved]
+    saved = config_from_dict(json.loads((opts.checkpoints / "model.json").read_text()))
+    wanted = model_config(opts.preset, saved.vocab_size, moe)
+    if type(saved) is not type(wanted):
+        what = "an MoE-architecture model" if moe is None else "a GPT"
+        fix = "add `--moe` and its flags" if moe is None else "drop `--moe`/`--dense-twin`"
+        raise TrainError(f"`{opts.checkpoints}` holds {what}; {fix}")
+    if moe is not None:  # the expert-parallel size may change between runs
+        saved = dataclasses.replace(saved, ep_size=wanted.ep_size)
+        if saved != wanted:
+            diff = [
+                f"{f.name} {getattr(saved, f.name)} (flags: {getattr(wanted, f.name)})"
+                for f in dataclasses.fields(saved)
+                if getattr(saved, f.name) != getattr(wanted, f.name)
+            ]
+            raise TrainError(
+                f"`{opts.checkpoints}` holds a different MoE model: {', '.join(diff)}; "
+                "pass the flags it was trained with"
+            )
+        return
+    if saved != wanted:
+        names = [n for n in PRESETS if model_config(n, saved.vocab_size, None) == saved]
         fix = f"pass `--preset {names[0]}`" if names else "pass the preset it was trained with"
         raise TrainError(
             f"`{opts.checkpoints}` holds a model with {saved.n_layer} layers of width "

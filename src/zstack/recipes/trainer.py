@@ -101,9 +101,11 @@ class Trainer:
     ranks: Ranks
     engine: Any
     model_config: Any
-    """The `GPTConfig` (the preset at the tokenizer's vocabulary size)."""
+    """The `GPTConfig` or `MoELMConfig` (the preset at the tokenizer's vocabulary size)."""
     tokenizer: Any
     data: Any
+    moe: Any = None
+    """The `MoETally` of the MoE layers (empty for a model without)."""
 
     @classmethod
     def start(cls, plan: TrainPlan) -> Trainer:
@@ -111,7 +113,8 @@ class Trainer:
         import torch
 
         import zcore
-        from zstack.recipes.gpt import GPT, GPTConfig
+        from zstack.recipes.moe_metrics import MoETally
+        from zstack.recipes.moe_plan import build_model, model_config
 
         torch.set_num_threads(_threads_per_rank())
         ranks = Ranks.join()
@@ -126,8 +129,8 @@ class Trainer:
         ranks.barrier()
         if ranks.rank != 0:
             tokenizer, data = _load_data(plan)
-        model_config = GPTConfig.preset(plan.preset, vocab_size=tokenizer.vocab_size)
-        model = GPT(model_config, seed=plan.seed)
+        config = model_config(plan.preset, tokenizer.vocab_size, plan.moe)
+        model = build_model(config, seed=plan.seed)
         rc = plan.config
         engine, *_ = zcore.initialize(
             model, model_parameters=_param_groups(model), config=rc.as_dict
@@ -142,7 +145,8 @@ class Trainer:
                 lrs = engine.lr_scheduler.get_last_lr()
                 for group, lr in zip(engine.optimizer.param_groups, lrs, strict=True):
                     group["lr"] = lr
-        return cls(plan, ranks, engine, model_config, tokenizer, data)
+        moe = MoETally(model.moe_layers() if hasattr(model, "moe_layers") else [])
+        return cls(plan, ranks, engine, config, tokenizer, data, moe)
 
     @property
     def rank0(self) -> bool:
@@ -173,7 +177,8 @@ class Trainer:
         return self.ranks.mean(total / VAL_BATCHES)
 
     def train_step(self, step: int) -> float:
-        """One optimizer step on the global batch `step`; this rank's mean micro-batch loss."""
+        """One optimizer step on the global batch `step`; this rank's mean micro-batch
+        cross-entropy (the MoE layers' statistics go to `self.moe`)."""
         train, b = self.data.stream("train", self.plan.seq_len, self.plan.seed), self.engine.batch
         total = 0.0
         for micro in range(b.gradient_accumulation_steps):
@@ -186,9 +191,12 @@ class Trainer:
                 b.gradient_accumulation_steps,
             )
             _, loss = self.engine(x, y)
+            self.moe.add()
             self.engine.backward(loss)
             self.engine.step()
-            total += loss.item()
+            # the cross-entropy alone (an MoE model's loss adds the aux loss)
+            ce = getattr(self.engine.module, "last_ce", None)
+            total += loss.item() if ce is None else ce
         return total / b.gradient_accumulation_steps
 
     def save(self) -> str:
@@ -215,6 +223,10 @@ class Trainer:
         from zstack.recipes.generate import export_dir
 
         state = consolidate(str(self.plan.checkpoints))
+        # zcore's checkpoint also holds non-persistent buffers (rotary tables, zmoe's unused
+        # expert_bias); the export keeps what load_state_dict expects
+        keys = set(self.engine.module.state_dict())
+        state = {k: v for k, v in state.items() if k in keys}
         export_dir(state, self.model_config, self.tokenizer, self.plan.export)
         return self.plan.export
 
