@@ -1,13 +1,27 @@
 """zcomm: compressed collectives.
 
-This package will own communication-compressed optimizers and collectives
-built on ``torch.distributed``: 1-bit Adam, 0/1 Adam and 1-bit LAMB (error
-feedback with sign compression done by the native core), and ZeRO++
-(quantized weight all-gather qwZ, hierarchical partitioning hpZ, quantized
-gradient reduce-scatter qgZ).
+Built so far (pure torch, over ``zcore.comm.Comm``, so it runs on gloo and NCCL alike):
 
-Nothing is implemented yet; importing it gives only this docstring and the
-version.
+- :mod:`zcomm.signs`: 1-bit compression, a tensor's signs packed 8 to a byte and the
+  ``||x|| / sqrt(n)`` scale that goes with them;
+- :class:`zcomm.compressed.CompressedAllReduce`: DeepSpeed's two-phase 1-bit all-reduce
+  (all_to_all then all_gather) with worker and server error feedback, byte counts and
+  ``state_dict`` for its error buffers; :func:`zcomm.reference.reference_compressed_allreduce`
+  is the single-process model it is tested against.
+
+Not built yet: the optimizers that use it (1-bit Adam, 0/1 Adam, 1-bit LAMB), its hook into
+zcore's collectives seam and checkpoints, native/CUDA packing kernels, and ZeRO++ (qwZ, hpZ,
+qgZ).
 """
 
+from zcomm.compressed import CompressedAllReduce, ErrorFeedbackReset, WireBytes, wire_bytes
+from zcomm.reference import reference_compressed_allreduce
+
+__all__ = [
+    "CompressedAllReduce",
+    "ErrorFeedbackReset",
+    "WireBytes",
+    "reference_compressed_allreduce",
+    "wire_bytes",
+]
 __version__ = "0.1.0"
