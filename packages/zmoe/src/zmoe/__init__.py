@@ -6,7 +6,8 @@ the job mesh's ``ep`` axis (``mesh_axes`` / ``bind_mesh``).
 
 Files: ``gating.py`` (routers, losses), ``capacity.py`` (capacity-buffer dispatch),
 ``dropless.py`` (sorted dispatch), ``experts.py`` (experts named by global index),
-``parallel.py`` (the autograd all-to-all), ``layer.py`` (the layer).
+``parallel.py`` (the autograd all-to-all), ``layer.py`` (the layer), ``distill.py``
+(Mixture-of-Students: a shallower student cut from a teacher, staged KD).
 """
 
 from zmoe.gating import Routing, TopKRouter
