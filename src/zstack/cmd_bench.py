@@ -1,4 +1,4 @@
-"""`z bench adam|zero|zero-step|offload|io`: the training-side benchmarks of `benchmarks/`.
+"""`z bench adam|zero|zero-step|offload|io|moe`: the training-side benchmarks of `benchmarks/`.
 
 Imports only typer and the standard library at load time; each benchmark module loads
 through `zstack.bench` when its command runs. (`z bench serve` lives in `cmd_serve`,
@@ -164,6 +164,40 @@ def bench_io(
     )
 
 
+def bench_moe(
+    tokens: int = typer.Option(4096, "--tokens", min=2, help="Tokens per step (T)."),
+    d_model: int = typer.Option(256, "--d-model", min=1, help="Hidden size (d)."),
+    ffn: int = typer.Option(1024, "--ffn", min=1, help="Hidden size of one expert."),
+    experts: int = typer.Option(8, "--experts", min=2, help="Experts (even)."),
+    k: int = typer.Option(2, "--k", min=1, help="Experts per token (top-k)."),
+    capacity_factor: float = typer.Option(1.25, "--capacity-factor", min=0.01),
+    threads: int = typer.Option(2, "--threads", min=1, help="torch CPU threads."),
+    repeats: int = typer.Option(9, "--repeats", min=1, help="Interleaved steps per contender."),
+    warmup: int = typer.Option(1, "--warmup", min=0),
+    no_ds: bool = typer.Option(False, "--no-ds", help="Skip DeepSpeed's MoE layer."),
+    json_out: bool = typer.Option(False, "--json", help="Print only the JSON object."),
+) -> None:
+    """Forward+backward tokens/s of zmoe.MoE next to a dense MLP and DeepSpeed's MoE layer."""
+    from zstack.bench import run_benchmark
+
+    raise typer.Exit(
+        run_benchmark(
+            "moe",
+            json_out,
+            tokens=tokens,
+            d_model=d_model,
+            ffn=ffn,
+            experts=experts,
+            k=k,
+            capacity_factor=capacity_factor,
+            threads=threads,
+            repeats=repeats,
+            warmup=warmup,
+            deepspeed=not no_ds,
+        )
+    )
+
+
 def register(app: typer.Typer, bench_app: typer.Typer) -> None:
     """Add this module's commands to `z bench` (nothing to `z`)."""
     bench_app.command("adam")(bench_adam)
@@ -171,3 +205,4 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
     bench_app.command("zero-step")(bench_zero_step)
     bench_app.command("offload")(bench_offload)
     bench_app.command("io")(bench_io)
+    bench_app.command("moe")(bench_moe)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 import zmoe
-from tests.zmoe.moe_utils import build, mlp
+from tests.zmoe.moe_utils import build, mlp, seed_experts
 
 
 @pytest.mark.parametrize(
@@ -119,27 +120,53 @@ def test_residual_mixes_a_dense_copy() -> None:
     assert layer.coefficient.weight.grad is not None and layer.mlp[0].weight.grad is not None
 
 
-def test_grouped_gemm_experts_equal_one_call_per_expert() -> None:
-    grouped = build(k=2, drop_tokens=False)
-    looped = build(k=2, drop_tokens=False)
-    looped.experts.grouped = False
-    with torch.no_grad():  # expert 3 gets no token
-        for layer in (grouped, looped):
+@pytest.mark.parametrize("drop_tokens", [False, True])
+@pytest.mark.parametrize("act", [nn.GELU(), nn.GELU("tanh"), nn.ReLU(), nn.SiLU(inplace=True),
+                                 nn.Tanh(), nn.Sigmoid(), nn.Identity()])  # fmt: skip
+@pytest.mark.parametrize("bias", [True, False])
+def test_fused_experts_equal_one_call_per_expert(
+    drop_tokens: bool, act: nn.Module, bias: bool
+) -> None:
+    """The CPU's sliced kernel and ``torch._grouped_mm`` give the module calls' outputs and
+    gradients, an expert with no token included."""
+    layers = []
+    for kernel in ("sliced", "grouped", "modules"):
+        torch.manual_seed(0)
+        expert = nn.Sequential(nn.Linear(16, 32, bias=bias), act, nn.Linear(32, 16, bias=bias))
+        layer = zmoe.MoE(16, expert, num_experts=4, k=2, drop_tokens=drop_tokens,
+                         top2_2nd_expert_sampling=False)  # fmt: skip
+        seed_experts(layer)
+        assert layer.experts.fused
+        layer.experts.grouped_on_cpu = kernel == "grouped"
+        layer.experts.fused = kernel != "modules"
+        with torch.no_grad():  # expert 3 gets no token
             layer.gate.wg.weight[3] = -10.0
+        layers.append(layer)
     x = torch.randn(40, 16).abs()
     outs = []
-    for layer in (grouped, looped):
+    for layer in layers:
         xi = x.clone().requires_grad_()
         out, _, counts = layer(xi)
         assert counts[3] == 0
         out.sum().backward()
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in layer.parameters()]
         outs.append((out, xi.grad, grads))
-    assert grouped.experts.grouped or not hasattr(torch, "_grouped_mm")
-    torch.testing.assert_close(outs[0][0], outs[1][0], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(outs[0][1], outs[1][1], atol=1e-5, rtol=1e-5)
-    for a, b in zip(outs[0][2], outs[1][2], strict=True):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    if not hasattr(torch, "_grouped_mm") or not layers[1].experts.grouped:
+        outs.pop(1)  # no grouped kernel in this torch (or it refused these inputs)
+    for got in outs[:-1]:
+        torch.testing.assert_close(got[0], outs[-1][0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got[1], outs[-1][1], atol=1e-5, rtol=1e-5)
+        for a, b in zip(got[2], outs[-1][2], strict=True):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_fused_experts_without_input_grad() -> None:
+    layer = build(k=2, drop_tokens=False)
+    out, _, _ = layer(torch.randn(12, 16))  # x needs no gradient; the experts do
+    out.sum().backward()
+    assert all(p.grad is not None for p in layer.experts.parameters())
+    with torch.no_grad():
+        assert layer(torch.randn(12, 16))[0].shape == (12, 16)
 
 
 def test_all_to_all_on_one_process_copies() -> None:

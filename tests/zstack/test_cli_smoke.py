@@ -326,6 +326,19 @@ def _bench_io(w: Work) -> None:
     assert r["ok"] is True and r["size_bytes"] == 64 << 10 and r["results"]
 
 
+@smoke("bench moe")
+def _bench_moe(w: Work) -> None:
+    r = w.json("bench", "moe", "--tokens", "64", "--d-model", "16", "--ffn", "32", "--experts",
+               "4", "--repeats", "2", "--warmup", "0", "--no-ds", "--json")  # fmt: skip
+    assert (
+        r["results"]["dropless"]["tokens_per_s"] > 0 and r["results"]["dense"]["tokens_per_s"] > 0
+    )
+    assert r["results"]["ds_capacity"]["tokens_per_s"] is None
+    assert list(r["ratios"]) == ["dropless_vs_ds_capacity", "dropless_vs_ds_dropless",
+                                 "dropless_vs_dense", "capacity_vs_ds_capacity"]  # fmt: skip
+    assert r["ratios"]["dropless_vs_dense"] > 0 and r["ratios"]["capacity_vs_ds_capacity"] is None
+
+
 @smoke("estimate-memory")
 def _estimate_memory(w: Work) -> None:
     r = w.json("estimate-memory", "--params", "1M", "--world-size", "2", "--stage", "3", "--json")

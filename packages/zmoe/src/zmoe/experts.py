@@ -15,8 +15,7 @@ import copy
 import torch
 from torch import Tensor, nn
 
-#: Row-wise activations the grouped-GEMM path may apply to all experts' rows at once.
-ROWWISE = (nn.GELU, nn.ReLU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Identity)
+from zmoe.expert_mlp import batched_mlp, grouped_mlp, is_linear_act_linear, sliced_mlp
 
 #: The public attribute naming the mesh axis a parameter's ZeRO partition spans.
 ZERO_AXIS_ATTR = "zero_axis"
@@ -35,77 +34,48 @@ class Experts(nn.ModuleDict):
         self.first = first
         for p in self.parameters():
             setattr(p, ZERO_AXIS_ATTR, EXPERT_AXIS)
-        self.grouped = hasattr(torch, "_grouped_mm") and _is_linear_act_linear(expert)
-        """Whether dropless slices run as two ``torch._grouped_mm`` (expert = Linear, a
-        row-wise activation, Linear); turned off for good if the backend refuses it."""
+        self.fused = is_linear_act_linear(expert)
+        """Whether the experts (Linear, a row-wise activation, Linear) run as one fused call
+        over every slice (:mod:`zmoe.expert_mlp`) rather than one module call each."""
+        self.grouped = self.fused and hasattr(torch, "_grouped_mm")
+        """Whether that call is ``torch._grouped_mm`` off the CPU (the CPU runs
+        :func:`~zmoe.expert_mlp.sliced_mlp`, measured faster there); turned off for good if
+        the backend refuses it."""
+        self.grouped_on_cpu = False
+        """Use ``torch._grouped_mm`` on the CPU too (tests compare the two kernels)."""
 
     def run_slices(self, x: Tensor, counts: list[int]) -> Tensor:
         """[sum(counts), d]: expert ``i`` (local order) on the ``counts[i]`` rows of its slice.
 
-        A Linear-activation-Linear expert runs as one grouped GEMM per layer over every slice
-        (measured faster than a GEMM pair per expert on CPU); any other expert is its own
-        module call on its slice, an empty slice not run.
+        Linear-activation-Linear experts run as one fused call over every slice (a grouped
+        GEMM per layer off the CPU); any other expert is its own module call on its slice,
+        an empty slice not run.
         """
-        if self.grouped and x.shape[0]:
-            try:
-                return _grouped(list(self.values()), x, counts)
-            except RuntimeError:  # e.g. a dtype or device the grouped kernel does not take
-                self.grouped = False
+        if self.fused and x.shape[0]:
+            experts = list(self.values())
+            if self.grouped and (x.device.type != "cpu" or self.grouped_on_cpu):
+                try:
+                    return grouped_mlp(experts, x, counts)
+                except RuntimeError:  # e.g. a dtype or device the grouped kernel does not take
+                    self.grouped = False
+            return sliced_mlp(experts, x, counts)
         outs = []
         for expert, chunk in zip(self.values(), x.split(counts), strict=True):
             outs.append(_output(expert(chunk)) if chunk.shape[0] else chunk)
         return torch.cat(outs) if len(outs) > 1 else outs[0]
 
+    def batched(self, x: Tensor) -> bool:
+        """Whether :meth:`run_buffer` on ``x``'s device runs every expert in one batched
+        kernel (so a padded buffer is cheap)."""
+        return self.fused and x.device.type == "cpu" and not self.grouped_on_cpu
+
     def run_buffer(self, x: Tensor) -> Tensor:
         """[E_local, S, d] -> [E_local, S, d]: expert ``i`` on row block ``i`` (capacity path)."""
         local, slots, d = x.shape
-        if self.grouped and slots:
+        if slots and self.batched(x):
+            return batched_mlp(list(self.values()), x)
+        if self.fused and slots:
             return self.run_slices(x.reshape(local * slots, d), [slots] * local).view(x.shape)
         return torch.stack(
             [_output(e(chunk)) for e, chunk in zip(self.values(), x.unbind(0), strict=True)]
         )
-
-
-def _is_linear_act_linear(expert: nn.Module) -> bool:
-    if not isinstance(expert, nn.Sequential) or len(expert) != 3:
-        return False
-    first, act, second = expert
-    return (
-        isinstance(first, nn.Linear)
-        and isinstance(second, nn.Linear)
-        and type(act) in ROWWISE
-        and (first.bias is None) == (second.bias is None)
-    )
-
-
-class _ContiguousGrad(torch.autograd.Function):
-    """Identity whose backward makes the gradient contiguous (the grouped GEMM's backward
-    refuses an expanded gradient such as ``out.sum()``'s)."""
-
-    @staticmethod
-    def forward(ctx: object, x: Tensor) -> Tensor:  # type: ignore[override]
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: object, grad: Tensor) -> Tensor:  # type: ignore[override]
-        return grad.contiguous()
-
-
-def _grouped(experts: list[nn.Module], x: Tensor, counts: list[int]) -> Tensor:
-    """Linear-act-Linear experts over their slices of ``x`` [R, d] with ``torch._grouped_mm``."""
-    offs = torch.tensor(counts, device=x.device).cumsum(0).to(torch.int32)
-    sizes = torch.tensor(counts, device=x.device)
-    first = [e[0] for e in experts]
-    second = [e[2] for e in experts]
-    w1 = torch.stack([m.weight for m in first]).transpose(1, 2).contiguous()  # [E, d, ffn]
-    w2 = torch.stack([m.weight for m in second]).transpose(1, 2).contiguous()  # [E, ffn, d]
-    h = torch._grouped_mm(x.contiguous(), w1, offs=offs)  # [R, ffn]
-    if first[0].bias is not None:
-        h = h + torch.stack([m.bias for m in first]).repeat_interleave(sizes, 0, output_size=len(x))
-    h = experts[0][1](h)
-    y = torch._grouped_mm(h, w2, offs=offs)
-    if second[0].bias is not None:
-        y = y + torch.stack([m.bias for m in second]).repeat_interleave(
-            sizes, 0, output_size=len(x)
-        )
-    return _ContiguousGrad.apply(y)

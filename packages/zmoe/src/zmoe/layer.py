@@ -19,6 +19,12 @@ from zmoe.experts import Experts
 from zmoe.gating import NOISY_POLICIES, ROUTERS, Routing, TopKRouter
 from zmoe.parallel import all_to_all, exchange_counts
 
+#: Dropless at ``ep_size=1`` with batched experts: pad every expert to the busiest one's
+#: routes (one batched GEMM per layer) while ``E * max_load <= PAD_LIMIT * routes``, else
+#: run each expert on its own sorted slice. On a 2-core CPU under load, one ``bmm`` over
+#: 8 experts ran 2-2.5x faster than their 8 ``mm`` (the threads meet once, not 8 times).
+PAD_LIMIT = 1.5
+
 
 @dataclass
 class MoEStats:
@@ -228,15 +234,16 @@ class MoE(nn.Module):
         return out, l_aux, routing.exp_counts
 
     def _capacity(
-        self, x: Tensor, routing: Routing, comm: Comm | None
+        self, x: Tensor, routing: Routing, comm: Comm | None, slots_per_expert: int = 0
     ) -> tuple[Tensor, Tensor, int, int]:
-        e, c, d = self.num_experts, routing.capacity, x.shape[1]
+        e, c, d = self.num_experts, slots_per_expert or routing.capacity, x.shape[1]
         slots = capacity.route_slots(routing.indices, routing.locations, e, c)
-        buf = capacity.encode(x, slots, e, c)  # [E*C, d], experts rank by rank
+        routes = capacity.slot_routes(slots, e, c)
+        buf = capacity.encode(x, slots, routes)  # [E*C, d], experts rank by rank
         load = torch.bincount(routing.indices[routing.indices >= 0], minlength=e)
         if comm is None:
             y = self.experts.run_buffer(buf.view(e, c, d)).reshape(e * c, d)
-            return capacity.decode(y, slots, routing.gates), load, 0, 0
+            return capacity.decode(y, slots, routes, routing.gates), load, 0, 0
         ep, local = self.ep_size, self.num_local_experts
         # Every rank's buffer has the same E*C rows (same T on every rank, as DeepSpeed).
         recv = all_to_all(buf, comm, "zmoe dispatch")  # [ep (source), E_local, C, d]
@@ -245,11 +252,18 @@ class MoE(nn.Module):
         y = y.view(local, ep, c, d).transpose(0, 1).reshape(e * c, d)
         y = all_to_all(y, comm, "zmoe combine")
         nbytes = buf.numel() * buf.element_size()
-        return capacity.decode(y, slots, routing.gates), load, nbytes, nbytes
+        return capacity.decode(y, slots, routes, routing.gates), load, nbytes, nbytes
 
     def _dropless(
         self, x: Tensor, routing: Routing, comm: Comm | None
     ) -> tuple[Tensor, Tensor, int, int]:
+        if comm is None and self.experts.batched(x):
+            # One batched GEMM per layer over a buffer padded to the busiest expert, unless
+            # the padding would cost more than the batching saves (a skewed router).
+            load = torch.bincount(routing.indices[routing.indices >= 0], minlength=self.num_experts)
+            most, routes = (int(v) for v in torch.stack([load.max(), load.sum()]).tolist())
+            if most and self.num_experts * most <= PAD_LIMIT * routes:
+                return self._capacity(x, routing, comm, slots_per_expert=most)
         plan = dropless.plan(routing.indices, routing.gates, self.num_experts)
         rows = dropless.gather(x, plan)  # [R, d] in global expert order
         if comm is None:
