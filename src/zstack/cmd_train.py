@@ -201,7 +201,7 @@ def _load_model(path: Path) -> tuple[Any, Any]:
 
     from zcore.checkpoint import consolidate
     from zstack.recipes.generate import MODEL_JSON, TOKENIZER_JSON, WEIGHTS, load_for_generation
-    from zstack.recipes.moe_plan import build_model, config_from_dict
+    from zstack.recipes.moe_plan import build_model, config_from_dict, drop_non_persistent
     from zstack.recipes.tokenizer import Tokenizer
 
     if path.is_file() or (path / WEIGHTS).is_file():
@@ -224,8 +224,7 @@ def _load_model(path: Path) -> tuple[Any, Any]:
             "pass the run directory or its `export/` instead"
         )
     model = build_model(config_from_dict(json.loads((root / MODEL_JSON).read_text()), ep_size=1))
-    keys = set(model.state_dict())  # the checkpoint also holds non-persistent buffers
-    model.load_state_dict({k: v for k, v in consolidate(str(root), tag).items() if k in keys})
+    model.load_state_dict(drop_non_persistent(consolidate(str(root), tag), model))
     return model.eval(), Tokenizer.load(root / TOKENIZER_JSON)
 
 

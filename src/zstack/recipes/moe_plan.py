@@ -184,3 +184,11 @@ def model_name(config: Any, preset: str) -> str:
     kind = "dense twin" if config.is_dense else "MoE"
     active = config.num_params(active=True) / 1e6
     return f"Mixtral-style {kind} {preset} ({active:.1f}M active params)"
+
+
+def drop_non_persistent(state: dict[str, Any], model: Any) -> dict[str, Any]:
+    """`state` without `model`'s non-persistent buffers (the rotary tables, zmoe's unused
+    `expert_bias`): zcore's checkpoint holds every buffer, `load_state_dict` expects none of
+    these. Keyed by buffer name, so an ep rank's model filters a whole model's state."""
+    drop = set(dict(model.named_buffers())) - set(model.state_dict())
+    return {k: v for k, v in state.items() if k not in drop}

@@ -221,12 +221,9 @@ class Trainer:
         """Consolidate the latest checkpoint into `export/` (rank 0 only; not collective)."""
         from zcore.checkpoint import consolidate
         from zstack.recipes.generate import export_dir
+        from zstack.recipes.moe_plan import drop_non_persistent
 
-        state = consolidate(str(self.plan.checkpoints))
-        # zcore's checkpoint also holds non-persistent buffers (rotary tables, zmoe's unused
-        # expert_bias); the export keeps what load_state_dict expects
-        keys = set(self.engine.module.state_dict())
-        state = {k: v for k, v in state.items() if k in keys}
+        state = drop_non_persistent(consolidate(str(self.plan.checkpoints)), self.engine.module)
         export_dir(state, self.model_config, self.tokenizer, self.plan.export)
         return self.plan.export
 
