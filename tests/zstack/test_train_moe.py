@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -153,3 +154,24 @@ def test_bad_moe_flags_fail_naming_the_numbers(
     opts = TrainOptions(out=tmp_path, preset="tiny", seq_len=64, explicit=frozenset(flags), **flags)  # type: ignore[arg-type]
     with pytest.raises(TrainError, match=message or r"`--moe-top-k` describes an MoE model"):
         plan_run(opts, world_size=2)
+
+
+@pytest.mark.slow
+def test_resume_at_another_ep_size(run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "resumed"
+    shutil.copytree(run, out)
+    flags = MOE[: MOE.index("--moe-ep")]  # one rank: ep 1
+    code, text = invoke("train", "--nproc", "1", "--resume", "--steps", "5", *TINY, *flags,
+                        "--out", str(out))  # fmt: skip
+    assert code == 0, text
+    assert "steps 4 -> 5" in text
+    assert [r["step"] for r in read_jsonl(out / "metrics.jsonl") if "loss" in r] == [1, 2, 3, 4, 5]
+
+
+def test_resume_with_other_moe_flags_names_the_difference(run: Path) -> None:
+    opts = TrainOptions(out=run, preset="tiny", seq_len=64, resume=True, steps=9, moe=True,
+                        moe_experts="8", moe_dropless=True)  # fmt: skip
+    with pytest.raises(TrainError, match=r"different MoE model: experts \(4, 4, 4, 4\) \(flags: "):
+        plan_run(opts, world_size=1)
+    with pytest.raises(TrainError, match=r"holds an MoE-architecture model; add `--moe`"):
+        plan_run(TrainOptions(out=run, preset="tiny", seq_len=64, resume=True, steps=9), 1)
