@@ -56,7 +56,7 @@ def combine(y: Tensor, p: Plan, tokens: int) -> Tensor:
     ``index_select`` and summed over the k routes (measured 3-5x faster on CPU than the
     ``index_add_`` scatter, which remains for masked tokens).
     """
-    if p.order is not None:
+    if p.order is not None and tokens:
         k = p.order.numel() // tokens
         routed = y.index_select(0, torch.argsort(p.order)).view(tokens, k, -1)
         weights = p.weights.index_select(0, torch.argsort(p.order)).view(tokens, k, 1)

@@ -48,8 +48,10 @@ class Experts(nn.ModuleDict):
         """[sum(counts), d]: expert ``i`` (local order) on the ``counts[i]`` rows of its slice.
 
         Linear-activation-Linear experts run as one fused call over every slice (a grouped
-        GEMM per layer off the CPU); any other expert is its own module call on its slice,
-        an empty slice not run.
+        GEMM per layer off the CPU); any other expert is its own module call on its slice.
+        An empty slice is run too: every expert then gets a (zero) gradient at the same point
+        of backward on every rank, which ZeRO's gradient buckets and stage 3's gathers need
+        (an expert routed tokens on one rank only would otherwise enter backward there alone).
         """
         if self.fused and x.shape[0]:
             experts = list(self.values())
@@ -61,7 +63,7 @@ class Experts(nn.ModuleDict):
             return sliced_mlp(experts, x, counts)
         outs = []
         for expert, chunk in zip(self.values(), x.split(counts), strict=True):
-            outs.append(_output(expert(chunk)) if chunk.shape[0] else chunk)
+            outs.append(_output(expert(chunk)))
         return torch.cat(outs) if len(outs) > 1 else outs[0]
 
     def batched(self, x: Tensor) -> bool:
