@@ -22,7 +22,6 @@ recipe's metrics read.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import zlib
 from dataclasses import dataclass
@@ -213,21 +212,6 @@ class SwiGLU(nn.Module):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
-def run_every_expert(experts: nn.ModuleDict, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
-    """zmoe's `Experts.run_slices` for experts it cannot fuse, an empty slice run too.
-
-    zmoe skips an expert whose slice is empty, so on a multi-rank job an expert that got
-    tokens on one rank and none on another enters backward on one rank only: the ZeRO
-    reducer's gradient buckets (filled in readiness order) and stage 3's per-module gathers
-    then differ between ranks and the job hangs or gloo aborts ("collective mismatch").
-    Running the empty slice costs nothing and gives every expert a (zero) gradient at the
-    same point of backward on every rank. Drop this once zmoe runs empty slices itself.
-    """
-    chunks = x.split(counts)
-    outs = [expert(chunk) for expert, chunk in zip(experts.values(), chunks, strict=True)]
-    return torch.cat(outs) if len(outs) > 1 else outs[0]
-
-
 class DecoderLayer(nn.Module):
     """x + attn(norm(x)), then x + ffn(norm(x)); ffn a `zmoe.MoE` or a dense SwiGLU."""
 
@@ -254,8 +238,6 @@ class DecoderLayer(nn.Module):
                 router=config.router,
                 aux_loss_free_bias=config.aux_loss_free_bias,
             )
-            experts = self.block_sparse_moe.experts
-            experts.run_slices = functools.partial(run_every_expert, experts)  # see there
         else:
             self.mlp = SwiGLU(d, config.k * config.expert_ffn)
 

@@ -188,7 +188,8 @@ def model_name(config: Any, preset: str) -> str:
 
 def drop_non_persistent(state: dict[str, Any], model: Any) -> dict[str, Any]:
     """`state` without `model`'s non-persistent buffers (the rotary tables, zmoe's unused
-    `expert_bias`): zcore's checkpoint holds every buffer, `load_state_dict` expects none of
-    these. Keyed by buffer name, so an ep rank's model filters a whole model's state."""
+    `expert_bias`): zcore checkpoints written before 2026-11-25 hold every buffer, and
+    `load_state_dict` expects none of these. Keyed by buffer name, so an ep rank's model
+    filters a whole model's state."""
     drop = set(dict(model.named_buffers())) - set(model.state_dict())
     return {k: v for k, v in state.items() if k not in drop}

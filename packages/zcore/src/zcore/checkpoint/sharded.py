@@ -39,7 +39,10 @@ def _frozen_and_buffers(engine: ZEngine) -> tuple[dict[str, torch.Tensor], dict[
             engine.stage3.release([p])
         else:
             frozen[name] = p.data.detach().clone()
-    buffers = {n: b.detach().clone() for n, b in engine.module.named_buffers()}
+    # the module's state_dict keys: non-persistent buffers (rotary caches, zmoe's idle
+    # expert bias) are rebuilt by the model, and DeepSpeed does not save them either
+    persistent = set(engine.module.state_dict(keep_vars=True))
+    buffers = {n: b.detach().clone() for n, b in engine.module.named_buffers() if n in persistent}
     return frozen, buffers
 
 
