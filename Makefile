@@ -127,6 +127,7 @@ bench-deepspeed: setup $(DS_DONE) ds-aio
 	$(DS_ENV) $(BIN)/z bench adam --numel $(NUMEL) --json
 	$(DS_ENV) $(BIN)/z bench adam --numel $(NUMEL) --dtype bf16-states --json
 	$(DS_ENV) $(BIN)/z bench zero-step --stages 1,2,3 --json
+	$(DS_ENV) $(BIN)/z bench moe --json
 	$(DS_ENV) $(BIN)/z bench io --json
 
 clean:
