@@ -8,7 +8,6 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from zserve.server.app import sse_event
 from zserve.server.protocol import (
     ChatCompletionRequest,
     CompletionChoice,
@@ -18,6 +17,7 @@ from zserve.server.protocol import (
     error_body,
     validation_error_details,
 )
+from zserve.server.responses import sse_event
 
 
 def _fail(model, payload: dict) -> tuple[str, str | None]:
@@ -55,7 +55,7 @@ def test_defaults_follow_openai() -> None:
         ({"model": "m", "prompt": 5}, "prompt", "5"),
         ({"model": 7, "prompt": "a"}, "model", "7"),
         ({"model": "m", "prompt": "a", "top_p": 1.5}, "top_p", "1.5"),
-        ({"model": "m", "prompt": "a", "n": 2}, "n", "2"),
+        ({"model": "m", "prompt": "a", "n": 17}, "n", "17"),
     ],
 )
 def test_wrong_values_name_the_field_and_value(payload: dict, field: str, shown: str) -> None:

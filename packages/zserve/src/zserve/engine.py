@@ -21,7 +21,7 @@ from zserve.block_manager import BlockManager
 from zserve.config import EngineConfig
 from zserve.detokenizer import IncrementalDetokenizer
 from zserve.outputs import RequestOutput
-from zserve.sampling import Sampler, SamplingParams
+from zserve.sampling import Sampler, SamplingParams, TokenLogprob, gather_logprobs
 from zserve.scheduler import (
     PrefillFirstScheduler,
     Scheduler,
@@ -189,26 +189,98 @@ class Engine:
         self.num_steps += 1
         if not sched.chunks:
             return results
-        chunks = [
-            SeqChunk(
-                c.seq.seq_id, c.token_ids, c.start, self.kv.block_table(c.seq.seq_id), c.want_logits
+        chunks: list[SeqChunk] = []
+        spans: list[tuple[int, int]] = []  # each chunk's (first logits row, rows)
+        rows = 0
+        for c in sched.chunks:
+            scores = self._scores_prompt(c.seq, c.start)
+            n = c.num_tokens if scores else int(c.want_logits)
+            table = self.kv.block_table(c.seq.seq_id)
+            chunks.append(
+                SeqChunk(c.seq.seq_id, c.token_ids, c.start, table, c.want_logits, scores)
             )
-            for c in sched.chunks
-        ]
+            spans.append((rows, n))
+            rows += n
         logits = self.runner.forward(chunks)
         self.num_forward_tokens += sched.num_tokens
         self.scheduler.update(sched)
+        last_rows = []
+        for c, chunk, (first, n) in zip(sched.chunks, chunks, spans, strict=True):
+            if chunk.all_logits:
+                self._record_prompt_logprobs(c.seq, c.start, logits[first : first + n])
+            if c.want_logits:
+                last_rows.append(first + n - 1)
         sampled = [c.seq for c in sched.chunks if c.want_logits]
+        if len(last_rows) != logits.shape[0]:
+            logits = logits[torch.tensor(last_rows, dtype=torch.int64, device=logits.device)]
         tokens = self.sampler.sample(
             logits, [s.params for s in sampled], [s.extra["gen"] for s in sampled]
         )
-        for seq, tok in zip(sampled, tokens, strict=True):
-            results.append(self._append(seq, tok))
+        lps = self._token_logprobs(logits, sampled, tokens)
+        for seq, tok, lp in zip(sampled, tokens, lps, strict=True):
+            results.append(self._append(seq, tok, lp))
         return results
 
-    def _append(self, seq: Sequence, tok: int) -> RequestOutput:
+    # -- log-probabilities ----------------------------------------------------------------
+    @staticmethod
+    def _scores_prompt(seq: Sequence, start: int) -> bool:
+        """Whether a chunk of `seq` from `start` needs the logits of its every token: the
+        request scores its prompt, not done yet, and the chunk predicts prompt tokens."""
+        return (
+            seq.params.prompt_logprobs is not None
+            and "prompt_lp_sent" not in seq.extra
+            and start < len(seq.prompt_token_ids) - 1
+        )
+
+    def _record_prompt_logprobs(self, seq: Sequence, start: int, rows: torch.Tensor) -> None:
+        """rows: the logits at positions start.. of `seq`; row i predicts token start+i+1."""
+        prompt = seq.prompt_token_ids
+        lp: list[TokenLogprob | None] = seq.extra.setdefault("prompt_lp", [None] * len(prompt))
+        n = min(rows.shape[0], len(prompt) - 1 - start)
+        k = seq.params.prompt_logprobs or 0
+        targets = prompt[start + 1 : start + 1 + n]
+        for i, entry in enumerate(gather_logprobs(rows[:n], targets, [k] * n)):
+            lp[start + 1 + i] = entry
+
+    @staticmethod
+    def _token_logprobs(
+        logits: torch.Tensor, seqs: list[Sequence], tokens: list[int]
+    ) -> list[TokenLogprob | None]:
+        want = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
+        out: list[TokenLogprob | None] = [None] * len(seqs)
+        if want:
+            idx = torch.tensor(want, dtype=torch.int64, device=logits.device)
+            got = gather_logprobs(
+                logits[idx], [tokens[i] for i in want], [seqs[i].params.logprobs for i in want]
+            )
+            for i, entry in zip(want, got, strict=True):
+                out[i] = entry
+        return out
+
+    def _append(self, seq: Sequence, tok: int, lp: TokenLogprob | None = None) -> RequestOutput:
         p = seq.params
+        prompt_lp = None
+        if p.prompt_logprobs is not None and "prompt_lp_sent" not in seq.extra:
+            # sampling means the whole prompt ran: its every position is recorded
+            prompt_lp = seq.extra.pop("prompt_lp", None) or [None] * len(seq.prompt_token_ids)
+            seq.extra["prompt_lp_sent"] = True
+        if p.max_tokens == 0:  # scoring only: the prompt's logprobs, no token
+            self.scheduler.finish(seq, "length")
+            self._live.pop(seq.request_id, None)
+            return RequestOutput(
+                request_id=seq.request_id,
+                token_ids=[],
+                text="",
+                finished=True,
+                finish_reason="length",
+                prompt_tokens=len(seq.prompt_token_ids),
+                completion_tokens=0,
+                logprobs=[] if p.logprobs is not None else None,
+                prompt_logprobs=prompt_lp,
+            )
         seq.output_token_ids.append(tok)
+        if lp is not None:
+            seq.extra.setdefault("lps", []).append(lp)
         detok: IncrementalDetokenizer = seq.extra["detok"]
         reason = None
         if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_token_ids):
@@ -229,6 +301,8 @@ class Engine:
             finish_reason=reason,
             prompt_tokens=len(seq.prompt_token_ids),
             completion_tokens=len(seq.output_token_ids),
+            logprobs=seq.extra["lps"][first:] if p.logprobs is not None else None,
+            prompt_logprobs=prompt_lp,
         )
         if reason is not None:
             self.scheduler.finish(seq, reason)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from zserve.sampling import TokenLogprob
+
 
 @dataclass
 class RequestOutput:
@@ -22,6 +24,11 @@ class RequestOutput:
     prompt_tokens: int
     completion_tokens: int
     error: str | None = None
+    logprobs: list[TokenLogprob] | None = None
+    """One per entry of `token_ids`, when the request asked for `logprobs`."""
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    """One per prompt token (the first is None: nothing predicts it), in the request's
+    first output, when it asked for `prompt_logprobs`."""
 
 
 @dataclass

@@ -42,6 +42,8 @@ class SeqChunk:
     """Physical KV block ids covering positions ``[0, start_pos + len(token_ids))``."""
     want_logits: bool = True
     """False for a prompt chunk that is not the prompt's last."""
+    all_logits: bool = False
+    """Logits of every token of the chunk, not only the last (scoring a prompt)."""
 
 
 class ModelRunner:
@@ -145,8 +147,8 @@ class ModelRunner:
 
         Writes their K/V into the cache at positions ``start_pos ..`` of each block table;
         each token attends causally to its own sequence's keys ``0 .. pos`` through the
-        block table. Returns fp32 logits ``(n, vocab)`` of the LAST token of every chunk
-        with ``want_logits=True``, in chunk order.
+        block table. Returns fp32 logits ``(n, vocab)``, in chunk order: of every token of a
+        chunk with ``all_logits``, else of the LAST token of a chunk with ``want_logits``.
 
         Raises:
             ValueError: an empty chunk, a bad token id, a position past ``max_model_len``,
@@ -159,9 +161,11 @@ class ModelRunner:
         logit_rows: list[int] = []
         for chunk in chunks:
             self._validate(chunk)
+            if chunk.all_logits:
+                logit_rows.extend(range(len(tokens), len(tokens) + len(chunk.token_ids)))
+            elif chunk.want_logits:
+                logit_rows.append(len(tokens) + len(chunk.token_ids) - 1)
             tokens.extend(chunk.token_ids)
-            if chunk.want_logits:
-                logit_rows.append(len(tokens) - 1)
         plan = plan_ragged_attention(
             [len(c.token_ids) for c in chunks],
             [c.start_pos for c in chunks],

@@ -16,6 +16,9 @@ import torch
 
 from zserve.config import SEED_MAX, SEED_MIN
 
+MAX_LOGPROBS = 20
+"""Most alternatives per token a request may ask for."""
+
 MIN_TEMPERATURE = 1e-5
 """Temperatures below this sample greedily (vLLM's threshold too): logits / 1e-45 overflow."""
 
@@ -26,7 +29,7 @@ class SamplingParams:
     errors are `ValueError`s that name the field, the value and the allowed range."""
 
     max_tokens: int = 16
-    """Most tokens to generate (>= 1)."""
+    """Most tokens to generate (>= 1; 0 scores the prompt only, with `prompt_logprobs`)."""
     temperature: float = 1.0
     """Softmax temperature; 0 (or anything below `MIN_TEMPERATURE`) means greedy."""
     top_k: int = 0
@@ -42,6 +45,13 @@ class SamplingParams:
     """Token ids that end generation (besides the model's EOS unless ignore_eos)."""
     ignore_eos: bool = False
     """Keep generating past the model's EOS tokens (benchmarks with fixed lengths)."""
+    logprobs: int | None = None
+    """Return each generated token's log-probability and this many likeliest alternatives
+    (0: the token's only). Log-softmax of the model's raw logits, before temperature,
+    top-k and top-p (vLLM's default `raw_logprobs`); None: none."""
+    prompt_logprobs: int | None = None
+    """The same for every prompt token after the first (scoring, OpenAI's `echo`). The
+    prompt is computed in full: no prefix-cache hits for such a request."""
 
     def __post_init__(self) -> None:
         # Accept lists (JSON) for the tuple fields; frozen, hence object.__setattr__.
@@ -52,11 +62,22 @@ class SamplingParams:
         if self.top_k == -1:
             object.__setattr__(self, "top_k", 0)
         _check(
-            isinstance(self.max_tokens, int) and self.max_tokens >= 1,
+            isinstance(self.max_tokens, int)
+            and (
+                self.max_tokens >= 1 or (self.max_tokens == 0 and self.prompt_logprobs is not None)
+            ),
             "max_tokens",
             self.max_tokens,
-            "an integer >= 1",
+            "an integer >= 1 (0 only with prompt_logprobs)",
         )
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            _check(
+                value is None or (isinstance(value, int) and 0 <= value <= MAX_LOGPROBS),
+                name,
+                value,
+                f"None or an integer in [0, {MAX_LOGPROBS}]",
+            )
         _check(
             isinstance(self.temperature, (int, float)) and 0 <= self.temperature <= 100,
             "temperature",
@@ -155,3 +176,35 @@ class Sampler:
             gen = generators[i] if generators[i] is not None else self._shared
             out[i] = int(torch.multinomial(probs, 1, generator=gen).item())
         return out
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One token's log-probability and the likeliest alternatives at its position."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+    """(token id, logprob) of the likeliest tokens, likeliest first."""
+
+
+def gather_logprobs(
+    logits: torch.Tensor, targets: Sequence[int], num_top: Sequence[int]
+) -> list[TokenLogprob]:
+    """logits: (n, V), one row per target; each row's log-softmax at its target, and its
+    ``num_top[i]`` likeliest tokens. Raw logits: no temperature or filtering applied."""
+    if not targets:
+        return []
+    lp = torch.log_softmax(logits.float(), dim=-1)  # (n, V)
+    idx = torch.tensor(list(targets), dtype=torch.int64, device=lp.device)
+    chosen = lp.gather(1, idx[:, None]).squeeze(1).tolist()
+    k = max(num_top)
+    top_v: list[list[float]] = [[] for _ in targets]
+    top_i: list[list[int]] = [[] for _ in targets]
+    if k:
+        values, ids = lp.topk(k, dim=-1)
+        top_v, top_i = values.tolist(), ids.tolist()
+    return [
+        TokenLogprob(t, c, tuple(zip(top_i[r][:nt], top_v[r][:nt], strict=True)))
+        for r, (t, c, nt) in enumerate(zip(targets, chosen, num_top, strict=True))
+    ]

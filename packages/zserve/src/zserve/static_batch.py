@@ -65,6 +65,11 @@ class StaticBatchEngine:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise ValueError("prompt is empty (0 tokens); send at least one token")
+        if params.logprobs is not None or params.prompt_logprobs is not None:
+            raise ValueError(
+                "logprobs: the static baseline (policy 'static') returns no logprobs; "
+                "serve with policy 'splitfuse' or 'prefill-first'"
+            )
         if any(r == request_id for r, _, _ in self._waiting):
             raise ValueError(f"request_id {request_id!r} is already queued; use a new id")
         if len(ids) + params.max_tokens > self.max_model_len:

@@ -66,6 +66,7 @@ class Tokenizer:
         self.eos_token_ids: list[int] = sorted(set(eos))
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self._template = None
+        self._byte_decoder: dict[str, int] | None = None
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``; ``add_special_tokens`` adds what the tokenizer's
@@ -74,6 +75,27 @@ class Tokenizer:
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for, leading space included (what OpenAI's
+        logprobs report: a token may hold part of a UTF-8 character). Byte-level BPE
+        (GPT-2, SmolLM2, Llama 3) maps its characters back to bytes; SentencePiece
+        (Llama 2, Mistral) writes a space as "▁" and raw bytes as "<0xNN>"."""
+        piece = self._tok.id_to_token(token_id)
+        if piece is None:
+            return b""
+        if self._byte_decoder is None:
+            self._byte_decoder = _byte_level_decoder() if self._is_byte_level() else {}
+        if self._byte_decoder and all(ch in self._byte_decoder for ch in piece):
+            return bytes(self._byte_decoder[ch] for ch in piece)
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            return bytes([int(piece[3:5], 16)])
+        return piece.replace("\u2581", " ").encode("utf-8")
+
+    def _is_byte_level(self) -> bool:
+        decoder = json.loads(self._tok.to_str()).get("decoder") or {}
+        kinds = [decoder.get("type")] + [d.get("type") for d in decoder.get("decoders", [])]
+        return "ByteLevel" in kinds
 
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
@@ -135,3 +157,18 @@ class Tokenizer:
         )
         env.globals["raise_exception"] = raise_exception
         return env.from_string(template)
+
+
+def _byte_level_decoder() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet, character -> byte (the inverse of its
+    `bytes_to_unicode`): printable bytes stand for themselves, the rest are shifted
+    to U+0100 and up."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    chars = list(keep)
+    extra = 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(keep, chars, strict=True)}

@@ -195,7 +195,9 @@ class BaseScheduler(Scheduler):
         """Move the first waiting `seq` to running with up to `max_tokens` of its
         uncomputed tokens allocated (all of them or nothing if `whole`), after reusing
         prefix-cache blocks. Returns the tokens to compute (0: not admitted)."""
-        computed, hit = self.kv.get_computed_blocks(seq.token_ids)
+        computed, hit = NO_BLOCKS, 0
+        if seq.params.prompt_logprobs is None:  # scoring needs every prompt position's logits
+            computed, hit = self.kv.get_computed_blocks(seq.token_ids)
         remaining = seq.num_tokens - hit
         n = min(remaining, max_tokens)
         if whole and n < remaining:

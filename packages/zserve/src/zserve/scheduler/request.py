@@ -49,7 +49,7 @@ class Sequence:
     @property
     def max_len(self) -> int:
         """Tokens the KV cache must hold at most: the last sampled token is never fed back."""
-        return len(self.prompt_token_ids) + self.params.max_tokens - 1
+        return len(self.prompt_token_ids) + max(self.params.max_tokens, 1) - 1
 
     @property
     def finished(self) -> bool:

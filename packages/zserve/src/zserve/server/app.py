@@ -9,8 +9,6 @@ completion) has its request aborted, which frees its KV blocks.
 
 from __future__ import annotations
 
-import asyncio
-import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -18,37 +16,40 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from zserve.server.async_engine import (
     AsyncEngine,
     EngineDeadError,
     EngineStepError,
     QueueFullError,
-    RequestStream,
 )
+from zserve.server.choices import Choices
+from zserve.server.logprobs import TokenTexts
 from zserve.server.metrics import ServerMetrics, StatusMiddleware
 from zserve.server.prometheus import Registry
 from zserve.server.protocol import (
-    ChatChoice,
-    ChatChunkChoice,
-    ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
-    ChatDelta,
-    ChatMessageOut,
-    CompletionChoice,
     CompletionRequest,
     CompletionResponse,
     ModelCard,
     ModelList,
-    Usage,
     describe_validation_error,
     error_body,
     new_id,
 )
+from zserve.server.responses import (
+    ChatShaper,
+    ClientGone,
+    CompletionShaper,
+    collect,
+    sse_event,
+    stream_chunks,
+    usage_of,
+)
 
-# how often a non-streaming request checks whether its client is still there
-DISCONNECT_POLL_S = 0.25
+__all__ = ["APIError", "create_app", "sse_event"]
 
 
 class APIError(Exception):
@@ -94,6 +95,11 @@ def create_app(engine: Any, max_queue: int = 256, model_name: str | None = None)
     async def _bad_request(_: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = describe_validation_error(list(exc.errors()))
         return _error(400, message, param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # unknown path (404), wrong method (405)...: OpenAI's shape, not FastAPI's {"detail"}
+        return _error(exc.status_code, f"{exc.detail}; see `/v1/models` and the OpenAI API paths")
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -142,22 +148,42 @@ def create_app(engine: Any, max_queue: int = 256, model_name: str | None = None)
             )
         return max_tokens
 
-    async def start(
+    texts = TokenTexts(aengine.tokenizer)
+
+    async def respond(
         req: CompletionRequest | ChatCompletionRequest,
+        request: Request,
         prompt_ids: list[int],
-        max_tokens: int,
-    ) -> RequestStream:
-        params = _sampling_params(req, max_tokens)
+        params: Any,
+        shaper: Any,
+        rid: str,
+    ) -> Any:
+        """Run the request's ``n`` choices; a stream, or the merged deltas and the usage."""
+        choices = Choices(aengine, metrics)
         try:
-            return await aengine.submit(prompt_ids, params, prompt_tokens=len(prompt_ids))
+            await choices.start(prompt_ids, params, req.n)
         except ValueError as exc:  # the engine rejected the request
             raise APIError(400, str(exc), _param_of(str(exc))) from exc
+        if req.stream:
+            include_usage = req.stream_options is not None and req.stream_options.include_usage
+            return _sse(
+                stream_chunks(
+                    choices, shaper, rid, served_name, req.n, include_usage, choices.close
+                )
+            )
+        try:
+            merged = await collect(choices, shaper, request, req.n)
+        except ClientGone as exc:
+            raise APIError(499, "client disconnected") from exc
+        except EngineStepError as exc:
+            raise APIError(500, str(exc), None, "engine_error") from exc
+        finally:
+            choices.close()
+        return merged, usage_of(choices)
 
     @app.post("/v1/completions", response_model=None)
     async def completions(req: CompletionRequest, request: Request):
         check_model(req.model)
-        if req.echo:
-            raise APIError(400, "echo: true is not supported; send echo: false", "echo")
         if isinstance(req.prompt, str):
             prompt_ids = list(aengine.tokenizer.encode(req.prompt))
         else:
@@ -165,26 +191,27 @@ def create_app(engine: Any, max_queue: int = 256, model_name: str | None = None)
         if not prompt_ids:
             raise APIError(400, "prompt: empty; send at least one token of text", "prompt")
         max_tokens = check_length(len(prompt_ids), req.max_tokens, "prompt")
-        stream = await start(req, prompt_ids, max_tokens)
+        echo_text = None
+        if req.echo:
+            echo_text = req.prompt if isinstance(req.prompt, str) else _decode(prompt_ids)
+        # scoring the prompt (echo + logprobs); max_tokens 0 runs the prompt only, which the
+        # engine does as a scoring request whose scores are then left out
+        scored = req.logprobs if req.echo and req.logprobs is not None else None
+        if max_tokens == 0 and scored is None:
+            scored = 0
+        params = _sampling_params(req, max_tokens, logprobs=req.logprobs, prompt_logprobs=scored)
+        shaper = CompletionShaper(texts, prompt_ids, echo_text, req.logprobs is not None)
         rid = new_id("cmpl")
-        if req.stream:
-            return _sse(_completion_chunks(stream, rid, served_name, aengine, metrics))
-        text, reason, n_out = await _collect(stream, request, aengine, metrics)
-        return CompletionResponse(
-            id=rid,
-            model=served_name,
-            choices=[CompletionChoice(text=text, finish_reason=reason)],
-            usage=Usage(
-                prompt_tokens=stream.prompt_tokens,
-                completion_tokens=n_out,
-                total_tokens=stream.prompt_tokens + n_out,
-            ),
-        )
+        got = await respond(req, request, prompt_ids, params, shaper, rid)
+        if not isinstance(got, tuple):
+            return got
+        merged, usage = got
+        return CompletionResponse(id=rid, model=served_name, choices=merged, usage=usage)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         check_model(req.model)
-        messages = [m.model_dump() for m in req.messages]
+        messages = [m.model_dump(exclude_none=True) for m in req.messages]
         try:
             # the template writes the BOS it wants: encoded without special tokens
             prompt_ids = list(aengine.tokenizer.chat_token_ids(messages))
@@ -192,21 +219,23 @@ def create_app(engine: Any, max_queue: int = 256, model_name: str | None = None)
             raise APIError(400, f"messages: {exc}", "messages") from exc
         wanted = req.max_completion_tokens or req.max_tokens
         max_tokens = check_length(len(prompt_ids), wanted, "messages")
-        stream = await start(req, prompt_ids, max_tokens)
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        params = _sampling_params(req, max_tokens, logprobs=logprobs)
+        shaper = ChatShaper(texts, req.logprobs)
         rid = new_id("chatcmpl")
-        if req.stream:
-            return _sse(_chat_chunks(stream, rid, served_name, aengine, metrics))
-        text, reason, n_out = await _collect(stream, request, aengine, metrics)
+        got = await respond(req, request, prompt_ids, params, shaper, rid)
+        if not isinstance(got, tuple):
+            return got
+        merged, usage = got
         return ChatCompletionResponse(
             id=rid,
             model=served_name,
-            choices=[ChatChoice(message=ChatMessageOut(content=text), finish_reason=reason)],
-            usage=Usage(
-                prompt_tokens=stream.prompt_tokens,
-                completion_tokens=n_out,
-                total_tokens=stream.prompt_tokens + n_out,
-            ),
+            choices=[ChatShaper.to_choice(c) for c in merged],
+            usage=usage,
         )
+
+    def _decode(ids: list[int]) -> str:
+        return aengine.tokenizer.decode(ids, skip_special_tokens=False)
 
     @app.get("/v1/models")
     async def models() -> ModelList:
@@ -225,11 +254,18 @@ def create_app(engine: Any, max_queue: int = 256, model_name: str | None = None)
     return app
 
 
-def _sampling_params(req: CompletionRequest | ChatCompletionRequest, max_tokens: int) -> Any:
+def _sampling_params(
+    req: CompletionRequest | ChatCompletionRequest,
+    max_tokens: int,
+    logprobs: int | None = None,
+    prompt_logprobs: int | None = None,
+) -> Any:
     from zserve.sampling import SamplingParams
 
     kwargs: dict[str, Any] = {
         "max_tokens": max_tokens,
+        "logprobs": logprobs,
+        "prompt_logprobs": prompt_logprobs,
         "temperature": req.temperature,
         "top_p": req.top_p,
         "stop": req.stop_strings(),
@@ -245,7 +281,16 @@ def _sampling_params(req: CompletionRequest | ChatCompletionRequest, max_tokens:
         raise APIError(400, str(exc), _param_of(str(exc))) from exc
 
 
-_FIELDS = ("max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "prompt")
+_FIELDS = (
+    "max_tokens",
+    "temperature",
+    "top_k",
+    "top_p",
+    "seed",
+    "stop",
+    "prompt",
+    "logprobs",
+)
 
 
 def _param_of(message: str) -> str | None:
@@ -260,132 +305,3 @@ def _sse(chunks: AsyncIterator[str]) -> StreamingResponse:
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
-
-
-def sse_event(payload: Any) -> str:
-    """One Server-Sent Event carrying ``payload`` (a pydantic model, dict or the string [DONE])."""
-    if isinstance(payload, str):
-        data = payload
-    elif hasattr(payload, "model_dump_json"):
-        data = payload.model_dump_json(exclude_none=False)
-    else:
-        data = json.dumps(payload)
-    return f"data: {data}\n\n"
-
-
-def _raise_if_error(out: Any) -> None:
-    if out.finished and out.finish_reason == "error":
-        raise EngineStepError(f"request failed in the engine: {out.error}")
-
-
-async def _collect(
-    stream: RequestStream, request: Request, aengine: AsyncEngine, metrics: ServerMetrics
-) -> tuple[str, str | None, int]:
-    """Wait for the whole completion, aborting it if the client disconnects meanwhile."""
-    parts: list[str] = []
-    reason: str | None = None
-    n_out = 0
-    loop = asyncio.get_running_loop()
-    next_check = loop.time() + DISCONNECT_POLL_S
-    try:
-        while True:
-            out = await stream.get(timeout=DISCONNECT_POLL_S)
-            # Checked on a clock, not only when the engine is quiet: a request whose tokens keep
-            # coming faster than the poll interval must still notice its client has left.
-            if out is None or loop.time() >= next_check:
-                next_check = loop.time() + DISCONNECT_POLL_S
-                if await request.is_disconnected():
-                    raise APIError(499, "client disconnected")
-            if out is None:
-                continue
-            _raise_if_error(out)
-            parts.append(out.text)
-            n_out += len(out.token_ids)
-            if out.finished:
-                reason = out.finish_reason
-                break
-    except EngineStepError as exc:
-        raise APIError(500, str(exc), None, "engine_error") from exc
-    finally:
-        stream.close()
-        if not stream.finished:
-            aengine.abort(stream.request_id)
-        metrics.finished(stream, n_out)
-    return "".join(parts), reason, n_out
-
-
-async def _completion_chunks(
-    stream: RequestStream, rid: str, model: str, aengine: AsyncEngine, metrics: ServerMetrics
-) -> AsyncIterator[str]:
-    n_out = 0
-    try:
-        async for out in stream:
-            _raise_if_error(out)
-            n_out += len(out.token_ids)
-            if not out.text and not out.finished:
-                continue
-            usage = None
-            if out.finished:
-                usage = Usage(
-                    prompt_tokens=stream.prompt_tokens,
-                    completion_tokens=n_out,
-                    total_tokens=stream.prompt_tokens + n_out,
-                )
-            chunk = CompletionResponse(
-                id=rid,
-                model=model,
-                choices=[
-                    CompletionChoice(
-                        text=out.text, finish_reason=out.finish_reason if out.finished else None
-                    )
-                ],
-                usage=usage,
-            )
-            yield sse_event(chunk)
-        yield sse_event("[DONE]")
-    except EngineStepError as exc:
-        yield sse_event(error_body(str(exc), "server_error", None, "engine_error"))
-    finally:
-        _stream_closed(stream, aengine, metrics, n_out)
-
-
-async def _chat_chunks(
-    stream: RequestStream, rid: str, model: str, aengine: AsyncEngine, metrics: ServerMetrics
-) -> AsyncIterator[str]:
-    n_out = 0
-    try:
-        first = ChatChunkChoice(delta=ChatDelta(role="assistant", content=""))
-        yield sse_event(_chat_chunk(rid, model, first))
-        async for out in stream:
-            _raise_if_error(out)
-            n_out += len(out.token_ids)
-            if not out.text and not out.finished:
-                continue
-            choice = ChatChunkChoice(
-                delta=ChatDelta(content=out.text or None),
-                finish_reason=out.finish_reason if out.finished else None,
-            )
-            yield sse_event(_chat_chunk(rid, model, choice))
-        yield sse_event("[DONE]")
-    except EngineStepError as exc:
-        yield sse_event(error_body(str(exc), "server_error", None, "engine_error"))
-    finally:
-        _stream_closed(stream, aengine, metrics, n_out)
-
-
-def _chat_chunk(rid: str, model: str, choice: ChatChunkChoice) -> dict[str, Any]:
-    # OpenAI's deltas carry only the keys that change ("role" once, then "content")
-    chunk = ChatCompletionChunk(id=rid, model=model, choices=[choice]).model_dump()
-    delta = chunk["choices"][0]["delta"]
-    chunk["choices"][0]["delta"] = {k: v for k, v in delta.items() if v is not None}
-    return chunk
-
-
-def _stream_closed(
-    stream: RequestStream, aengine: AsyncEngine, metrics: ServerMetrics, n_out: int
-) -> None:
-    # runs on normal end, on client disconnect (the stream task is cancelled) and on error
-    stream.close()
-    if not stream.finished:
-        aengine.abort(stream.request_id)
-    metrics.finished(stream, n_out)

@@ -48,6 +48,8 @@ class RequestStream:
     #: ended with an error (the engine's or its own) rather than an output
     failed: bool = False
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    #: set when the first output (or the error) arrives: the prompt has run
+    started: asyncio.Event = field(default_factory=asyncio.Event)
 
     _pending: asyncio.Task | None = None
 
@@ -205,6 +207,7 @@ class AsyncEngine:
             if stream is None:  # aborted meanwhile
                 continue
             stream.queue.put_nowait(out)
+            stream.started.set()
             if out.finished:
                 del self._streams[out.request_id]
 
@@ -213,6 +216,7 @@ class AsyncEngine:
             stream = self._streams.pop(rid, None)
             if stream is not None:
                 stream.queue.put_nowait(error)
+                stream.started.set()
 
     def _post(self, fn, *args) -> None:
         assert self._loop is not None

@@ -2,8 +2,12 @@
 
 Requests are validated strictly (``"5"`` is not an integer, ``"yes"`` is not a
 boolean) so a wrong type is a 400 naming the field rather than a silent
-coercion. Unknown keys are ignored, as clients routinely send parameters
-(``user``, ``logprobs: null``...) that change nothing here.
+coercion. Nothing is silently ignored: an OpenAI field zserve does not implement
+(`tools`, `response_format`, penalties...) is a 400 naming it unless it holds its
+no-op value (null, 0, an empty list, ``{"type": "text"}``: what clients send by
+default, see `unsupported.py`), and a key OpenAI does not define either is a 400
+("unrecognized request argument"), as OpenAI answers. ``user`` is accepted: it only
+identifies the caller.
 
 Errors use OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
 """
@@ -14,13 +18,27 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from zserve.config import SEED_MAX, SEED_MIN
+from zserve.server.unsupported import check_unsupported
+
+MAX_LOGPROBS = 20
+"""Most alternatives per token (`logprobs` of completions, `top_logprobs` of chat): vLLM's
+default limit; OpenAI allows 5 and 20."""
+
+MAX_N = 16
+"""Most choices per request."""
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class StreamOptions(_Request):
+    include_usage: bool = Field(
+        default=False, description="Send a last chunk with `usage` and no choices."
+    )
 
 
 class _SamplingFields(_Request):
@@ -33,8 +51,16 @@ class _SamplingFields(_Request):
     temperature: float = Field(default=1.0, ge=0.0, description="0 (or below 1e-5) means greedy.")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus mass in (0, 1].")
     top_k: int | None = Field(default=None, description="Keep the k likeliest tokens (zserve).")
-    n: int = Field(default=1, ge=1, le=1, description="Choices per request; only 1 is served.")
+    n: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_N,
+        description="Choices per request; with a seed, choice i samples with seed + i.",
+    )
     stream: bool = Field(default=False, description="Send Server-Sent Events as tokens arrive.")
+    stream_options: StreamOptions | None = Field(
+        default=None, description="Only with stream: true."
+    )
     stop: str | list[str] | None = Field(default=None, description="Stop strings (up to 4).")
     seed: int | None = Field(
         default=None,
@@ -43,6 +69,19 @@ class _SamplingFields(_Request):
         description="Seed (64-bit) of this request's sampler.",
     )
     ignore_eos: bool = Field(default=False, description="Keep generating past EOS (zserve).")
+    user: str | None = Field(default=None, description="The caller's id; changes nothing.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unsupported(cls, data: Any) -> Any:
+        # before field validation: an unsupported field is named even when others are bad
+        return check_unsupported(data, cls.__name__)
+
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self) -> Any:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed with stream: true")
+        return self
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -54,8 +93,25 @@ class CompletionRequest(_SamplingFields):
     """`POST /v1/completions`."""
 
     prompt: str | list[int] = Field(description="Text, or token ids, to continue.")
-    max_tokens: int | None = Field(default=16, ge=1, description="OpenAI's default is 16.")
-    echo: bool = Field(default=False, description="Not supported; must be false.")
+    max_tokens: int | None = Field(
+        default=16, ge=0, description="OpenAI's default is 16; 0 only with echo (scoring)."
+    )
+    echo: bool = Field(default=False, description="Prepend the prompt to the text.")
+    logprobs: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_LOGPROBS,
+        description="Log-probabilities of each token and of this many likeliest alternatives.",
+    )
+
+    @model_validator(mode="after")
+    def _zero_tokens_only_to_echo(self) -> Any:
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError(
+                "max_tokens: must be >= 1 (got 0); 0 generates nothing and is only allowed "
+                "with echo: true (scoring the prompt)"
+            )
+        return self
 
 
 class ChatMessage(_Request):
@@ -63,6 +119,7 @@ class ChatMessage(_Request):
 
     role: Literal["system", "user", "assistant", "tool"]
     content: str
+    name: str | None = Field(default=None, description="Passed to the chat template.")
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -70,6 +127,16 @@ class ChatCompletionRequest(_SamplingFields):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = Field(default=False, description="Log-probability of each output token.")
+    top_logprobs: int | None = Field(
+        default=None, ge=0, le=MAX_LOGPROBS, description="Alternatives per token (logprobs)."
+    )
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self) -> Any:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
 
 
 class Usage(BaseModel):
@@ -78,10 +145,19 @@ class Usage(BaseModel):
     total_tokens: int
 
 
+class CompletionLogprobs(BaseModel):
+    """Legacy completions' logprobs: parallel lists, one entry per token."""
+
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
 
 
@@ -101,9 +177,25 @@ class ChatMessageOut(BaseModel):
     content: str
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob] | None = None
+    refusal: None = None
+
+
 class ChatChoice(BaseModel):
     index: int = 0
     message: ChatMessageOut
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
 
 
@@ -124,6 +216,7 @@ class ChatDelta(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: ChatDelta
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
 
 
@@ -199,8 +292,17 @@ def describe_validation_error(errors: list[dict[str, Any]]) -> tuple[str, str | 
             continue
         first = first or field
         value = err.get("input")
-        shown = "" if err.get("type") == "missing" else f" (got {_short(value)})"
-        parts.append(f"{field or 'body'}: {err.get('msg')}{shown}")
+        msg = str(err.get("msg"))
+        if err.get("type") == "extra_forbidden":
+            msg = "unrecognized request argument (not an OpenAI field zserve knows)"
+        elif err.get("type") == "value_error":
+            msg = msg.removeprefix("Value error, ")
+            if field is None:  # a whole-request check: the field is its message's first word
+                first = first or msg.split()[0].rstrip(":")
+                parts.append(msg)
+                continue
+        shown = "" if err.get("type") in ("missing", "value_error") else f" (got {_short(value)})"
+        parts.append(f"{field or 'body'}: {msg}{shown}")
     # unions repeat one field per member; keep each message once, in order
     return "; ".join(dict.fromkeys(parts)), first
 
