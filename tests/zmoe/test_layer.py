@@ -138,7 +138,7 @@ def test_fused_experts_equal_one_call_per_expert(
         seed_experts(layer)
         assert layer.experts.fused
         layer.experts.grouped_on_cpu = kernel == "grouped"
-        layer.experts.fused = kernel != "modules"
+        layer.experts.fused_on_cpu = kernel != "modules"
         with torch.no_grad():  # expert 3 gets no token
             layer.gate.wg.weight[3] = -10.0
         layers.append(layer)

@@ -241,8 +241,9 @@ class MoE(nn.Module):
         routes = capacity.slot_routes(slots, e, c)
         buf = capacity.encode(x, slots, routes)  # [E*C, d], experts rank by rank
         load = torch.bincount(routing.indices[routing.indices >= 0], minlength=e)
-        if comm is None:
-            y = self.experts.run_buffer(buf.view(e, c, d)).reshape(e * c, d)
+        if comm is None:  # experts run on their filled slots only (kept routes fill in order)
+            filled = load.clamp_max(c).tolist()
+            y = self.experts.run_buffer(buf.view(e, c, d), filled).reshape(e * c, d)
             return capacity.decode(y, slots, routes, routing.gates), load, 0, 0
         ep, local = self.ep_size, self.num_local_experts
         # Every rank's buffer has the same E*C rows (same T on every rank, as DeepSpeed).
