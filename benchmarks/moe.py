@@ -23,8 +23,10 @@ Run: ``z bench moe --json`` (DeepSpeed columns need ``PYTHONPATH`` to hold DeepS
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
+import sys
 import time
 import warnings
 from typing import Any
@@ -54,8 +56,9 @@ def _mlp(d: int, ffn: int) -> nn.Sequential:
 
 
 def _deepspeed_layer() -> Any:
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # else its detection logs to stdout
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
             warnings.simplefilter("ignore")
             from deepspeed.moe.layer import MoE as DeepSpeedMoE
     except Exception:  # any failure to import means no DeepSpeed column
