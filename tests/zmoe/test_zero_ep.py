@@ -148,8 +148,8 @@ CKPT_CASE = CASES["dropless"]
 SAVED_AT = 5
 
 
-def _save(rank: int, world: int, ep: int, stage: int, ckpt: str, aux: float) -> list[float]:
-    engine, *_ = zcore.initialize(make(ep, CKPT_CASE, aux), config=config(stage, mb=MB, gas=GAS))
+def _save(rank: int, world: int, ep: int, stage: int, ckpt: str, aux: float, mb: int = MB) -> list:
+    engine, *_ = zcore.initialize(make(ep, CKPT_CASE, aux), config=config(stage, mb=mb, gas=GAS))
     losses = train(engine, SAVED_AT)
     engine.save_checkpoint(ckpt, tag="t")
     return losses
@@ -185,13 +185,19 @@ def test_checkpoint_saved_at_ep2_continues_at_ep1(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_checkpoint_moves_between_ep_and_data_parallel_sizes(tmp_path: Path) -> None:
     # no aux loss: with dropless routing the loss is then the same however the global batch
-    # is split into forwards, so a run on 4 ranks can continue on 2 and on 1
+    # is split into forwards, so a run on 4 ranks can continue on 2 and on 1, and back
     ckpt = str(tmp_path / "ckpt")
     run_ranks(_save, 4, args=(2, 2, ckpt, 0.0))
     ref, _ = baseline(CKPT_CASE, 4, 3, start=SAVED_AT, aux_coef=0.0)
-    for world, ep in ((2, 1), (2, 2)):
+    for world, ep in ((2, 1), (2, 2), (1, 1)):
         for losses in run_ranks(_resume, world, args=(ep, 3, ckpt, 0.0, MB * 4 // world)):
             assert losses == pytest.approx(ref, rel=2e-5, abs=2e-5), (world, ep)
+    # and the other way: one process (ep 1) to 4 ranks at ep 2 and ep 4
+    ckpt = str(tmp_path / "ckpt1")
+    run_ranks(_save, 1, args=(1, 2, ckpt, 0.0, MB * 4))
+    for ep in (2, 4):
+        for losses in run_ranks(_resume, 4, args=(ep, 3, ckpt, 0.0, MB)):
+            assert losses == pytest.approx(ref, rel=2e-5, abs=2e-5), (4, ep)
 
 
 # -- offloaded expert state ---------------------------------------------------------------
