@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -27,7 +25,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from zcore.checkpoint.files import fsync_dir
+from zstack.recipes.atomic_dir import write_dir_atomically
 from zstack.recipes.gpt import GPT, GPTConfig
 from zstack.recipes.tokenizer import Tokenizer
 
@@ -114,30 +112,14 @@ def export_dir(
     Files go to a temporary sibling directory, are fsynced, and the directory is
     renamed into place; an existing `out_dir` is replaced only after that.
     """
-    out = Path(out_dir).absolute()
-    out.parent.mkdir(parents=True, exist_ok=True)
     weights = _weights_for_export(model_state_dict, gpt_config)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
-    try:
+
+    def fill(tmp: Path) -> None:
         (tmp / MODEL_JSON).write_text(json.dumps(gpt_config.to_dict(), indent=2) + "\n")
         tokenizer.save(tmp / TOKENIZER_JSON)
         save_file(weights, str(tmp / WEIGHTS), metadata={"format": "pt"})
-        for name in (MODEL_JSON, WEIGHTS):
-            with open(tmp / name, "rb") as f:
-                os.fsync(f.fileno())
-        fsync_dir(tmp)
-        old = None
-        if out.exists():
-            old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".old"))
-            os.replace(out, old / out.name)
-        os.replace(tmp, out)
-        fsync_dir(out.parent)
-        if old is not None:
-            shutil.rmtree(old)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+
+    return write_dir_atomically(out_dir, fill)
 
 
 def read_state_dict(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:

@@ -21,8 +21,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -30,7 +28,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from zcore.checkpoint.files import fsync_dir
+from zstack.recipes.atomic_dir import write_dir_atomically
 from zstack.recipes.moe_lm import MoELMConfig
 from zstack.recipes.tokenizer import EOT, Tokenizer
 
@@ -158,10 +156,8 @@ def export_mixtral(
     """Write the Mixtral directory (module docstring) atomically; return its path."""
     check_exportable(config)
     weights = hf_state_dict(state, config)
-    out = Path(out_dir).absolute()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
-    try:
+
+    def fill(tmp: Path) -> None:
         files = {
             "config.json": hf_config(config, tokenizer),
             "generation_config.json": {
@@ -174,18 +170,8 @@ def export_mixtral(
             (tmp / name).write_text(json.dumps(body, indent=2) + "\n")
         tokenizer.save(tmp / "tokenizer.json")
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        for f in tmp.iterdir():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-        fsync_dir(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-        fsync_dir(out.parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+
+    return write_dir_atomically(out_dir, fill)
 
 
 def export_run(

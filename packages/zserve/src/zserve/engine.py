@@ -266,18 +266,10 @@ class Engine:
             seq.extra["prompt_lp_sent"] = True
         if p.max_tokens == 0:  # scoring only: the prompt's logprobs, no token
             self.scheduler.finish(seq, "length")
-            self._live.pop(seq.request_id, None)
-            return RequestOutput(
-                request_id=seq.request_id,
-                token_ids=[],
-                text="",
-                finished=True,
-                finish_reason="length",
-                prompt_tokens=len(seq.prompt_token_ids),
-                completion_tokens=0,
-                logprobs=[] if p.logprobs is not None else None,
-                prompt_logprobs=prompt_lp,
-            )
+            out = self._final(seq, "length")
+            out.logprobs = [] if p.logprobs is not None else None
+            out.prompt_logprobs = prompt_lp
+            return out
         seq.output_token_ids.append(tok)
         if lp is not None:
             seq.extra.setdefault("lps", []).append(lp)

@@ -129,11 +129,6 @@ class ZeroOptimizer:
         first_replica = ax.replicas is None or ax.replicas.rank == 0
         return first_replica and (self.stage >= 1 or ax.shard.rank == 0)
 
-    @property
-    def reducer(self) -> GradReducer:
-        """The dense (``dp``) groups' reducer."""
-        return self.reducers["dp"]
-
     # -- construction ---------------------------------------------------------------------
     def _shape(self, p: nn.Parameter) -> torch.Size:
         if self.stage3 is not None and p in self.stage3.params:
