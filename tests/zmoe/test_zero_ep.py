@@ -248,3 +248,27 @@ def test_pyramid_residual_moe_at_ep2_stage3_equals_one_process() -> None:
         assert held == {str(2 * rank), str(2 * rank + 1)}, held
         for key, value in params.items():
             torch.testing.assert_close(value, ref_params[key], atol=1e-4, rtol=0, msg=key)
+
+
+def _load_into_wider_experts(rank: int, world: int, ckpt: str) -> str:
+    model = make(2, CKPT_CASE)
+    for expert in model.layers[0].experts.values():  # experts 3*D wide instead of 2*D
+        expert[0], expert[2] = nn.Linear(D, 3 * D), nn.Linear(3 * D, D)
+        for p in expert.parameters():
+            p.zero_axis = "edp"
+    engine, *_ = zcore.initialize(model, config=config(2, mb=MB, gas=GAS))
+    try:
+        engine.load_checkpoint(ckpt, tag="t")
+    except zcore.checkpoint.CheckpointError as err:
+        return str(err)
+    return "loaded"
+
+
+def test_checkpoint_refuses_experts_of_another_shape(tmp_path: Path) -> None:
+    # expert layouts come from the rank files (each ep rank holds other experts): experts
+    # of another shape are refused on every rank, naming the parameter, engine unchanged
+    ckpt = str(tmp_path / "ckpt")
+    run_ranks(_save, 2, args=(2, 3, ckpt, 0.01))
+    for msg in run_ranks(_load_into_wider_experts, 2, args=(ckpt,)):
+        assert "layers.0.experts." in msg and "shape" in msg, msg
+        assert "nothing was loaded" in msg, msg
