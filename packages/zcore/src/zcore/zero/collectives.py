@@ -34,6 +34,10 @@ class Collectives:
     """Full-precision collectives (the default); plug-ins override the public methods."""
 
     name = "full"
+    scatter_layout = False
+    """True when this plug-in's gradient reduction is a reduce-scatter (qgZ's all-to-all):
+    the engine then uses the reduce-scatter bucket layout on gloo too, where it otherwise
+    all-reduces the buckets (gloo's all-reduce is faster than its reduce-scatter)."""
 
     def reduce_scatter(self, comm: Comm, out: torch.Tensor, inp: torch.Tensor, what: str) -> Handle:
         """Sum ``inp`` (``comm.size`` equal chunks) across ``comm``; this rank's chunk to ``out``."""
