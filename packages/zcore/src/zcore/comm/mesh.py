@@ -26,6 +26,7 @@ axis, so every collective keeps its timeout and its rank/op/step message.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -269,6 +270,23 @@ class Mesh:
         """This rank's index on every axis of size above 1 (checkpoint manifests record it)."""
         names = [*AXES, "dp_local", *(("ep", "edp") if self.spec.ep > 1 else ())]
         return {a: self.coordinate(a) for a in names if self.size(a) > 1}
+
+    @property
+    def node_size(self) -> int:
+        """Ranks per node: what counts as "intra-node" for hpZ, qgZ and byte accounting.
+
+        ``dp_local`` when hpZ sets it (on one machine the "nodes" are groups of ranks the
+        mesh gives), else ``LOCAL_WORLD_SIZE`` (set by ``z launch`` and torchrun, one per
+        machine), else the whole job. Nodes are runs of consecutive global ranks.
+        """
+        if self.spec.dp_local > 1:
+            return self.spec.dp_local
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
+        return local if local > 0 and self.spec.world % local == 0 else self.spec.world
+
+    def node_of(self, rank: int) -> int:
+        """The node global rank ``rank`` runs on (see :attr:`node_size`)."""
+        return rank // self.node_size
 
     @property
     def data_rank(self) -> int:
