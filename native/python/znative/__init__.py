@@ -21,6 +21,10 @@ file ended before the requested range.
 Quantization kernels for zquant (:func:`int8_gemm`, :func:`int8_linear`,
 :func:`quantize_tokenwise`, :func:`dequantize_weight`, :func:`dequant_linear`)
 take int8/uint8/int32/float32 arrays in the layouts of ``zquant.packing``.
+
+Compressed-collective kernels for zcomm (:func:`pack_signs`, :func:`unpack_signs`,
+:func:`quantize_blocks`, :func:`dequantize_blocks`) read arrays flat, in the layouts of
+``zcomm.signs`` and ``zcomm.blockquant`` (their torch references).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from znative._native import (
     adam_step,
     aligned_buffer,
     dequant_linear,
+    dequantize_blocks,
     dequantize_weight,
     detected_simd_level,
     int8_gemm,
@@ -52,10 +57,13 @@ from znative._native import (
     io_backend_probe,
     lion_step,
     num_threads,
+    pack_signs,
+    quantize_blocks,
     quantize_tokenwise,
     set_simd_level,
     simd_level,
     stream_4r3w,
+    unpack_signs,
 )
 
 __all__ = [
@@ -75,6 +83,7 @@ __all__ = [
     "adam_step",
     "aligned_buffer",
     "dequant_linear",
+    "dequantize_blocks",
     "dequantize_weight",
     "detected_simd_level",
     "int8_gemm",
@@ -83,10 +92,13 @@ __all__ = [
     "io_backend_probe",
     "lion_step",
     "num_threads",
+    "pack_signs",
+    "quantize_blocks",
     "quantize_tokenwise",
     "set_simd_level",
     "simd_level",
     "stream_4r3w",
+    "unpack_signs",
 ]
 
 _requested = _os.environ.get("ZNATIVE_SIMD")

@@ -20,6 +20,7 @@ __all__ = [
     "adam_step",
     "aligned_buffer",
     "dequant_linear",
+    "dequantize_blocks",
     "dequantize_weight",
     "detected_simd_level",
     "int8_gemm",
@@ -28,10 +29,13 @@ __all__ = [
     "io_backend_probe",
     "lion_step",
     "num_threads",
+    "pack_signs",
+    "quantize_blocks",
     "quantize_tokenwise",
     "set_simd_level",
     "simd_level",
     "stream_4r3w",
+    "unpack_signs",
 ]
 
 __version__: str
@@ -134,6 +138,15 @@ def dequant_linear(
     offset: int = 8,
 ) -> None: ...
 def int8_vnni_available() -> bool: ...
+
+# Compressed-collective kernels (zcomm). Arrays read flat, C-contiguous; layouts of
+# zcomm.signs (MSB-first sign bits) and zcomm.blockquant (offset codes, INT4 low nibble first).
+def pack_signs(x: _Array, out: _Array) -> float: ...
+def unpack_signs(packed: _Array, scale: float, out: _Array) -> None: ...
+def quantize_blocks(x: _Array, codes: _Array, scales: _Array, *, bits: int, block: int) -> None: ...
+def dequantize_blocks(
+    codes: _Array, scales: _Array, out: _Array, *, bits: int, block: int
+) -> None: ...
 
 # Async file IO (zaio). Buffers: numpy arrays of any non-object dtype, C-contiguous.
 @final

@@ -10,6 +10,7 @@
 //! inputs are split into chunks processed on a shared thread pool ([`par`]).
 
 pub mod bf16;
+pub mod comm;
 pub mod error;
 pub mod optim;
 pub mod par;

@@ -3,6 +3,7 @@
 
 mod aio;
 mod arrays;
+mod comm;
 mod errors;
 mod inflight;
 mod optim;
@@ -58,6 +59,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(quant::dequantize_weight, m)?)?;
     m.add_function(wrap_pyfunction!(quant::dequant_linear, m)?)?;
     m.add_function(wrap_pyfunction!(quant::int8_vnni_available, m)?)?;
+    m.add_function(wrap_pyfunction!(comm::pack_signs, m)?)?;
+    m.add_function(wrap_pyfunction!(comm::unpack_signs, m)?)?;
+    m.add_function(wrap_pyfunction!(comm::quantize_blocks, m)?)?;
+    m.add_function(wrap_pyfunction!(comm::dequantize_blocks, m)?)?;
     errors::register_aio(m)?;
     m.add_class::<aio::AioHandle>()?;
     m.add_class::<aio::AlignedAllocation>()?;

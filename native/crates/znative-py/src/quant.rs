@@ -12,7 +12,7 @@ use zkernels::quant::{self, PackedWeight, QuantError, WeightFormat};
 
 use crate::errors::{DTypeError, HyperparameterError, LayoutError, ShapeMismatchError};
 
-fn to_py(e: QuantError) -> PyErr {
+pub(crate) fn to_py(e: QuantError) -> PyErr {
     let msg = e.to_string();
     match e {
         QuantError::Shape { .. } => ShapeMismatchError::new_err(msg),
@@ -50,7 +50,7 @@ fn array<'a, 'py, T: Element>(
     Ok(obj.cast::<PyArrayDyn<T>>()?)
 }
 
-fn ro<'py, T: Element>(
+pub(crate) fn ro<'py, T: Element>(
     name: &str,
     obj: &Bound<'py, PyAny>,
     want: &str,
@@ -60,7 +60,7 @@ fn ro<'py, T: Element>(
         .map_err(|e| LayoutError::new_err(format!("{name}: cannot borrow the buffer ({e})")))
 }
 
-fn rw<'py, T: Element>(
+pub(crate) fn rw<'py, T: Element>(
     name: &str,
     obj: &Bound<'py, PyAny>,
     want: &str,
@@ -83,12 +83,15 @@ fn dims2(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<(usize, usize)> {
     }
 }
 
-fn slice<'a, T: Element>(name: &str, a: &'a PyReadonlyArrayDyn<'_, T>) -> PyResult<&'a [T]> {
+pub(crate) fn slice<'a, T: Element>(
+    name: &str,
+    a: &'a PyReadonlyArrayDyn<'_, T>,
+) -> PyResult<&'a [T]> {
     a.as_slice()
         .map_err(|_| LayoutError::new_err(format!("{name}: buffer is not C-contiguous")))
 }
 
-fn slice_mut<'a, T: Element>(
+pub(crate) fn slice_mut<'a, T: Element>(
     name: &str,
     a: &'a mut PyReadwriteArrayDyn<'_, T>,
 ) -> PyResult<&'a mut [T]> {

@@ -7,7 +7,7 @@ groups the same way). A tensor is read flat; its ``n`` elements fall into
 
 Per block ``b`` with ``qmax = 2**(bits-1) - 1`` (127 for INT8, 7 for INT4)::
 
-    scale[b] = max|x[b]| / qmax            (1.0 for an all-zero block)
+    scale[b] = max|x[b]| / qmax            (1.0 where that is 0: an all-zero block)
     level    = clamp(round_half_even(x / scale[b]), -qmax, qmax)
     code     = level + 2**(bits-1)          (offset binary: 128 / 8 is zero)
 
@@ -87,7 +87,9 @@ def quantize_blocks(x: torch.Tensor, bits: int, block: int) -> tuple[torch.Tenso
     )
     finite_B = blocks_BK.isfinite().all(dim=1)
     absmax_B = blocks_BK.abs().amax(dim=1)
-    scales_B = torch.where(absmax_B > 0, absmax_B / q, torch.ones_like(absmax_B))
+    scales_B = absmax_B / q
+    # 1 where absmax / qmax is 0: an all-zero block, or one so tiny the division underflows.
+    scales_B = torch.where(scales_B > 0, scales_B, torch.ones_like(scales_B))
     scales_B = torch.where(finite_B, scales_B, torch.full_like(scales_B, float("nan")))
     levels_BK = torch.round(blocks_BK / scales_B[:, None]).clamp_(-q, q)
     levels_BK = torch.where(finite_B[:, None], levels_BK, torch.zeros_like(levels_BK))
