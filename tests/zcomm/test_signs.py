@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from zcomm import kernels
 from zcomm.signs import pack_signs, packed_bytes, sign_scale, signs, unpack_signs
 
 
@@ -58,3 +59,37 @@ def test_scale_keeps_the_l2_norm() -> None:
     assert torch.equal(scale, torch.linalg.norm(x) / math.sqrt(37))
     assert torch.allclose(torch.linalg.norm(scale * signs(x)), torch.linalg.norm(x))
     assert sign_scale(torch.zeros(0)).item() == 0.0
+
+
+# ---- the dispatching versions (zcomm.kernels: native on CPU float32 / bfloat16) ---------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("n", [0, 1, 9, 1000, 200_003])
+def test_dispatch_packs_and_unpacks_bit_for_bit(dtype: torch.dtype, n: int) -> None:
+    x = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(dtype)
+    if n > 3:
+        x[:3] = torch.tensor([-0.0, float("nan"), -float("inf")])
+    packed, scale = kernels.pack_signs_scaled(x)
+    assert torch.equal(packed, pack_signs(x))
+    assert torch.equal(kernels.pack_signs(x), pack_signs(x))
+    assert scale.dtype == dtype and scale.dim() == 0
+    assert torch.equal(kernels.unpack_signs(packed, n, dtype), unpack_signs(packed, n, dtype))
+    scaled = kernels.unpack_signs_scaled(packed, n, 0.375)
+    assert torch.equal(scaled, unpack_signs(packed, n) * 0.375)
+
+
+def test_dispatch_scale_is_the_l2_scale() -> None:
+    x = torch.randn(4, 1000, generator=torch.Generator().manual_seed(5)).t()  # not contiguous
+    packed, scale = kernels.pack_signs_scaled(x)
+    assert torch.equal(packed, pack_signs(x))
+    exact = math.sqrt(float(x.double().square().sum()) / x.numel())
+    assert float(scale) == pytest.approx(exact, rel=2e-7)
+    assert kernels.pack_signs_scaled(torch.zeros(0))[1].item() == 0.0
+
+
+def test_dispatch_unpack_checks_like_the_reference() -> None:
+    with pytest.raises(ValueError, match="2 packed bytes hold 16 signs, not 17"):
+        kernels.unpack_signs(torch.zeros(2, dtype=torch.uint8), 17)
+    with pytest.raises(TypeError, match="uint8"):
+        kernels.unpack_signs(torch.zeros(2, dtype=torch.int8), 8)
