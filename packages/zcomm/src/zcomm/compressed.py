@@ -57,7 +57,9 @@ from typing import Any
 
 import torch
 
-from zcomm.signs import pack_signs, sign_scale, signs, unpack_signs
+# Packing through the dispatch (native / .cu where it applies): bit-identical to zcomm.signs.
+from zcomm.kernels import pack_signs, unpack_signs
+from zcomm.signs import sign_scale, signs
 from zcore.comm import Comm
 
 _SCALE_BYTES = 4  # one fp32 scale
