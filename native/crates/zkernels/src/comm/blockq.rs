@@ -169,7 +169,10 @@ fn absmax_finite(x: &[f32]) -> (f32, bool) {
 
 #[inline(always)]
 fn code(v: f32, scale: f32, qmax: f32, offset: f32) -> u8 {
-    ((v / scale).round_ties_even().clamp(-qmax, qmax) + offset) as u8
+    // max/min rather than clamp (no assert in the loop); the sum is in 0..=255 (finite block),
+    // and an i32 conversion vectorizes where a saturating u8 one does not.
+    let level = (v / scale).round_ties_even().max(-qmax).min(qmax);
+    (level + offset) as i32 as u8
 }
 
 #[inline(always)]
