@@ -6,17 +6,22 @@ never join (a rank stuck elsewhere) would wait forever. Every wait here is bound
 collective, the step and the fix, so a job ends instead of hanging. A collective that the
 backend refuses to start (a tensor of the wrong size or device) is reported as that
 error, with the same names, not as a timeout.
+
+Every collective also adds the bytes this rank sends to :attr:`Comm.traffic`, split into
+intra-node and inter-node (the model is in :mod:`zcore.comm.accounting`).
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from zcore.comm.accounting import Ledger, Traffic, env_node_size
 from zcore.comm.groups import CUDA_BACKEND
 
 
@@ -72,7 +77,13 @@ def _wait_forever(jobs: queue.SimpleQueue[_Job]) -> None:
 
 
 class Comm:
-    """Collectives over one process group (``None``: a single process, where they are no-ops)."""
+    """Collectives over one process group (``None``: a single process, where they are no-ops).
+
+    ``ranks`` (the group's global ranks in group order; default: asked of torch) and
+    ``node_size`` (ranks per node; default: ``LOCAL_WORLD_SIZE``, else one node) place
+    the peers for the byte accounting in :attr:`traffic`; :class:`~zcore.comm.Mesh`
+    passes both.
+    """
 
     def __init__(
         self,
@@ -81,6 +92,8 @@ class Comm:
         size: int,
         timeout_s: float,
         axis: str | None = None,
+        ranks: Sequence[int] | None = None,
+        node_size: int | None = None,
     ) -> None:
         self.group = group
         self.rank = rank
@@ -91,6 +104,34 @@ class Comm:
         self.step = 0
         """The training step the next collectives belong to (the engine keeps it current)."""
         self._jobs: queue.SimpleQueue[_Job] | None = None
+        self._ranks = ranks
+        self._node_size = node_size
+        self._ledger: Ledger | None = None
+
+    @property
+    def traffic(self) -> dict[str, Traffic]:
+        """Bytes this rank has sent through this comm, per op kind
+        (:data:`~zcore.comm.accounting.OP_KINDS`), cumulative; a live view."""
+        if self._ledger is None:
+            if self.group is None or self.size == 1:
+                return Ledger([0], 0, 1).ops
+            return self._ledger_().ops
+        return self._ledger.ops
+
+    def _ledger_(self) -> Ledger:
+        if self._ledger is None:
+            ranks = self._ranks
+            if ranks is None:
+                ranks = dist.get_process_group_ranks(self.group)
+            node = self._node_size or env_node_size(dist.get_world_size())
+            self._ledger = Ledger(list(ranks), self.rank, node)
+        return self._ledger
+
+    def _counted(self) -> Ledger | None:
+        """The ledger to charge, or None where collectives are no-ops."""
+        if self.group is None or self.size == 1:
+            return None
+        return self._ledger or self._ledger_()
 
     def waiter(self) -> queue.SimpleQueue[_Job]:
         """The queue of the daemon thread that blocks on collectives for :class:`Handle`."""
@@ -147,21 +188,28 @@ class Comm:
         return Handle(self, work, what, self.step)
 
     def all_reduce(self, t: torch.Tensor, what: str, op: Any = None) -> Handle:
-        return self._issue(what, dist.all_reduce, t, op or dist.ReduceOp.SUM)
+        handle = self._issue(what, dist.all_reduce, t, op or dist.ReduceOp.SUM)
+        if (ledger := self._counted()) is not None:
+            ledger.all_reduce(t.numel(), t.element_size())
+        return handle
 
     def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, what: str) -> Handle:
         """Sum ``inp`` (``size`` equal chunks) across ranks; this rank's chunk lands in ``out``."""
         if self.group is None or self.size == 1:
             out.copy_(inp)
             return Handle(self, None, what, self.step)
-        return self._issue(what, dist.reduce_scatter_tensor, out, inp, dist.ReduceOp.SUM)
+        handle = self._issue(what, dist.reduce_scatter_tensor, out, inp, dist.ReduceOp.SUM)
+        self._ledger_().reduce_scatter(inp.numel() * inp.element_size())
+        return handle
 
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, what: str) -> Handle:
         """Concatenate every rank's ``inp`` into ``out`` (rank order)."""
         if self.group is None or self.size == 1:
             out.copy_(inp)
             return Handle(self, None, what, self.step)
-        return self._issue(what, dist.all_gather_into_tensor, out, inp)
+        handle = self._issue(what, dist.all_gather_into_tensor, out, inp)
+        self._ledger_().all_gather(inp.numel() * inp.element_size())
+        return handle
 
     def all_to_all_single(
         self,
@@ -177,13 +225,21 @@ class Comm:
         if self.group is None or self.size == 1:
             out.copy_(inp)
             return Handle(self, None, what, self.step)
-        return self._issue(what, dist.all_to_all_single, out, inp, out_splits, in_splits)
+        handle = self._issue(what, dist.all_to_all_single, out, inp, out_splits, in_splits)
+        rows = inp.shape[0] if inp.dim() else 0
+        self._ledger_().all_to_all(inp.numel() * inp.element_size(), rows, in_splits)
+        return handle
 
     def broadcast(self, t: torch.Tensor, src: int, what: str) -> Handle:
         """``t`` of this group's rank ``src`` (a rank within the group, not a global rank)."""
+        ledger = self._counted()
+        group_src = src
         if self.group is not None and self.group is not dist.group.WORLD and self.size > 1:
             src = dist.get_global_rank(self.group, src)
-        return self._issue(what, dist.broadcast, t, src)
+        handle = self._issue(what, dist.broadcast, t, src)
+        if ledger is not None:
+            ledger.broadcast(t.numel() * t.element_size(), group_src)
+        return handle
 
     def barrier(self, what: str) -> None:
         flag = torch.zeros(1)

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from zcore.comm.accounting import TrafficTally
 from zcore.comm.collectives import Comm
 from zcore.comm.groups import backend_for, init_distributed
 
@@ -302,9 +303,22 @@ class Mesh:
             if group is None and size > 1:
                 raise MeshError(f"axis {axis} of size {size} has no process group on this rank")
             label = None if axis == "world" or size == self.spec.world else axis
-            comm = Comm(group, self.coordinate(axis), size, self.timeout_s, axis=label)
+            ranks = dist.get_process_group_ranks(group) if group is not None else None
+            comm = Comm(
+                group, self.coordinate(axis), size, self.timeout_s, axis=label,
+                ranks=ranks, node_size=self.node_size,
+            )  # fmt: skip
             self._comms[axis] = comm
         return comm
+
+    def traffic(self) -> TrafficTally:
+        """Bytes this rank has sent through every axis's comm so far, per op kind, each
+        split into intra-node and inter-node (:mod:`zcore.comm.accounting`); subtract an
+        earlier tally (``now.minus(before)``) for what one step sent."""
+        tally = TrafficTally()
+        for comm in self._comms.values():
+            tally.add(comm.traffic)
+        return tally
 
     def broadcast_from_first(self, t: torch.Tensor, what: str) -> None:
         """``t`` as the first data-parallel rank has it, on every data-parallel rank: across
