@@ -1,4 +1,4 @@
-"""`z bench adam|zero|zero-step|offload|io|moe`: the training-side benchmarks of `benchmarks/`.
+"""`z bench adam|zero|zero-step|offload|io|moe|comm`: the training-side benchmarks of `benchmarks/`.
 
 Imports only typer and the standard library at load time; each benchmark module loads
 through `zstack.bench` when its command runs. (`z bench serve` lives in `cmd_serve`,
@@ -198,6 +198,49 @@ def bench_moe(
     )
 
 
+def bench_comm(
+    rates: str = typer.Option(
+        "100mbit", "--rates", help="Comma-separated tc rates of the link, e.g. 1gbit,100mbit."
+    ),
+    ranks: str = typer.Option("2,4", "--ranks", help="2 (1 rank per node), 4 (2 per node)."),
+    steps: int = typer.Option(30, "--steps", min=2, help="Training steps per entry."),
+    warmup: int = typer.Option(
+        10, "--warmup", min=0, help="Untimed first steps; the 1-bit optimizers' freeze_step."
+    ),
+    entries: str | None = typer.Option(
+        None, "--entries", help="Comma-separated subset, e.g. adam,onebit_adam,zero3,zeropp."
+    ),
+    preset: str = typer.Option("tiny", "--preset", help="`z train` GPT size."),
+    seq_len: int = typer.Option(64, "--seq-len", min=8, help="Tokens per sequence."),
+    micro_batch: int = typer.Option(4, "--micro-batch", min=1),
+    loopback: bool = typer.Option(
+        False, "--loopback", help="Skip the namespaces: unlimited loopback, bytes only."
+    ),
+    timeout_s: float = typer.Option(1800.0, "--timeout", min=10, help="Seconds per launch."),
+    json_out: bool = typer.Option(False, "--json", help="Print only the JSON object."),
+) -> None:
+    """Step time, bytes per step and loss of 1-bit Adam/0-1 Adam/1-bit LAMB vs Adam and
+    ZeRO++ vs ZeRO-3 over an emulated slow link (network namespaces + `tc`; needs root)."""
+    from zstack.bench import run_benchmark
+
+    raise typer.Exit(
+        run_benchmark(
+            "comm",
+            json_out,
+            rates=rates,
+            ranks=ranks,
+            steps=steps,
+            warmup=warmup,
+            entries_=entries,
+            preset=preset,
+            seq_len=seq_len,
+            micro_batch=micro_batch,
+            loopback=loopback,
+            timeout_s=timeout_s,
+        )
+    )
+
+
 def register(app: typer.Typer, bench_app: typer.Typer) -> None:
     """Add this module's commands to `z bench` (nothing to `z`)."""
     bench_app.command("adam")(bench_adam)
@@ -206,3 +249,4 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
     bench_app.command("offload")(bench_offload)
     bench_app.command("io")(bench_io)
     bench_app.command("moe")(bench_moe)
+    bench_app.command("comm")(bench_comm)

@@ -51,9 +51,11 @@ def format_metrics(
     rank_rss_mib: Sequence[float],
     aux_loss: float | None = None,
     dropped_fraction: float | None = None,
+    bytes_sent: tuple[int, int] | None = None,
 ) -> str:
-    """`loss 4.1234 · val 4.3012 · 3,210 tok/s · rss r0 512 r1 498 MiB` (parts that are set);
-    an MoE run adds `aux 1.0123 · dropped 2.1%` after the losses."""
+    """`loss 4.1234 · val 4.3012 · 3,210 tok/s · sent intra 5.2 inter 0 MiB · rss r0 512 MiB`
+    (parts that are set); an MoE run adds `aux 1.0123 · dropped 2.1%` after the losses.
+    `bytes_sent` is what a rank sent in the last step, (intra-node, inter-node)."""
     parts = []
     if loss is not None:
         parts.append(f"loss {loss:.4f}")
@@ -65,6 +67,9 @@ def format_metrics(
         parts.append(f"dropped {dropped_fraction:.1%}")
     if tokens_per_s is not None:
         parts.append(f"{tokens_per_s:,.0f} tok/s")
+    if bytes_sent is not None and sum(bytes_sent):
+        intra, inter = (b / 2**20 for b in bytes_sent)
+        parts.append(f"sent intra {intra:,.3g} inter {inter:,.3g} MiB")
     if rank_rss_mib:
         ranks = " ".join(f"r{r} {mib:,.0f}" for r, mib in enumerate(rank_rss_mib))
         parts.append(f"rss {ranks} MiB")
@@ -154,14 +159,16 @@ class TrainProgress:
         val_loss: float | None = None,
         aux_loss: float | None = None,
         dropped_fraction: float | None = None,
+        bytes_sent: tuple[int, int] | None = None,
     ) -> None:
-        """Show the state after `step` completed steps; the last val loss stays shown."""
+        """Show the state after `step` completed steps; the last val loss stays shown.
+        `bytes_sent`: what a rank sent in the step, (intra-node, inter-node) bytes."""
         if not self.enabled:
             return
         if val_loss is not None:
             self._val_loss = val_loss
         metrics = format_metrics(
-            loss, self._val_loss, tokens_per_s, rank_rss_mib, aux_loss, dropped_fraction
+            loss, self._val_loss, tokens_per_s, rank_rss_mib, aux_loss, dropped_fraction, bytes_sent
         )
         if self._progress is not None and self._task is not None:
             self._progress.update(self._task, completed=step, metrics=metrics)

@@ -2,7 +2,8 @@
 
 A run directory holds everything one run writes::
 
-    metrics.jsonl            one record per step (rank 0)
+    metrics.jsonl            one record per step (rank 0); `bytes_intra`/`bytes_inter`:
+                             what a rank sent in the step's collectives (mean over ranks)
     loss.png                 train and val loss against step
     checkpoints/<tag>/       the sharded engine checkpoint (`engine.save_checkpoint`)
     checkpoints/model.json   GPTConfig and tokenizer beside it, so the checkpoint alone
@@ -76,14 +77,19 @@ def run(plan: TrainPlan, echo: Callable[[str], None] = print) -> int:
             writer.write({"step": first, "val_loss": val_loss})
         for step in range(first, plan.steps):
             t0, lr = time.perf_counter(), engine.get_lr()[0]
+            sent_before = engine.mesh.traffic()
             loss = t.train_step(step)
-            mine = [loss, rss_bytes() / 2**20, *t.moe.vector()]  # [loss, rss, MoE stats...]
+            sent = engine.mesh.traffic().minus(sent_before).total  # this step's, this rank's
+            # [loss, rss, bytes intra, bytes inter, MoE stats...]
+            mine = [loss, rss_bytes() / 2**20, sent.intra, sent.inter, *t.moe.vector()]
             gathered = ranks.gather(*mine)
             rows = [gathered[r * len(mine) : (r + 1) * len(mine)] for r in range(ranks.world)]
             dt = time.perf_counter() - t0
             train_time += dt
             window[0], window[1] = window[0] + 1, window[1] + dt
             done, loss, rss = step + 1, sum(r[0] for r in rows) / ranks.world, [r[1] for r in rows]
+            bytes_intra = round(sum(r[2] for r in rows) / ranks.world)
+            bytes_inter = round(sum(r[3] for r in rows) / ranks.world)
             record: dict[str, Any] = {
                 "step": done,
                 "loss": loss,
@@ -91,7 +97,9 @@ def run(plan: TrainPlan, echo: Callable[[str], None] = print) -> int:
                 "grad_norm": engine.get_global_grad_norm(),
                 "tokens_per_s": t.tokens_per_step / dt,
                 "rank_rss_mib": rss,
-                **t.moe.record([r[2:] for r in rows]),
+                "bytes_intra": bytes_intra,
+                "bytes_inter": bytes_inter,
+                **t.moe.record([r[4:] for r in rows]),
             }
             val = None
             if done % plan.eval_interval == 0 or done == plan.steps:
@@ -110,6 +118,7 @@ def run(plan: TrainPlan, echo: Callable[[str], None] = print) -> int:
                     val_loss=val,
                     aux_loss=record.get("aux_loss"),
                     dropped_fraction=record.get("dropped_fraction"),
+                    bytes_sent=(bytes_intra, bytes_inter),
                 )
                 window = [0, 0.0]
             if plan.save_every and done % plan.save_every == 0 and done < plan.steps:
