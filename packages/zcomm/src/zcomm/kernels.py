@@ -160,14 +160,14 @@ def quantize_blocks(x: torch.Tensor, bits: int, block: int) -> tuple[torch.Tenso
     """:func:`zcomm.blockquant.quantize_blocks`, bit for bit: ``(codes uint8, scales float32)``."""
     blockquant.check_params(bits, block)
     flat = _flat(x)
-    native_cpu = flat.device.type == "cpu" and _native is not None
-    if flat.dtype != torch.float32 or not (native_cpu or _cuda_ok(flat)):
+    native = _native if flat.device.type == "cpu" else None
+    if flat.dtype != torch.float32 or not (native is not None or _cuda_ok(flat)):
         return blockquant.quantize_blocks(flat, bits, block)
     n = flat.numel()
     codes = torch.empty(blockquant.code_bytes(n, bits), dtype=torch.uint8, device=flat.device)
     scales = torch.empty(blockquant.num_blocks(n, block), dtype=torch.float32, device=flat.device)
-    if native_cpu:
-        _native.quantize_blocks(flat.numpy(), codes.numpy(), scales.numpy(), bits=bits, block=block)
+    if native is not None:
+        native.quantize_blocks(flat.numpy(), codes.numpy(), scales.numpy(), bits=bits, block=block)
     elif n:
         args = (codes, scales, flat, _i64(n), _i32(block), _i32(bits))
         _launch("comm_blockquant", "comm_quantize_blocks_f32", scales.numel(), args, flat.device)
@@ -184,17 +184,17 @@ def dequantize_blocks(
 ) -> torch.Tensor:
     """:func:`zcomm.blockquant.dequantize_blocks`, bit for bit."""
     blockquant.check_params(bits, block)
-    native_cpu = codes.device.type == "cpu" and _native is not None
+    native = _native if codes.device.type == "cpu" else None
     types_ok = codes.dtype == torch.uint8 and scales.dtype == torch.float32
-    if not types_ok or not (native_cpu or _cuda_ok(codes)):
+    if not types_ok or not (native is not None or _cuda_ok(codes)):
         return blockquant.dequantize_blocks(codes, scales, bits, block, numel, dtype)
     c, s = _flat(codes), _flat(scales)
     want_c, want_s = blockquant.code_bytes(numel, bits), blockquant.num_blocks(numel, block)
     if c.numel() != want_c or s.numel() != want_s:  # the reference raises the full message
         return blockquant.dequantize_blocks(codes, scales, bits, block, numel, dtype)
     out = torch.empty(numel, dtype=torch.float32, device=c.device)
-    if native_cpu:
-        _native.dequantize_blocks(c.numpy(), s.numpy(), out.numpy(), bits=bits, block=block)
+    if native is not None:
+        native.dequantize_blocks(c.numpy(), s.numpy(), out.numpy(), bits=bits, block=block)
     elif numel:
         grid = math.ceil(numel / _CUDA_THREADS)
         args = (out, c, s, _i64(numel), _i32(block), _i32(bits))
