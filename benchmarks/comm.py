@@ -21,7 +21,9 @@ optimizers get ``freeze_step = warmup`` (0/1 Adam: ``var_freeze_step``); step ti
 median over the steps after ``warmup`` (for every entry, so the windows match), each step's
 time the slowest rank's. Bytes per step are what the engine's accounting says a rank sent
 (``zcore.comm.accounting``; mean over ranks and over the timed steps), intra-node and
-inter-node. Where namespaces cannot be made (not root, no iproute2) it says why and runs
+inter-node, and per op kind (``bytes_per_step_by_op``: which collectives a mode shrinks).
+A config the engine refuses only when it starts (a ConfigError on the ranks) is
+``"unavailable"`` too; any other error is ``"failed"``, with its text. Where namespaces cannot be made (not root, no iproute2) it says why and runs
 on loopback, unlimited, still reporting bytes.
 
 Run: ``z bench comm --json`` (default 100mbit, 2 and 4 ranks, 30 steps, 10 warm-up).
@@ -132,6 +134,7 @@ def _worker(spec_path: str) -> None:
     die_with_launcher()
     import torch
 
+    from zcore.config import ConfigError
     from zstack.recipes.train_plan import plan_run
     from zstack.recipes.trainer import Trainer
 
@@ -146,20 +149,26 @@ def _worker(spec_path: str) -> None:
             t = Trainer.start(plan_run(_options(work, e["name"], Path(e["config"]), o), world))
             torch.set_num_threads(threads)  # the node count's share, not the namespace's
             engine, times, intra, inter, losses = t.engine, [], [], [], []
+            timed_from = engine.mesh.traffic()
             for step in range(o["steps"]):
                 before = engine.mesh.traffic()
+                if step == o["warmup"]:
+                    timed_from = before
                 start = time.perf_counter()
                 losses.append(t.train_step(step))
                 times.append(time.perf_counter() - start)
                 sent = engine.mesh.traffic().minus(before).total
                 intra.append(sent.intra)
                 inter.append(sent.inter)
+            per_op = engine.mesh.traffic().minus(timed_from).ops
             row.update(times=times, intra=intra, inter=inter, losses=losses)
+            row["per_op"] = {k: v.total for k, v in per_op.items() if v.total}
             row["val_loss"] = t.evaluate()
             engine.destroy()
             del t, engine
         except Exception as err:  # reported per entry; the ranks fail alike on bad config
             row["error"] = f"{type(err).__name__}: {err}"
+            row["refused"] = isinstance(err, ConfigError)
         out.append(row)
     Path(spec["out"]).joinpath(f"rank{rank}.json").write_text(json.dumps(out))
 
@@ -215,9 +224,10 @@ def _launch(
 
 def _summarize(rows: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
     """One entry's rows (one per rank) as its result."""
-    errors = [r["error"] for r in rows if "error" in r]
-    if errors:
-        return {"status": "failed", "error": errors[0]}
+    errors = [r for r in rows if "error" in r]
+    if errors:  # a config the engine refused (a feature not built yet) is unavailable
+        status = "unavailable" if all(r["refused"] for r in errors) else "failed"
+        return {"status": status, "error": errors[0]["error"]}
     steps = len(rows[0]["times"])
     slowest = [max(r["times"][s] for r in rows) for s in range(steps)]
     timed = slice(min(warmup, steps - 1), steps)
@@ -231,6 +241,10 @@ def _summarize(rows: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
         "step_time_s": statistics.median(slowest[timed]),
         "timed_steps": len(slowest[timed]),
         "bytes_per_step": {"intra": intra, "inter": inter, "total": intra + inter},
+        "bytes_per_step_by_op": {
+            k: round(statistics.fmean(r["per_op"].get(k, 0) for r in rows) / (steps - timed.start))
+            for k in sorted({k for r in rows for k in r["per_op"]})
+        },
         "final_loss": statistics.fmean(r["losses"][-1] for r in rows),
         "val_loss": rows[0]["val_loss"],
     }
@@ -269,7 +283,8 @@ def run(
         chosen = [e for e in chosen if e.name in names]
         if not chosen:
             raise ValueError(f"--entries {entries_!r}: none runs on --ranks {ranks}")
-    o = {"preset": preset, "steps": steps, "micro_batch": micro_batch, "seq_len": seq_len}
+    o = {"preset": preset, "steps": steps, "warmup": warmup, "micro_batch": micro_batch,
+         "seq_len": seq_len}  # fmt: skip
 
     link, reason = None, None
     if not loopback:

@@ -38,6 +38,7 @@ def test_loopback_run_reports_time_bytes_and_loss() -> None:
     # once, 2 (w - 1) / w * 4 bytes per parameter = 4 on 2 ranks
     params = result["model"]["params"]
     assert adam["bytes_per_step"] == {"intra": 0, "inter": 4 * params, "total": 4 * params}
+    assert adam["bytes_per_step_by_op"] == {"all_reduce": 4 * params}
     assert run["speedups"] == {}  # no contender ran
 
 
