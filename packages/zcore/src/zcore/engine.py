@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from zcore.comm import mesh_for_config
+from zcore.comm.accounting import Traffic, TrafficTally
 from zcore.config import ZConfig
 from zcore.lr_schedules.attach import engine_scheduler
 from zcore.monitor import MonitorMaster
@@ -30,6 +31,7 @@ from zcore.precision import LossScaler, model_dtype
 from zcore.zero.axes import bind_model, group_axes, mesh_request, param_axis, split_groups
 from zcore.zero.backends import optimizer_backend, param_backend
 from zcore.zero.collectives import collectives_for
+from zcore.zero.communicating import bind_inner
 from zcore.zero.optimizer import ZeroOptimizer
 from zcore.zero.stage3 import ShardStore, Stage3Params
 
@@ -161,6 +163,8 @@ class ZEngine:
             store=store,
             axes=self.axes,
         )
+        bind_inner(self.zopt, self.comm, replicas=self.replicas.size,
+                   type_name=config.optimizer.type if config.optimizer else type(optimizer).__name__)  # fmt: skip
         self.optimizer = self.zopt.optimizer
         # Kept so that destroy() can take them off again: each one holds this engine, and
         # a stale one would keep taking the gradients of an engine that wraps the model next.
@@ -173,6 +177,9 @@ class ZEngine:
         self.monitor = MonitorMaster(
             config.csv_monitor.model_dump(), config.tensorboard.model_dump(), rank=self.rank
         )
+        # bytes sent per optimizer step: the mesh's tally at the last boundary, and the delta
+        self._traffic_mark = self.mesh.traffic()
+        self._step_traffic = TrafficTally()
 
     # -- construction helpers -------------------------------------------------------------
     def _backend(self) -> str:
@@ -308,6 +315,8 @@ class ZEngine:
         self.global_steps += 1
         self.mesh.set_step(self.global_steps)
         self._times["step"] += time.perf_counter() - start
+        now = self.mesh.traffic()
+        self._step_traffic, self._traffic_mark = now.minus(self._traffic_mark), now
         self._write_monitor()
         if self.global_steps % self.config.steps_per_print == 0:
             self._print_progress()
@@ -322,6 +331,11 @@ class ZEngine:
             parts.append(f"grad_norm {norm:.4g}")
         if self.scaler is not None:
             parts.append(f"loss_scale {self.scaler.scale:g} (skipped {self.skipped_steps})")
+        sent = self.comm_bytes_last_step()
+        if sent.total:
+            parts.append(
+                f"sent intra {sent.intra / 2**20:.3g} MiB inter {sent.inter / 2**20:.3g} MiB"
+            )
         if self.config.wall_clock_breakdown:
             n = self.config.steps_per_print
             parts += [f"{k} {1000 * v / n:.1f} ms/step" for k, v in self._times.items()]
@@ -336,7 +350,24 @@ class ZEngine:
             events.append(
                 ("Train/Samples/grad_norm", self.zopt.last_grad_norm, self.global_samples)
             )
+        sent = self.comm_bytes_last_step()
+        events.append(("Train/Samples/comm_bytes_intra", sent.intra, self.global_samples))
+        events.append(("Train/Samples/comm_bytes_inter", sent.inter, self.global_samples))
         self.monitor.write_events(events)
+
+    def comm_bytes_last_step(self) -> Traffic:
+        """Bytes this rank sent during the last optimizer step, intra-node and inter-node.
+
+        Everything the mesh's collectives carried between the previous optimizer step's end
+        and this one's (every micro-step's reduction, stage 3's gathers, the optimizer's own
+        communication, and any forward run in between, e.g. an evaluation); per op kind in
+        :meth:`comm_traffic_last_step`. The model is :mod:`zcore.comm.accounting`'s.
+        """
+        return self._step_traffic.total
+
+    def comm_traffic_last_step(self) -> TrafficTally:
+        """:meth:`comm_bytes_last_step` per op kind (``all_reduce``, ``all_gather``, ...)."""
+        return self._step_traffic
 
     def zero_grad(self) -> None:
         """Drop gradients held by the model; partitions are cleared only between cycles."""
@@ -441,25 +472,9 @@ class ZEngine:
         allow with ``zero_optimization.stage3_gather_16bit_weights_on_model_save: true``
         (as in DeepSpeed); without it this raises instead of writing nothing.
         """
-        from pathlib import Path
+        from zcore.checkpoint.model16 import save_16bit_model
 
-        from zcore.checkpoint.files import save_torch
-        from zcore.zero import GatheredParameters
-
-        zc = self.config.zero_optimization
-        if self.stage == 3 and not zc.stage3_gather_16bit_weights_on_model_save:
-            raise ValueError(
-                "save_16bit_model at ZeRO stage 3 gathers every parameter; set "
-                "`zero_optimization.stage3_gather_16bit_weights_on_model_save: true`, or use "
-                "save_checkpoint + `z checkpoint consolidate`"
-            )
-        with GatheredParameters(list(self.module.parameters()), enabled=self.stage3 is not None):
-            state = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
-        if self.rank == 0:
-            Path(save_dir).mkdir(parents=True, exist_ok=True)
-            save_torch(state, Path(save_dir) / save_filename)
-        self.world_comm.barrier("barrier(save_16bit_model)")
-        return True
+        return save_16bit_model(self, save_dir, save_filename)
 
     def save_checkpoint(
         self, save_dir: str, tag: str | None = None, client_state: dict | None = None,

@@ -17,6 +17,7 @@ import torch
 
 from zcore.checkpoint.files import CheckpointError, load_json, load_torch
 from zcore.checkpoint.rank_files import file_pieces, listed_files
+from zcore.checkpoint.rank_state import apply_rank_state, read_rank_state
 from zcore.checkpoint.sharded import FORMAT, resolve_tag
 from zcore.zero.layout import GroupLayout, ParamShard, copy_ranges
 
@@ -46,6 +47,7 @@ class _Loaded:
     common: dict[str, Any]
     counters: dict[str, int]
     loss_scaler: dict[str, Any] | None
+    rank_state: dict[str, Any] | None = None  # this rank's error feedback (:mod:`.rank_state`)
 
 
 def load(
@@ -130,7 +132,9 @@ def _read(engine: ZEngine, root: Path, tag: str | None, load_optimizer: bool) ->
                 for saved, mine in zip(common["param_groups"], current, strict=True)
             ],
         }
-    return _Loaded(path, targets, masters, state, common, counters, manifest.get("loss_scaler"))
+    per_rank = read_rank_state(engine, path, manifest) if load_optimizer else None
+    return _Loaded(path, targets, masters, state, common, counters, manifest.get("loss_scaler"),
+                   per_rank)  # fmt: skip
 
 
 def _buffer_for(target: torch.Tensor, live: list[torch.Tensor]) -> torch.Tensor:
@@ -308,6 +312,7 @@ def _commit(engine: ZEngine, loaded: _Loaded, load_scheduler: bool) -> None:
         if values is not target:
             target.copy_(values)
     zopt.finish_load(loaded.targets, loaded.state)
+    apply_rank_state(engine, loaded.rank_state)  # may move this rank's master (0/1 Adam)
     zopt.publish()
     common = loaded.common
     _load_frozen_and_buffers(engine, common)

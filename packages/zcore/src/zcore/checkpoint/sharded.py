@@ -16,6 +16,7 @@ from zcore.checkpoint.files import (
     save_text,
     save_torch,
 )
+from zcore.checkpoint.rank_state import rank_state, save_rank_state
 
 if TYPE_CHECKING:
     from zcore.engine import ZEngine
@@ -81,7 +82,9 @@ def save(engine: ZEngine, save_dir: str, tag: str | None, client_state: dict, la
     parts = engine.state_parts()
     owned = [zopt.owns_group(g) for g in range(len(zopt.layouts))]
     files = _written_files(engine, any(owned))  # collective
+    mine = rank_state(engine)
     try:
+        save_rank_state(engine, mine, tmp)
         if any(owned):
             master, state = zopt.master_for_save(), zopt.optimizer_state_for_save()
             shard = {
@@ -113,7 +116,10 @@ def save(engine: ZEngine, save_dir: str, tag: str | None, client_state: dict, la
 
     if engine.rank == 0:
         try:
-            save_json(_manifest(engine, tag, files), tmp / "manifest.json")
+            manifest = _manifest(engine, tag, files)
+            if mine is not None:  # every rank wrote one (the engine's kind decides, not data)
+                manifest["comm_state_world"] = engine.mesh.spec.world
+            save_json(manifest, tmp / "manifest.json")
             final, old = root / tag, root / f".old-{tag}"
             if final.exists():
                 shutil.rmtree(old, ignore_errors=True)

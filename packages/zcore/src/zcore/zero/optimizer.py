@@ -24,6 +24,7 @@ from torch import nn
 from zcore.comm import Comm
 from zcore.zero.axes import GroupAxis
 from zcore.zero.collectives import Collectives
+from zcore.zero.communicating import CommunicatingOptimizer
 from zcore.zero.layout import GroupLayout, ParamShard, from_slots, own_slot
 from zcore.zero.reducer import GradReducer
 from zcore.zero.stage3 import Stage3Params
@@ -113,6 +114,9 @@ class ZeroOptimizer:
         if stage3 is not None:
             stage3.on_repartition.append(self.refresh_master)
         self.last_grad_norm: float | None = None
+        self.communicator: CommunicatingOptimizer | None = None
+        """The inner optimizer when it averages across ranks itself (1-bit Adam; see
+        :mod:`zcore.zero.communicating`): while it says so, gradients stay local."""
 
     def group_world(self, g: int) -> int:
         """Ranks group ``g`` is cut across (1 at stage 0)."""
@@ -161,13 +165,32 @@ class ZeroOptimizer:
         if p in self.where:
             self.store.refresh(p)
 
+    def segments(self) -> list[list[tuple[str, int, int]]]:
+        """Per group, ``(name, offset, numel)`` of each parameter's elements in this rank's
+        flat master (what :class:`~zcore.zero.communicating.OptimizerContext` hands on)."""
+        out = []
+        for g, layout in enumerate(self.layouts):
+            rank = self.group_rank(g)
+            out.append([(s.name, s.offset, max(0, s.owned(rank)[1] - s.owned(rank)[0]))
+                        for s in layout.shards])  # fmt: skip
+        return out
+
     # -- gradients ------------------------------------------------------------------------
+    @property
+    def local_gradients(self) -> bool:
+        """Whether this cycle's gradients stay on their rank (a communicating optimizer
+        averages them itself), instead of being reduced across ranks."""
+        return self.communicator is not None and not self.communicator.reduce_gradients()
+
     def on_grad(self, p: nn.Parameter) -> None:
         """Move ``p.grad`` into a reduction bucket and drop it from the parameter."""
         if p.grad is None or p not in self.where:
             return
         g, shard = self.where[p]
-        self.reducers[self.group_axis[g]].add(g, shard, p.grad)
+        if self.local_gradients:  # stage 0: the partition is the whole flat group
+            self.store.accumulate(g, shard, p.grad.reshape(-1), 1.0)
+        else:
+            self.reducers[self.group_axis[g]].add(g, shard, p.grad)
         p.grad = None
 
     def finish_reduction(self) -> None:
@@ -204,6 +227,11 @@ class ZeroOptimizer:
         return flag
 
     def global_grad_norm(self, inv_scale: float) -> float:
+        if self.local_gradients:
+            # every rank's own gradients: the root mean square of their norms, the same on
+            # every rank (so is the clipping), and the true norm when they agree
+            sq = self.comm.sum_scalar(self.store.grad_sq_norm(), "all_reduce(local grad norms)")
+            return math.sqrt(sq / self.comm.size) * inv_scale
         if len(self.reducers) == 1:
             sq = self.store.grad_sq_norm()
             if self.shard_world > 1:

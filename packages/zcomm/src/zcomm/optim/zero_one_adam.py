@@ -1,0 +1,172 @@
+"""0/1 Adam (Lu et al., 2022; DeepSpeed's ``ZeroOneAdam``), on any torch.distributed backend.
+
+Two savings over 1-bit Adam, both following DeepSpeed's ``zoadam.py`` step for step:
+
+1. **Variance updates get rarer.** Until ``var_freeze_step`` the variance is updated only
+   every ``var_interval`` steps, from gradients the engine averages in full precision; the
+   interval starts at 1 and doubles after every ``var_update_scaler`` updates. On the other
+   steps each rank's gradient is averaged 1-bit compressed into the momentum.
+2. **Local steps.** After ``var_freeze_step`` the variance is frozen and ranks stop talking
+   for ``local_step_interval`` steps at a time (1, doubling every ``local_step_scaler``
+   steps, at most ``local_step_clipper``): each updates its own weights with its own
+   momentum and records the updates in an accumulator. At a synchronization it undoes
+   them, averages the accumulator (scaled by ``sqrt(v) + eps``) 1-bit compressed, and
+   applies the average; the momentum becomes the average update over the summed learning
+   rates.
+
+Between synchronizations the weights, the momentum and the accumulator differ per rank:
+checkpoints keep each rank's (:meth:`comm_state_dict`), so save, load, continue is the
+uninterrupted run. DeepSpeed's first ``step`` only allocates buffers; here it updates.
+As in :mod:`zcomm.optim.onebit_adam`, the momentum is masked where the variance is still
+exactly 0 (DeepSpeed's ``exp_avg_mask``, made automatic): 1-bit signs give such elements
+``+-scale``, which over ``eps`` would blow the weights up.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from zcomm.optim.base import OneBitBase
+
+
+class ZeroOneAdam(OneBitBase):
+    """DeepSpeed's 0/1 Adam over zcore's flat master tensors (ZeRO stage 0)."""
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        var_freeze_step: int = 100000,
+        var_update_scaler: int = 16,
+        local_step_scaler: int = 32678,
+        local_step_clipper: int = 16,
+    ) -> None:
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps,
+                                  "weight_decay": weight_decay})  # fmt: skip
+        self.var_freeze_step = var_freeze_step
+        self.var_update_scaler = var_update_scaler
+        self.local_step_scaler = local_step_scaler
+        self.local_step_clipper = local_step_clipper
+        self.frozen = False
+        self.accumulator: dict[torch.Tensor, torch.Tensor] = {}
+        """Per master tensor: this rank's updates since the last synchronization (DeepSpeed's
+        ``momentum_accumulator``; kept out of ``state``, which rank 0 alone saves)."""
+
+    def _first_state(self) -> dict[str, Any]:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if self.state.get(p):
+                    return self.state[p]
+        return {}
+
+    def after_load(self) -> None:
+        self.frozen = self.completed_steps() > self.var_freeze_step
+
+    def reduce_gradients(self) -> bool:
+        if self.frozen:
+            return False
+        st = self._first_state()
+        return (int(st.get("step", 0)) + 1) % int(st.get("var_interval", 1)) == 0
+
+    def drifting(self) -> bool:
+        """Whether local steps have happened since the last synchronization."""
+        return any(float(self.state[p].get("lrs", 0.0)) != 0.0 for p in self.accumulator)
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        loss = closure() if closure is not None else None
+        for gi, group in enumerate(self.param_groups):
+            beta1, beta2 = group["betas"]
+            lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
+            for pi, p in enumerate(group["params"]):
+                if p.grad is None:
+                    continue
+                key = f"{gi}.{pi}"
+                st = self.state[p]
+                if not st:
+                    st.update(step=0, var_interval=1, var_counter=0, local_step_interval=1,
+                              local_step_counter=0, lrs=0.0)  # fmt: skip
+                    st["exp_avg"] = torch.zeros_like(p)
+                    st["exp_avg_sq"] = torch.zeros_like(p)
+                acc = self.accumulator.get(p)
+                if acc is None:
+                    acc = self.accumulator[p] = torch.zeros_like(p)
+                m, v, g = st["exp_avg"], st["exp_avg_sq"], p.grad
+                st["step"] += 1
+                if not self.frozen:
+                    if st["step"] % st["var_interval"] == 0:  # g averaged in full precision
+                        v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+                        m.mul_(beta1).add_(g, alpha=1 - beta1)
+                    else:  # g is this rank's own: average it, compressed
+                        m.mul_(beta1).add_(self.average(g, key), alpha=1 - beta1)
+                        m.mul_(v > 0)  # no variance measured yet: no momentum (1-bit Adam's mask)
+                else:
+                    m.mul_(beta1).add_(g, alpha=1 - beta1)
+                    st["lrs"] += lr
+                denom = v.sqrt().add_(eps)
+                update = m / denom
+                if wd > 0:
+                    update.add_(p, alpha=wd)
+                p.add_(update, alpha=-lr)
+                if self.frozen:
+                    acc.add_(update, alpha=-lr)
+                    if st["step"] % st["local_step_interval"] == 0:  # synchronize
+                        p.sub_(acc)
+                        acc.mul_(denom)
+                        acc.copy_(self.average(acc, key)).mul_(v > 0)
+                        m.copy_(acc / st["lrs"]).neg_()
+                        p.add_(acc / denom)
+                        acc.zero_()
+                        st["lrs"] = 0.0
+                if not self.frozen:
+                    if st["step"] % st["var_interval"] == 0:
+                        st["var_counter"] += 1
+                        if st["var_counter"] == self.var_update_scaler:
+                            st["var_counter"] = 0
+                            st["var_interval"] *= 2
+                else:
+                    st["local_step_counter"] += 1
+                    if st["local_step_counter"] == self.local_step_scaler:
+                        st["local_step_counter"] = 0
+                        st["local_step_interval"] = min(
+                            self.local_step_clipper, st["local_step_interval"] * 2
+                        )
+        if not self.frozen and self.completed_steps() > self.var_freeze_step:
+            self.frozen = True
+            if self.allreduce is not None:  # the errors were of gradients; now of updates
+                self.allreduce.reset()
+        return loss
+
+    # -- per-rank state: error feedback, and the drift of local steps ------------------------
+    def comm_state_dict(self) -> dict[str, Any]:
+        state = super().comm_state_dict()
+        params = [p for group in self.param_groups for p in group["params"]]
+        state["accumulator"] = [self.accumulator[p].clone() if p in self.accumulator else None
+                                for p in params]  # fmt: skip
+        if self.drifting():  # weights and momentum differ per rank until the next sync
+            state["master"] = [p.detach().clone() for p in params]
+            state["exp_avg"] = [self.state[p]["exp_avg"].clone() for p in params]
+        return state
+
+    def load_comm_state_dict(self, state: dict[str, Any] | None) -> None:
+        super().load_comm_state_dict(state)
+        params = [p for group in self.param_groups for p in group["params"]]
+        self.accumulator.clear()
+        if state is None:
+            for p in params:  # another world size: drop the local drift (lrs restarts)
+                if self.state.get(p):
+                    self.state[p]["lrs"] = 0.0
+            return
+        for p, acc in zip(params, state["accumulator"], strict=True):
+            if acc is not None:
+                self.accumulator[p] = acc.to(p.device, p.dtype).clone()
+        if "master" in state:
+            with torch.no_grad():
+                for p, mine, m in zip(params, state["master"], state["exp_avg"], strict=True):
+                    p.copy_(mine)
+                    self.state[p]["exp_avg"].copy_(m)

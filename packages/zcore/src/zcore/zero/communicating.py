@@ -1,0 +1,103 @@
+"""Inner optimizers that see the job: the seam 1-bit Adam, 0/1 Adam and LAMB plug into.
+
+ZeRO's inner optimizer normally steps a flat fp32 partition and knows nothing of other
+ranks: the engine has already averaged the gradients. Two kinds of optimizer need more:
+
+* **layout-aware** ones (LAMB's per-parameter trust ratio) need to know where each whole
+  parameter sits in the flat master tensor: :attr:`OptimizerContext.segments`;
+* **communicating** ones (DeepSpeed's 1-bit Adam, 0/1 Adam, 1-bit LAMB) average what they
+  need themselves, compressed, on some steps: the engine must then hand them each rank's
+  *local* gradients instead of reducing them (DeepSpeed's ``enable_backward_allreduce =
+  False``), and keep per-rank state (error feedback) across checkpoints.
+
+An inner optimizer opts in by defining ``bind(context)``; the engine calls it once, after
+the optimizer is built. A communicating one also defines :meth:`reduce_gradients` (asked
+while gradients arrive: False means "give me this cycle's local gradients") and
+``comm_state_dict`` / ``load_comm_state_dict`` (per global rank; checkpoints write one
+file per rank for it). The protocol lives in zcore so that zcomm edits no engine code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from zcore.comm import Comm
+
+
+@dataclass(frozen=True)
+class OptimizerContext:
+    """What :meth:`BoundOptimizer.bind` is told about the job."""
+
+    comm: Comm
+    """The data-parallel ranks gradients are averaged over (ZeRO's ``dp`` axis)."""
+    stage: int
+    """The ZeRO stage (0: every rank holds the whole master; 1-2: a partition)."""
+    segments: list[list[tuple[str, int, int]]]
+    """Per param group: ``(name, offset, numel)`` of each parameter's part of this rank's
+    flat master tensor (at stage 0 each parameter whole)."""
+
+
+@runtime_checkable
+class BoundOptimizer(Protocol):
+    """An inner optimizer that wants :class:`OptimizerContext`."""
+
+    def bind(self, context: OptimizerContext) -> None: ...
+
+
+@runtime_checkable
+class CommunicatingOptimizer(BoundOptimizer, Protocol):
+    """An inner optimizer that averages (some of) its inputs across ranks itself."""
+
+    def reduce_gradients(self) -> bool:
+        """Whether the engine averages the gradients of the cycle now under way (True) or
+        hands each rank its local gradients (False). Changes only in ``step``."""
+        ...
+
+    def comm_state_dict(self) -> dict[str, Any]:
+        """This rank's own state (error feedback, local drift); saved per global rank."""
+        ...
+
+    def load_comm_state_dict(self, state: dict[str, Any] | None) -> None:
+        """Take back :meth:`comm_state_dict`; None: the checkpoint has none for this rank
+        (another world size, or saved before compression): start it afresh."""
+        ...
+
+
+def communicator_of(optimizer: Any) -> CommunicatingOptimizer | None:
+    """``optimizer`` as a communicating optimizer, or None."""
+    return optimizer if isinstance(optimizer, CommunicatingOptimizer) else None
+
+
+def bind_inner(zopt: Any, comm: Comm, *, replicas: int, type_name: str) -> None:
+    """Hand the inner optimizer of ``zopt`` (a ZeroOptimizer) its context, if it wants one,
+    and route gradients through it when it communicates. Raises ValueError naming the
+    config key when the job is one it cannot run in."""
+    from zcore.zero.store import MemoryStore
+
+    inner = zopt.optimizer
+    if not isinstance(inner, BoundOptimizer):
+        return
+    talker = communicator_of(inner)
+    if talker is not None:
+        where = f"optimizer.type {type_name}"
+        if zopt.stage != 0:
+            raise ValueError(
+                f"{where} averages its compressed momentum over whole parameters on every "
+                f"rank, so it runs at ZeRO stage 0; zero_optimization.stage is {zopt.stage}: "
+                'set it to 0, or use "Adam" with ZeRO (ZeRO++ `zero_quantized_gradients` '
+                "compresses the gradients of stages 1-3)"
+            )
+        if replicas > 1 or len(zopt.reducers) > 1:
+            raise ValueError(
+                f"{where} averages over one data-parallel group; this job also has "
+                "MiCS replicas (zero_optimization.mics_shard_size) or expert-parallel groups: "
+                "remove mics_shard_size, or train the MoE model with Adam"
+            )
+        if not isinstance(zopt.store, MemoryStore):
+            raise ValueError(
+                f"{where} keeps its momentum in memory; zero_optimization.offload_optimizer."
+                'device "nvme" swaps it in pieces: use device "cpu" or "none"'
+            )
+    inner.bind(OptimizerContext(comm, zopt.stage, zopt.segments()))
+    zopt.communicator = talker
