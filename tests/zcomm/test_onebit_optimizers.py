@@ -1,4 +1,5 @@
-"""1-bit Adam, 0/1 Adam and 1-bit LAMB in zcore's engine on real gloo ranks (ZeRO stage 0).
+"""1-bit Adam, 0/1 Adam and 1-bit LAMB in zcore's engine on real gloo ranks (ZeRO stage 0;
+1-bit Adam also at stages 1 and 2, through the compressed reduce-scatter).
 
 - Against the uncompressed run of the same optimizer (``freeze_step`` past the end: the same
   update rule on fully averaged gradients): identical before the freeze, no divergence
@@ -24,6 +25,10 @@ import zcore
 from tests.utils.distributed import run_ranks
 from tests.zcore.zero.common import config, full_params, make_model, train
 from zcomm import reference_compressed_allreduce
+from zcomm.compressed_scatter import (
+    CompressedReduceScatter,
+    reference_compressed_reduce_scatter,
+)
 from zcomm.optim import OneBitAdam
 from zcore.comm.mesh import MeshSpec, job_mesh
 from zcore.zero.communicating import OptimizerContext
@@ -43,25 +48,30 @@ TAIL_TOL = {"OneBitAdam": 0.08, "OneBitLamb": 0.08, "ZeroOneAdam": 0.45}
 NEVER = {"freeze_step": 10**6, "var_freeze_step": 10**6}
 
 
-def _cfg(kind: str, compressed: bool, **extra: Any) -> dict:
+def _cfg(kind: str, compressed: bool, stage: int = 0, **extra: Any) -> dict:
     params = dict(OPTIMIZERS[kind])
     if not compressed:
         params.update({k: v for k, v in NEVER.items() if k in params})
         if kind == "ZeroOneAdam":
             params["var_update_scaler"] = 10**6  # the variance from every step's average
-    return config(0, optimizer={"type": kind, "params": params}, **extra)
+    return config(stage, optimizer={"type": kind, "params": params}, **extra)
 
 
-def _train(rank: int, world: int, kind: str, compressed: bool) -> tuple[list[float], Any, int]:
-    engine, *_ = zcore.initialize(make_model(), config=_cfg(kind, compressed))
+def _train(
+    rank: int, world: int, kind: str, compressed: bool, stage: int
+) -> tuple[list[float], Any, int]:
+    engine, *_ = zcore.initialize(make_model(), config=_cfg(kind, compressed, stage))
     losses = train(engine, STEPS)
     return losses, full_params(engine), engine.optimizer.bytes_sent
 
 
-@pytest.mark.parametrize("kind", list(OPTIMIZERS))
-def test_compressed_training_tracks_the_uncompressed_run(kind: str) -> None:
-    plain = run_ranks(_train, 2, args=(kind, False), timeout=120)
-    packed = run_ranks(_train, 2, args=(kind, True), timeout=120)
+RUNS = [(kind, 0) for kind in OPTIMIZERS] + [("OneBitAdam", 1), ("OneBitAdam", 2)]
+
+
+@pytest.mark.parametrize(("kind", "stage"), RUNS)
+def test_compressed_training_tracks_the_uncompressed_run(kind: str, stage: int) -> None:
+    plain = run_ranks(_train, 2, args=(kind, False, stage), timeout=120)
+    packed = run_ranks(_train, 2, args=(kind, True, stage), timeout=120)
     ref_losses = plain[0][0]
     tail = slice(STEPS - 5, STEPS)
     for losses, _, _ in packed:
@@ -115,8 +125,8 @@ def test_onebit_adam_momentum_equals_the_reference(world: int) -> None:
         assert failures == []
 
 
-def _resume(rank: int, world: int, kind: str, root: str) -> tuple[Any, Any]:
-    cfg = _cfg(kind, True)
+def _resume(rank: int, world: int, kind: str, stage: int, root: str) -> tuple[Any, Any]:
+    cfg = _cfg(kind, True, stage)
     straight, *_ = zcore.initialize(make_model(), config=cfg)
     first = train(straight, 7)
     straight.save_checkpoint(root, tag="mid")
@@ -131,9 +141,10 @@ def _resume(rank: int, world: int, kind: str, root: str) -> tuple[Any, Any]:
     return (first, rest, again), same
 
 
-@pytest.mark.parametrize("kind", list(OPTIMIZERS))
-def test_checkpoint_mid_compression_resumes_exactly(kind: str, tmp_path: Path) -> None:
-    for (_, rest, again), same in run_ranks(_resume, 2, args=(kind, str(tmp_path)), timeout=150):
+@pytest.mark.parametrize(("kind", "stage"), [*((k, 0) for k in OPTIMIZERS), ("OneBitAdam", 2)])
+def test_checkpoint_mid_compression_resumes_exactly(kind: str, stage: int, tmp_path: Path) -> None:
+    args = (kind, stage, str(tmp_path))
+    for (_, rest, again), same in run_ranks(_resume, 2, args=args, timeout=150):
         assert again == rest
         assert same
 
@@ -146,10 +157,41 @@ def _refused(rank: int, world: int, cfg: dict) -> str:
     return ""
 
 
-def test_stage_one_is_refused_naming_the_key() -> None:
-    cfg = config(1, optimizer={"type": "OneBitAdam", "params": {"freeze_step": 2}})
+@pytest.mark.parametrize(("kind", "stage"), [("OneBitAdam", 3), ("ZeroOneAdam", 1),
+                                           ("OneBitLamb", 2)])  # fmt: skip
+def test_unsupported_stages_are_refused_naming_the_key(kind: str, stage: int) -> None:
+    cfg = config(stage, optimizer={"type": kind, "params": {}})
     for msg in run_ranks(_refused, 2, args=(cfg,), timeout=60):
-        assert "zero_optimization.stage" in msg and "OneBitAdam" in msg
+        assert "zero_optimization.stage" in msg and kind in msg, msg
+
+
+def _scatter_exact(rank: int, world: int) -> list[str]:
+    comm = job_mesh(MeshSpec.resolve(world), 60.0).comm("dp")
+    scatter = CompressedReduceScatter(comm)
+    errors = None
+    failures = []
+    for call in range(3):
+        for cols in (1, 13, 40):
+            gen = torch.Generator().manual_seed(100 * call + cols)
+            grids = [torch.randn(world, cols, generator=gen) for _ in range(world)]
+            out = scatter(grids[rank], f"g{cols}")
+            outs, new = reference_compressed_reduce_scatter(
+                grids, None if call == 0 else errors[cols]
+            )
+            errors = {**(errors or {}), cols: new}
+            if not torch.equal(out, outs[rank]):
+                failures.append(f"rank {rank} call {call} cols {cols}: row differs")
+            if not torch.equal(scatter.errors[f"g{cols}"], new[rank]):
+                failures.append(f"rank {rank} call {call} cols {cols}: error differs")
+            if scatter.last_bytes != world * (-(-cols // 8) + 4):
+                failures.append(f"rank {rank}: sent {scatter.last_bytes} bytes")
+    return failures
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_compressed_reduce_scatter_equals_the_reference(world: int) -> None:
+    for failures in run_ranks(_scatter_exact, world, timeout=90):
+        assert failures == []
 
 
 def test_negative_freeze_step_is_refused_at_load() -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from zcomm.compressed import CompressedAllReduce
+from zcomm.compressed_scatter import CompressedReduceScatter
 from zcore.zero.communicating import OptimizerContext
 
 
@@ -24,11 +25,23 @@ class OneBitBase(torch.optim.Optimizer):
         super().__init__(params, defaults)
         self.context: OptimizerContext | None = None
         self.allreduce: CompressedAllReduce | None = None
+        self.scatter: CompressedReduceScatter | None = None
 
     def bind(self, context: OptimizerContext) -> None:
         """Take zcore's context (the data-parallel comm, the parameters' segments)."""
         self.context = context
         self.allreduce = CompressedAllReduce(context.comm)
+        self.scatter = CompressedReduceScatter(context.comm)
+
+    @property
+    def stage(self) -> int:
+        return 0 if self.context is None else self.context.stage
+
+    def reduce_scatter_local(self, grid: torch.Tensor, key: str) -> torch.Tensor:
+        """Stages 1-2: this rank's row of the average of every rank's ``grid``, 1-bit
+        compressed with worker error feedback (:mod:`zcomm.compressed_scatter`)."""
+        assert self.scatter is not None, "bind() first"
+        return self.scatter(grid, key)
 
     @property
     def world(self) -> int:
@@ -54,11 +67,15 @@ class OneBitBase(torch.optim.Optimizer):
     @property
     def bytes_sent(self) -> int:
         """Bytes this rank has handed to compressed collectives so far."""
-        return 0 if self.allreduce is None else self.allreduce.bytes_sent
+        sent = 0 if self.allreduce is None else self.allreduce.bytes_sent
+        return sent + (0 if self.scatter is None else self.scatter.bytes_sent)
 
     # -- per-rank state (error feedback) -------------------------------------------------------
     def comm_state_dict(self) -> dict[str, Any]:
-        return {"allreduce": None if self.allreduce is None else self.allreduce.state_dict()}
+        return {
+            "allreduce": None if self.allreduce is None else self.allreduce.state_dict(),
+            "scatter": None if self.scatter is None else self.scatter.state_dict(),
+        }
 
     def load_comm_state_dict(self, state: dict[str, Any] | None) -> None:
         if self.allreduce is None:
@@ -67,6 +84,11 @@ class OneBitBase(torch.optim.Optimizer):
             self.allreduce.reset()
         else:
             self.allreduce.load_state_dict(state["allreduce"])
+        assert self.scatter is not None
+        if state is None or state.get("scatter") is None:
+            self.scatter.reset()
+        else:
+            self.scatter.load_state_dict(state["scatter"])
         self.after_load()
 
     def after_load(self) -> None:

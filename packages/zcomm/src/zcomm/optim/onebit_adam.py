@@ -8,6 +8,14 @@ the 1-bit compressed all-reduce (error feedback keeps what compression drops for
 step): about 1/32 of the bytes of an fp32 all-reduce. The update is DeepSpeed's, step for
 step: ``m / (sqrt(v) + eps) + weight_decay * p``, scaled by ``lr``, no bias correction.
 
+At ZeRO stages 1-2 (DeepSpeed refuses every stage) each rank owns a slot of the momentum,
+so nobody needs the whole averaged momentum: after the freeze the gradients go through a
+1-bit compressed reduce-scatter instead (:mod:`zcomm.compressed_scatter`, worker error
+feedback) and the owner folds its averaged slot into its momentum exactly. One compression
+instead of two; the weights are then all-gathered as ZeRO always does. During compression
+each rank keeps a model-sized fp32 gradient grid until the step (stage 2's gradient
+partitioning gives way to it, as in stage 1).
+
 Differences from DeepSpeed: its first ``step`` call only allocates buffers and leaves the
 weights alone (a cupy set-up step); here the first step updates them. Its error buffers
 are reset on load; here they are checkpointed per rank (:mod:`zcore.checkpoint.rank_state`).
@@ -30,7 +38,9 @@ from zcomm.optim.base import OneBitBase
 
 
 class OneBitAdam(OneBitBase):
-    """DeepSpeed's 1-bit Adam over zcore's flat master tensors (ZeRO stage 0)."""
+    """DeepSpeed's 1-bit Adam over zcore's flat master tensors (ZeRO stages 0-2)."""
+
+    zero_stages = (0, 1, 2)
 
     def __init__(
         self,
@@ -73,8 +83,10 @@ class OneBitAdam(OneBitBase):
                 m.mul_(beta1).add_(g, alpha=1 - beta1)
                 if not frozen:  # g is the average over ranks
                     v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-                else:  # g is this rank's own: average the momentum, compressed
-                    m.copy_(self.average(m, f"exp_avg.{gi}.{pi}"))
+                else:
+                    if self.stage == 0:  # g is this rank's own: average the momentum
+                        m.copy_(self.average(m, f"exp_avg.{gi}.{pi}"))
+                    # (stages 1-2: g is this slot's compressed average already)
                     m.mul_(v > 0)  # see the module docstring: where v is 0, no update
                 update = m / (v.sqrt() + group["eps"])
                 if group["weight_decay"] > 0:

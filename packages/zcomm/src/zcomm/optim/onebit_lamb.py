@@ -30,6 +30,9 @@ from zcore.zero.communicating import OptimizerContext
 class OneBitLamb(OneBitBase):
     """DeepSpeed's 1-bit LAMB over zcore's flat master tensors (ZeRO stage 0)."""
 
+    zero_stages = (0,)
+    stage_limit = "its trust ratio needs each whole parameter's norms on one rank"
+
     def __init__(
         self,
         params: Any,

@@ -34,6 +34,9 @@ from zcomm.optim.base import OneBitBase
 class ZeroOneAdam(OneBitBase):
     """DeepSpeed's 0/1 Adam over zcore's flat master tensors (ZeRO stage 0)."""
 
+    zero_stages = (0,)
+    stage_limit = "its local steps update every weight on every rank with its own momentum"
+
     def __init__(
         self,
         params: Any,

@@ -11,7 +11,10 @@ ranks: the engine has already averaged the gradients. Two kinds of optimizer nee
   False``), and keep per-rank state (error feedback) across checkpoints.
 
 An inner optimizer opts in by defining ``bind(context)``; the engine calls it once, after
-the optimizer is built. A communicating one also defines :meth:`reduce_gradients` (asked
+the optimizer is built. ``zero_stages`` (default ``(0,)``) lists the stages it runs at; at
+stages 1-2 local gradients are kept as a ``(world, P)`` grid per group until the step, then
+handed to :meth:`CommunicatingOptimizer.reduce_scatter_local`, whose result (this rank's
+averaged slot) becomes the gradient partition. A communicating one also defines :meth:`reduce_gradients` (asked
 while gradients arrive: False means "give me this cycle's local gradients") and
 ``comm_state_dict`` / ``load_comm_state_dict`` (per global rank; checkpoints write one
 file per rank for it). The protocol lives in zcore so that zcomm edits no engine code.
@@ -21,6 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
+
+import torch
 
 from zcore.comm import Comm
 
@@ -54,6 +59,11 @@ class CommunicatingOptimizer(BoundOptimizer, Protocol):
         hands each rank its local gradients (False). Changes only in ``step``."""
         ...
 
+    def reduce_scatter_local(self, grid: torch.Tensor, key: str) -> torch.Tensor:
+        """Stages 1-2: average a group's ``(world, P)`` local gradient grid across the
+        ranks, returning this rank's row (``zero_stages`` says whether it can)."""
+        ...
+
     def comm_state_dict(self) -> dict[str, Any]:
         """This rank's own state (error feedback, local drift); saved per global rank."""
         ...
@@ -81,12 +91,14 @@ def bind_inner(zopt: Any, comm: Comm, *, replicas: int, type_name: str) -> None:
     talker = communicator_of(inner)
     if talker is not None:
         where = f"optimizer.type {type_name}"
-        if zopt.stage != 0:
+        stages = tuple(getattr(inner, "zero_stages", (0,)))
+        if zopt.stage not in stages:
+            why = getattr(inner, "stage_limit", "it needs whole parameters on every rank")
             raise ValueError(
-                f"{where} averages its compressed momentum over whole parameters on every "
-                f"rank, so it runs at ZeRO stage 0; zero_optimization.stage is {zopt.stage}: "
-                'set it to 0, or use "Adam" with ZeRO (ZeRO++ `zero_quantized_gradients` '
-                "compresses the gradients of stages 1-3)"
+                f"{where} runs at ZeRO stage {' or '.join(map(str, stages))} ({why}); "
+                f"zero_optimization.stage is {zopt.stage}: set it to {stages[-1]}, or use "
+                '"Adam" with ZeRO++ `zero_quantized_gradients`, which compresses the '
+                "gradients of stage 3"
             )
         if replicas > 1 or len(zopt.reducers) > 1:
             raise ValueError(

@@ -25,7 +25,7 @@ from zcore.comm import Comm
 from zcore.zero.axes import GroupAxis
 from zcore.zero.collectives import Collectives
 from zcore.zero.communicating import CommunicatingOptimizer
-from zcore.zero.layout import GroupLayout, ParamShard, from_slots, own_slot
+from zcore.zero.layout import GroupLayout, ParamShard, from_slots, own_slot, slot_view
 from zcore.zero.reducer import GradReducer
 from zcore.zero.stage3 import Stage3Params
 from zcore.zero.store import MemoryStore, OptimizerFactory, OptimizerStore
@@ -114,6 +114,7 @@ class ZeroOptimizer:
         if stage3 is not None:
             stage3.on_repartition.append(self.refresh_master)
         self.last_grad_norm: float | None = None
+        self._local_grids: dict[int, torch.Tensor] = {}
         self.communicator: CommunicatingOptimizer | None = None
         """The inner optimizer when it averages across ranks itself (1-bit Adam; see
         :mod:`zcore.zero.communicating`): while it says so, gradients stay local."""
@@ -187,8 +188,18 @@ class ZeroOptimizer:
         if p.grad is None or p not in self.where:
             return
         g, shard = self.where[p]
-        if self.local_gradients:  # stage 0: the partition is the whole flat group
-            self.store.accumulate(g, shard, p.grad.reshape(-1), 1.0)
+        if self.local_gradients:
+            if self.stage == 0:  # the partition is the whole flat group
+                self.store.accumulate(g, shard, p.grad.reshape(-1), 1.0)
+            else:  # every rank's slot of it, kept until the step (see _reduce_local)
+                w = self.group_world(g)
+                grid = self._local_grids.get(g)
+                if grid is None:
+                    grid = self._local_grids[g] = torch.zeros(
+                        w, self.layouts[g].numel, dtype=torch.float32, device=p.grad.device
+                    )
+                cols = grid[:, shard.offset : shard.offset + shard.shard_size]
+                cols.add_(slot_view(p.grad.reshape(-1), shard, w))
         else:
             self.reducers[self.group_axis[g]].add(g, shard, p.grad)
         p.grad = None
@@ -205,6 +216,20 @@ class ZeroOptimizer:
                 if p.grad is not None:
                     self.on_grad(p)
         self.finish_reduction()
+        if self._local_grids:
+            self._reduce_local()
+
+    def _reduce_local(self) -> None:
+        """Stages 1-2 with a communicating optimizer: each group's local gradient grid
+        ``(world, P)`` goes through the optimizer's own (compressed) reduce-scatter, and
+        this rank's averaged row lands in its gradient partition."""
+        assert self.communicator is not None
+        for g, grid in sorted(self._local_grids.items()):
+            avg = self.communicator.reduce_scatter_local(grid, f"grad.{g}")
+            for shard in self.layouts[g].shards:
+                at = slice(shard.offset, shard.offset + shard.shard_size)
+                self.store.accumulate(g, shard, avg[at], 1.0)
+        self._local_grids.clear()
 
     def zero_grad(self) -> None:
         self.store.zero_grad()
@@ -227,7 +252,7 @@ class ZeroOptimizer:
         return flag
 
     def global_grad_norm(self, inv_scale: float) -> float:
-        if self.local_gradients:
+        if self.local_gradients and self.stage == 0:
             # every rank's own gradients: the root mean square of their norms, the same on
             # every rank (so is the clipping), and the true norm when they agree
             sq = self.comm.sum_scalar(self.store.grad_sq_norm(), "all_reduce(local grad norms)")
