@@ -10,7 +10,7 @@ address. On 2 ranks each node holds one rank; on 4 ranks each holds two
 Entries (each compared with the baseline measured in the same run, at the same rate):
 
 * 2 ranks, ZeRO 0: ``adam`` (baseline), ``onebit_adam``, ``zero_one_adam``, ``onebit_lamb``
-  (against ``lamb`` when an optimizer type ``Lamb`` is registered, else against ``adam``);
+  (against ``lamb``: zcore's ``Lamb`` type if registered, else 1-bit LAMB never frozen);
 * 4 ranks (2 nodes x 2), ZeRO 3: ``zero3`` (baseline), ``qwz``
   (``zero_quantized_weights``), ``hpz`` (``zero_hpz_partition_size: 2``), ``qgz``
   (``zero_quantized_gradients``) and ``zeropp`` (all three).
@@ -61,9 +61,11 @@ class Entry:
     baseline: str | None = None
     freeze: str | None = None
     """The optimizer's freeze-step key (set to the warm-up steps), if it has one."""
+    params: dict[str, Any] = field(default_factory=dict)
+    """More optimizer params (``lamb``: 1-bit LAMB never frozen, i.e. LAMB itself)."""
 
     def config(self, warmup: int) -> dict[str, Any]:
-        params: dict[str, Any] = {"lr": LR, "weight_decay": 0.0}
+        params: dict[str, Any] = {"lr": LR, "weight_decay": 0.0, **self.params}
         if self.freeze:
             params[self.freeze] = warmup
         return {
@@ -74,8 +76,14 @@ class Entry:
 
 
 def entries(lamb_registered: bool) -> list[Entry]:
-    """Every entry, baselines first (`lamb` only when zcore has a ``Lamb`` type)."""
-    lamb = [Entry("lamb", 2, "Lamb")] if lamb_registered else []
+    """Every entry, baselines first. LAMB is zcore's ``Lamb`` type when one is registered,
+    else ``OneBitLamb`` with ``freeze_step`` past the end: the same LAMB rule (DeepSpeed's
+    1-bit LAMB warm-up) on gradients averaged in full precision every step."""
+    lamb = [
+        Entry("lamb", 2, "Lamb")
+        if lamb_registered
+        else Entry("lamb", 2, "OneBitLamb", params={"freeze_step": 10**9})
+    ]
     return [
         Entry("adam", 2, "Adam"),
         *lamb,
@@ -85,7 +93,7 @@ def entries(lamb_registered: bool) -> list[Entry]:
             "onebit_lamb",
             2,
             "OneBitLamb",
-            baseline="lamb" if lamb else "adam",
+            baseline="lamb",
             freeze="freeze_step",
         ),
         Entry("zero3", 4, "Adam"),
@@ -354,7 +362,7 @@ def run(
         "warmup": warmup,
         "seq_len": seq_len,
         "micro_batch": micro_batch,
-        "lamb_baseline": "Lamb" in optimizer_types(),
+        "lamb_baseline": "Lamb" if "Lamb" in optimizer_types() else "OneBitLamb never frozen",
         "runs": runs,
     }
 
