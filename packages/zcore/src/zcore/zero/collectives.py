@@ -15,8 +15,13 @@ The engine asks every registered factory (installed packages are found through t
 ``zcore.extensions`` entry point) and uses the one that claims the config; two claiming
 it is an error naming both. Collectives are independent of where the optimizer state lives,
 so any of them combines with CPU or NVMe offload. State that must survive a restart (error
-feedback buffers) goes through :meth:`Collectives.state_dict` (checkpoints do not save it
-yet: no registered collectives keep state so far).
+feedback buffers) goes through :meth:`Collectives.state_dict`.
+
+Stage 3's parameter gathers have three more hooks: :meth:`Collectives.gather_params` carries
+them (qwZ sends them quantized), :meth:`Collectives.gather_source` says which comm and which
+piece of a parameter a gather reads (hpZ: backward gathers read a node-local secondary
+piece), and :meth:`Collectives.param_gathered` hands over each full value stage 3 obtains
+(hpZ cuts that secondary piece from it). Their defaults leave the gathers as they were.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import nn
 
 from zcore.comm import Comm, Handle
 from zcore.config.features import load_extensions
@@ -50,6 +56,25 @@ class Collectives:
     def all_gather(self, comm: Comm, out: torch.Tensor, inp: torch.Tensor, what: str) -> Handle:
         """Every rank's ``inp``, in rank order, into ``out``."""
         return comm.all_gather(out, inp, what)
+
+    # -- stage 3's parameter gathers (ZeRO++ qwZ and hpZ plug in here) -------------------
+    def gather_params(self, comm: Comm, out: torch.Tensor, inp: torch.Tensor, what: str) -> Handle:
+        """Stage 3's gather of parameter shards before a module uses them (qwZ quantizes it;
+        the optimizer's gathers of updated weights stay :meth:`all_gather`)."""
+        return self.all_gather(comm, out, inp, what)
+
+    def gather_source(
+        self, p: nn.Parameter, full_comm: Comm, backward: bool
+    ) -> tuple[Comm, torch.Tensor] | None:
+        """Where a stage-3 gather of ``p`` reads from: ``(comm, this rank's piece)``, the
+        pieces cut like the shards (``ceil(numel / comm.size)`` elements each, zero-padded).
+        None (the default): ``full_comm`` and the stored shard. hpZ answers the node-local
+        comm and its secondary piece for backward gathers."""
+        return None
+
+    def param_gathered(self, p: nn.Parameter, full_comm: Comm, full: torch.Tensor) -> None:
+        """Stage 3 holds ``p``'s full current value ``full`` (after a forward gather or an
+        edit): hpZ cuts its secondary piece from it. Nothing by default."""
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps of these collectives (error feedback); none by default."""

@@ -11,6 +11,11 @@ next pass prefetches upcoming modules asynchronously, bounded by
 parameters stay gathered when the recorded forward+backward order uses them again within
 ``stage3_max_reuse_distance`` elements of other parameters (as DeepSpeed does), as long as
 ``stage3_max_live_parameters`` allows; backward releases as it goes.
+
+The gathers go through the engine's :class:`~zcore.zero.collectives.Collectives`, which
+also says which comm and which piece of a parameter a gather reads and is handed every full
+value gathered outside backward: ZeRO++'s qwZ quantizes the gathers, its hpZ gathers
+backward from a node-local secondary copy. The defaults gather every shard over its axis.
 """
 
 from __future__ import annotations
@@ -78,8 +83,10 @@ class ShardedParam:
 class _Gather:
     handle: Handle
     out: torch.Tensor
-    members: list[tuple[nn.Parameter, int]]
+    members: list[tuple[nn.Parameter, int, ParamShard]]
+    """Each parameter, its first column in every rank's row, and how its pieces are cut."""
     world: int
+    backward: bool = False
     done: bool = False
 
 
@@ -136,6 +143,7 @@ class Stage3Params:
         self.store = ShardStore()
         self.collectives = Collectives()
         """How shards are gathered (the engine sets the config's; :mod:`.collectives`)."""
+        self._backward = False  # gathers now serve a backward pass (hpZ reads elsewhere)
         self.live_elems = 0
         self.peak_live_elems = 0
         self.on_repartition: list[Callable[[nn.Parameter], None]] = []
@@ -180,6 +188,7 @@ class Stage3Params:
         """Take this rank's slot of ``p``'s current full value (after an edit) into its shard."""
         sp = self.params[p]
         self.store.write(p, sp, own_slot(p.data, sp.slots, sp.comm.rank), 0)
+        self.collectives.param_gathered(p, sp.comm, p.data)
         for fn in self.on_repartition:
             fn(p)
 
@@ -195,25 +204,38 @@ class Stage3Params:
         todo = [p for p in params if p in self.params and self.params[p].status == "released"]
         if not todo:
             return
-        comms = {id(self.params[p].comm): self.params[p].comm for p in todo}
-        if len(comms) > 1:  # a module holding parameters of two axes: one gather each
-            for comm in comms.values():
-                self.fetch([p for p in todo if self.params[p].comm is comm], what)
-            return
-        comm = next(iter(comms.values()))
-        w = comm.size
-        cols = sum(self.params[p].shard_size for p in todo)
-        device = todo[0].device  # the shards may be offloaded; the gather runs here
-        inp = torch.cat([self.shard_of(p) for p in todo]).to(device)
-        out = torch.empty(w * cols, dtype=inp.dtype, device=device)
-        what = f"all_gather({what}, {w * cols} elems)"
-        handle = self.collectives.all_gather(comm, out, inp, what)
-        members, col = [], 0
-        gather = _Gather(handle, out, members, w)
+        # the comm and piece each gather reads: the parameter's axis and its stored shard,
+        # unless the collectives say otherwise (hpZ's backward gathers)
+        by_comm: dict[int, tuple[Comm, list[tuple[nn.Parameter, torch.Tensor | None]]]] = {}
         for p in todo:
             sp = self.params[p]
-            members.append((p, col))
-            col += sp.shard_size
+            source = self.collectives.gather_source(p, sp.comm, self._backward)
+            comm, piece = source if source is not None else (sp.comm, None)
+            by_comm.setdefault(id(comm), (comm, []))[1].append((p, piece))
+        for comm, members in by_comm.values():  # parameters of two axes: one gather each
+            self._gather_from(comm, members, what)
+
+    def _gather_from(
+        self, comm: Comm, todo: list[tuple[nn.Parameter, torch.Tensor | None]], what: str
+    ) -> None:
+        """Issue one all-gather over ``comm`` of the given pieces (None: the stored shard)."""
+        w = comm.size
+        pieces = [self.shard_of(p) if piece is None else piece for p, piece in todo]
+        cols = sum(piece.numel() for piece in pieces)
+        device = todo[0][0].device  # the shards may be offloaded; the gather runs here
+        inp = torch.cat(pieces).to(device)
+        out = torch.empty(w * cols, dtype=inp.dtype, device=device)
+        what = f"all_gather({what}, {w * cols} elems)"
+        handle = self.collectives.gather_params(comm, out, inp, what)
+        members: list[tuple[nn.Parameter, int, ParamShard]] = []
+        col = 0
+        gather = _Gather(handle, out, members, w, self._backward)
+        for (p, _), piece in zip(todo, pieces, strict=True):
+            sp = self.params[p]
+            members.append(
+                (p, col, ParamShard(sp.name, tuple(sp.shape), sp.numel, piece.numel(), 0))
+            )
+            col += piece.numel()
             sp.status, sp.pending = "inflight", gather
             self.live_elems += sp.numel
         self.peak_live_elems = max(self.peak_live_elems, self.live_elems)
@@ -232,12 +254,14 @@ class Stage3Params:
         gather.handle.wait()
         gather.done = True
         grid = gather.out.view(gather.world, -1)
-        for p, col in gather.members:
+        for p, col, slots in gather.members:
             sp = self.params[p]
             if sp.status != "inflight" or sp.pending is not gather:
                 continue
-            p.data = from_slots(grid, col, sp.slots).view(sp.shape)
+            p.data = from_slots(grid, col, slots).view(sp.shape)
             sp.status, sp.pending = "gathered", None
+            if not gather.backward:
+                self.collectives.param_gathered(p, sp.comm, p.data)
 
     def gather(self, params: Iterable[nn.Parameter], what: str) -> None:
         """Make the full data of ``params`` available (blocking)."""
@@ -334,6 +358,7 @@ class Stage3Params:
     def _root_pre_forward(self, module: nn.Module, args: Any) -> None:
         self._fwd_now = []
         self._ahead = 0
+        self._backward = False
 
     def _root_post_forward(self, module: nn.Module, args: Any, out: Any) -> None:
         self._fwd_trace = self._fwd_now
@@ -360,6 +385,7 @@ class Stage3Params:
         return None
 
     def _pre_backward(self, m: nn.Module) -> None:
+        self._backward = True
         self._bwd_now.append(m)
         self.gather(self._own(m), f"backward {type(m).__name__}")
         if self.prefetch_elems > 0:
@@ -375,6 +401,7 @@ class Stage3Params:
             ]
         self._bwd_now = []
         self._ahead = 0
+        self._backward = False
         self.release_all()
 
     def _reused_soon(self, order: list[nn.Module]) -> list[set[nn.Parameter]]:
