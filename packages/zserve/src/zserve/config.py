@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Policy = Literal["splitfuse", "prefill-first", "static"]
 DType = Literal["float32", "bfloat16", "float16"]
+Speculative = Literal["ngram", "self-draft"]
 
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 """Seeds accepted (engine and per request): a signed 64-bit integer, OpenAI's `seed`;
@@ -60,8 +61,79 @@ class EngineConfig(BaseModel):
     seed: int = Field(default=0, ge=SEED_MIN, le=SEED_MAX)
     """Seed (64-bit) of the sampler for requests that give no seed of their own."""
 
+    speculative: Speculative | None = None
+    """Speculative decoding of greedy requests (see `zserve.speculative`): `ngram`
+    proposes the tokens that followed the last n-gram's previous occurrence in the
+    prompt + output (vLLM's `method: "ngram"`, prompt lookup); `self-draft` runs the
+    first `draft_layers` layers of the model itself (plus its final norm and head) as
+    the draft. Drafts are verified in the SplitFuse forward; output is unchanged.
+    Sampled requests (temperature > 0) decode plainly. None: off. vLLM's
+    `speculative_config={"method": ..., "num_speculative_tokens": ...}` is accepted too."""
+
+    num_speculative_tokens: int = Field(default=4, ge=1, le=64)
+    """Most draft tokens verified per sequence and step (each counts in `token_budget`)."""
+
+    prompt_lookup_max: int = Field(default=4, ge=1, le=64)
+    """`ngram`: longest n-gram matched (tried first)."""
+
+    prompt_lookup_min: int = Field(default=2, ge=1, le=64)
+    """`ngram`: shortest n-gram matched before giving up on a step's draft."""
+
+    draft_layers: int | None = Field(default=None, ge=1)
+    """`self-draft`: layers of the draft; None: half the model's layers."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _vllm_speculative_config(cls, data: object) -> object:
+        """Map vLLM's `speculative_config` dict onto the flat fields above."""
+        if not isinstance(data, dict) or "speculative_config" not in data:
+            return data
+        data = dict(data)
+        spec = data.pop("speculative_config")
+        if spec is None:
+            return data
+        if not isinstance(spec, dict):
+            raise ValueError(
+                f"speculative_config is {spec!r}; pass a dict such as "
+                '{"method": "ngram", "num_speculative_tokens": 4}'
+            )
+        spec = dict(spec)
+        if spec.get("model") is not None:
+            raise ValueError(
+                f"speculative_config.model {spec['model']!r}: a separate draft checkpoint is "
+                'not supported; use {"method": "self-draft", "draft_layers": L}'
+            )
+        spec.pop("model", None)
+        if "method" in spec:
+            data["speculative"] = spec.pop("method")
+        allowed = {"num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
+                   "draft_layers"}  # fmt: skip
+        unknown = sorted(set(spec) - allowed)
+        if unknown:
+            raise ValueError(
+                f"speculative_config keys {unknown} are not supported; use `method` and "
+                f"{sorted(allowed)}"
+            )
+        data.update(spec)
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> EngineConfig:
+        if self.speculative is not None and self.policy != "splitfuse":
+            raise ValueError(
+                f"speculative {self.speculative!r} needs policy 'splitfuse' (drafts are "
+                f"verified inside its forwards); got policy {self.policy!r}"
+            )
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(
+                f"prompt_lookup_min {self.prompt_lookup_min} > prompt_lookup_max "
+                f"{self.prompt_lookup_max}; lower the min or raise the max"
+            )
+        if self.draft_layers is not None and self.speculative != "self-draft":
+            raise ValueError(
+                f"draft_layers {self.draft_layers} is for speculative 'self-draft'; got "
+                f"speculative {self.speculative!r}"
+            )
         if self.num_blocks is not None and self.kv_cache_bytes is not None:
             raise ValueError(
                 f"give num_blocks ({self.num_blocks}) or kv_cache_bytes "
