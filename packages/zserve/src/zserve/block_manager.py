@@ -193,13 +193,33 @@ class BlockManager:
         # Tail blocks first: a sequence's last blocks are the least likely to be shared,
         # so they are evicted before its (more shareable) first blocks.
         for b in reversed(s.blocks):
-            self._ref[b] -= 1
-            if self._ref[b] < 0:
-                raise RuntimeError(f"block {b} freed more often than allocated (seq {seq_id})")
-            if self._ref[b] == 0:
-                self._free[b] = None
-                if self._key[b] is None:
-                    self._free.move_to_end(b, last=False)  # uncached: hand out first
+            self._release(b, seq_id)
+
+    def truncate(self, seq_id: int, num_tokens: int) -> None:
+        """Shrink `seq_id`'s table to the blocks `num_tokens` tokens need, releasing the
+        tail (the slots of speculative tokens the target rejected). Unknown ids are a
+        no-op; dropping a block already published to the prefix cache is a ValueError."""
+        s = self._seqs.get(seq_id)
+        if s is None:
+            return
+        keep = self.blocks_needed(num_tokens)
+        if keep < len(s.hashes):
+            raise ValueError(
+                f"seq {seq_id}: truncating to {num_tokens} tokens ({keep} blocks) would drop "
+                f"{len(s.hashes) - keep} block(s) already in the prefix cache"
+            )
+        for b in reversed(s.blocks[keep:]):
+            self._release(b, seq_id)
+        del s.blocks[keep:]
+
+    def _release(self, b: int, seq_id: int) -> None:
+        self._ref[b] -= 1
+        if self._ref[b] < 0:
+            raise RuntimeError(f"block {b} freed more often than allocated (seq {seq_id})")
+        if self._ref[b] == 0:
+            self._free[b] = None
+            if self._key[b] is None:
+                self._free.move_to_end(b, last=False)  # uncached: hand out first
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached key (blocks in use stay allocated)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -28,6 +29,7 @@ from zserve.scheduler import (
     Sequence,
     SplitFuseScheduler,
 )
+from zserve.speculative import Drafter, SpeculativeDecoder, make_drafter
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +57,14 @@ def served_max_model_len(runner: Runner) -> int:
     return min(runner.max_model_len, runner.num_blocks * runner.block_size + 1)
 
 
-def make_scheduler(config: EngineConfig, kv: BlockManager, max_model_len: int) -> Scheduler:
+def make_scheduler(
+    config: EngineConfig,
+    kv: BlockManager,
+    max_model_len: int,
+    lookahead: Callable[[Sequence], int] | None = None,
+) -> Scheduler:
     if config.policy == "splitfuse":
-        return SplitFuseScheduler(kv, config.max_num_seqs, config.token_budget)
+        return SplitFuseScheduler(kv, config.max_num_seqs, config.token_budget, lookahead)
     if config.policy == "prefill-first":
         # A prefill forward must hold the longest prompt, whatever the token budget.
         return PrefillFirstScheduler(
@@ -97,14 +104,27 @@ class Engine:
 
     @classmethod
     def from_parts(
-        cls, runner: Runner, tokenizer: Any, config: EngineConfig, model_name: str = "model"
+        cls,
+        runner: Runner,
+        tokenizer: Any,
+        config: EngineConfig,
+        model_name: str = "model",
+        drafter: Drafter | None = None,
     ) -> Engine:
-        """An engine over a given runner and tokenizer (tests use model-free fakes)."""
+        """An engine over a given runner and tokenizer (tests use model-free fakes);
+        `drafter` replaces the one `config.speculative` names."""
         self = cls.__new__(cls)
-        self._setup(runner, tokenizer, config, model_name)
+        self._setup(runner, tokenizer, config, model_name, drafter)
         return self
 
-    def _setup(self, runner: Runner, tokenizer: Any, config: EngineConfig, name: str) -> None:
+    def _setup(
+        self,
+        runner: Runner,
+        tokenizer: Any,
+        config: EngineConfig,
+        name: str,
+        drafter: Drafter | None = None,
+    ) -> None:
         self.config = config
         self.runner = runner
         self.tokenizer = tokenizer
@@ -124,7 +144,18 @@ class Engine:
             getattr(runner, "eos_token_ids", []) or []
         )
         self.kv = BlockManager(runner.num_blocks, runner.block_size, config.prefix_caching)
-        self.scheduler = make_scheduler(config, self.kv, self.max_model_len)
+        if drafter is None and config.speculative is not None:
+            drafter = make_drafter(config, runner)
+        if drafter is not None and config.policy != "splitfuse":
+            raise ValueError(
+                f"speculative decoding needs policy 'splitfuse'; got {config.policy!r}"
+            )
+        self.spec = (
+            None if drafter is None else SpeculativeDecoder(drafter, config.num_speculative_tokens)
+        )
+        self.scheduler = make_scheduler(
+            config, self.kv, self.max_model_len, None if self.spec is None else self.spec.lookahead
+        )
         self.sampler = Sampler(config.seed)
         self._ids = itertools.count()
         self._live: dict[str, Sequence] = {}
@@ -189,28 +220,37 @@ class Engine:
         self.num_steps += 1
         if not sched.chunks:
             return results
+        # Speculative decoding: a decode with reserved slots carries its draft too, and
+        # gets the logits of every token (row i checks draft i).
+        drafts = self.spec.propose(sched.chunks, self.kv) if self.spec else [[]] * len(sched.chunks)
         chunks: list[SeqChunk] = []
         spans: list[tuple[int, int]] = []  # each chunk's (first logits row, rows)
         rows = 0
-        for c in sched.chunks:
-            scores = self._scores_prompt(c.seq, c.start)
-            n = c.num_tokens if scores else int(c.want_logits)
+        for c, draft in zip(sched.chunks, drafts, strict=True):
+            scores = self._scores_prompt(c.seq, c.start) or bool(draft)
+            n = c.num_tokens + len(draft) if scores else int(c.want_logits)
             table = self.kv.block_table(c.seq.seq_id)
             chunks.append(
-                SeqChunk(c.seq.seq_id, c.token_ids, c.start, table, c.want_logits, scores)
+                SeqChunk(c.seq.seq_id, c.token_ids + draft, c.start, table, c.want_logits, scores)
             )
             spans.append((rows, n))
             rows += n
         logits = self.runner.forward(chunks)
-        self.num_forward_tokens += sched.num_tokens
+        self.num_forward_tokens += sched.num_tokens + sum(map(len, drafts))
         self.scheduler.update(sched)
         last_rows = []
-        for c, chunk, (first, n) in zip(sched.chunks, chunks, spans, strict=True):
+        verified: list[tuple[Sequence, list[int], torch.Tensor]] = []
+        for c, chunk, (first, n), draft in zip(sched.chunks, chunks, spans, drafts, strict=True):
+            if draft:
+                verified.append((c.seq, draft, logits[first : first + n]))
+                continue
             if chunk.all_logits:
                 self._record_prompt_logprobs(c.seq, c.start, logits[first : first + n])
             if c.want_logits:
                 last_rows.append(first + n - 1)
-        sampled = [c.seq for c in sched.chunks if c.want_logits]
+        sampled = [
+            c.seq for c, d in zip(sched.chunks, drafts, strict=True) if c.want_logits and not d
+        ]
         if len(last_rows) != logits.shape[0]:
             logits = logits[torch.tensor(last_rows, dtype=torch.int64, device=logits.device)]
         tokens = self.sampler.sample(
@@ -219,7 +259,27 @@ class Engine:
         lps = self._token_logprobs(logits, sampled, tokens)
         for seq, tok, lp in zip(sampled, tokens, lps, strict=True):
             results.append(self._append(seq, tok, lp))
+        accepted = {seq.seq_id: self._verify(seq, d, r, results) for seq, d, r in verified}
+        for c in sched.chunks:
+            if c.num_lookahead and not c.seq.finished:
+                self.scheduler.commit_lookahead(c.seq, accepted.get(c.seq.seq_id, 0))
         return results
+
+    def _verify(
+        self, seq: Sequence, draft: list[int], rows: torch.Tensor, results: list[RequestOutput]
+    ) -> int:
+        """Accept what the target agrees with of `seq`'s draft (`rows`: the target's
+        logits at the pending token and each draft), append the emitted tokens (stop
+        conditions checked token by token, as plain decoding would), return the number
+        of accepted drafts."""
+        assert self.spec is not None
+        toks = self.spec.verify(draft, rows)
+        lps: list[TokenLogprob | None] = [None] * len(toks)
+        if seq.params.logprobs is not None:
+            n = len(toks)
+            lps = list(gather_logprobs(rows[:n], toks, [seq.params.logprobs] * n))
+        results.append(self._append_tokens(seq, toks, lps))
+        return len(toks) - 1
 
     # -- log-probabilities ----------------------------------------------------------------
     @staticmethod
@@ -258,6 +318,12 @@ class Engine:
         return out
 
     def _append(self, seq: Sequence, tok: int, lp: TokenLogprob | None = None) -> RequestOutput:
+        return self._append_tokens(seq, [tok], [lp])
+
+    def _append_tokens(
+        self, seq: Sequence, toks: list[int], lps: list[TokenLogprob | None]
+    ) -> RequestOutput:
+        """Append `toks` one by one until one ends the request; one output for them."""
         p = seq.params
         prompt_lp = None
         if p.prompt_logprobs is not None and "prompt_lp_sent" not in seq.extra:
@@ -270,19 +336,22 @@ class Engine:
             out.logprobs = [] if p.logprobs is not None else None
             out.prompt_logprobs = prompt_lp
             return out
-        seq.output_token_ids.append(tok)
-        if lp is not None:
-            seq.extra.setdefault("lps", []).append(lp)
         detok: IncrementalDetokenizer = seq.extra["detok"]
         reason = None
-        if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_token_ids):
-            reason = "stop"  # the stop token is in token_ids, not in the text
-        else:
-            detok.add(tok)
-            if detok.stopped:
-                reason = "stop"
-            elif len(seq.output_token_ids) >= p.max_tokens:
-                reason = "length"
+        for tok, lp in zip(toks, lps, strict=True):
+            seq.output_token_ids.append(tok)
+            if lp is not None:
+                seq.extra.setdefault("lps", []).append(lp)
+            if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_token_ids):
+                reason = "stop"  # the stop token is in token_ids, not in the text
+            else:
+                detok.add(tok)
+                if detok.stopped:
+                    reason = "stop"
+                elif len(seq.output_token_ids) >= p.max_tokens:
+                    reason = "length"
+            if reason is not None:
+                break
         first = seq.extra.get("sent", 0)
         seq.extra["sent"] = len(seq.output_token_ids)
         out = RequestOutput(
@@ -319,6 +388,8 @@ class Engine:
         s: dict[str, int | float] = dict(self.scheduler.stats())
         s["num_steps"] = self.num_steps
         s["num_forward_tokens"] = self.num_forward_tokens
+        if self.spec is not None:
+            s.update(self.spec.stats.as_dict())
         return s
 
 

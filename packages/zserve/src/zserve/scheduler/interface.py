@@ -25,6 +25,9 @@ class ScheduledChunk:
     seq: Sequence
     start: int
     num_tokens: int
+    num_lookahead: int = 0
+    """KV slots reserved past the chunk for draft tokens (speculative decoding of a
+    decode chunk): the engine may verify up to this many drafts in the same forward."""
 
     @property
     def want_logits(self) -> bool:
@@ -74,6 +77,11 @@ class Scheduler(abc.ABC):
     @abc.abstractmethod
     def finish(self, seq: Sequence, reason: str) -> None:
         """End a sequence (stop/length/...) and free its blocks."""
+
+    @abc.abstractmethod
+    def commit_lookahead(self, seq: Sequence, num_accepted: int) -> None:
+        """After a decode chunk with `num_lookahead` slots ran: `num_accepted` draft
+        tokens (now in `seq.output_token_ids`) have valid KV; release the rest."""
 
     @abc.abstractmethod
     def has_unfinished(self) -> bool: ...
@@ -138,6 +146,17 @@ class BaseScheduler(Scheduler):
             seq = c.seq
             seq.num_computed_tokens = c.start + c.num_tokens
             self.kv.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+
+    def commit_lookahead(self, seq: Sequence, num_accepted: int) -> None:
+        seq.num_computed_tokens += num_accepted
+        if seq.num_remaining != 1:
+            raise RuntimeError(
+                f"seq {seq.seq_id}: {seq.num_computed_tokens} computed of {seq.num_tokens} "
+                f"tokens after accepting {num_accepted} drafts; expected exactly 1 pending"
+            )
+        self.kv.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+        # Hold what plain decoding would hold now: the rejected drafts' slots go back.
+        self.kv.truncate(seq.seq_id, seq.num_computed_tokens)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self._rejected)

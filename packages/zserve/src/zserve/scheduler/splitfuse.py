@@ -10,6 +10,9 @@ Order of filling one step's budget:
    at least once every ceil(decoding / token_budget) steps;
 2. running sequences still prefilling, continuing their prompt where the last chunk
    ended;
+   With speculative decoding (`lookahead`), the decodes then get KV slots for draft
+   tokens from what is left of the budget, never preempting for them: a decode with
+   d drafts puts 1 + d tokens in the forward;
 3. waiting sequences, first come first served, while live sequences < `max_num_seqs`:
    their prompt (after prefix-cache hits) is split so the forward is exactly full.
 
@@ -21,16 +24,27 @@ hardware's best operating point while per-token latency stays bounded.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from zserve.block_manager import BlockManager
 from zserve.scheduler.interface import BaseScheduler, ScheduledChunk, SchedulerOutput
+from zserve.scheduler.request import Sequence
 
 log = logging.getLogger(__name__)
 
 
 class SplitFuseScheduler(BaseScheduler):
-    def __init__(self, kv: BlockManager, max_num_seqs: int, token_budget: int):
+    def __init__(
+        self,
+        kv: BlockManager,
+        max_num_seqs: int,
+        token_budget: int,
+        lookahead: Callable[[Sequence], int] | None = None,
+    ):
+        """`lookahead(seq)`: draft tokens a decoding `seq` would verify this step (its
+        drafter's proposal length; 0 for none). None: no speculative decoding."""
         super().__init__(kv, max_num_seqs)
+        self.lookahead = lookahead
         if token_budget < 1:
             raise ValueError(f"token_budget is {token_budget}; it must be >= 1")
         self.token_budget = token_budget
@@ -69,6 +83,9 @@ class SplitFuseScheduler(BaseScheduler):
             self._last_decoded = seq.seq_id
             budget -= 1
 
+        if self.lookahead is not None:
+            budget = self._reserve_lookahead(out, budget)
+
         # 2. prefills already running, oldest first.
         for seq in list(self.running):
             if budget == 0:
@@ -100,3 +117,23 @@ class SplitFuseScheduler(BaseScheduler):
             scheduled.add(seq.seq_id)
             budget -= n
         return out
+
+    def _reserve_lookahead(self, out: SchedulerOutput, budget: int) -> int:
+        """Give the decode chunks of `out` KV slots for their drafts, in order, from
+        `budget` and the free blocks (no preemption); returns the budget left."""
+        assert self.lookahead is not None
+        for i, c in enumerate(out.chunks):
+            if budget == 0:
+                break
+            seq = c.seq
+            # Verifying d drafts emits up to d + 1 tokens: never more than max_tokens.
+            room = seq.params.max_tokens - len(seq.output_token_ids) - 1
+            want = min(self.lookahead(seq), budget, room)
+            if want <= 0:
+                continue
+            n = self._fit(seq, 1 + want) - 1
+            if n <= 0 or self.kv.allocate(seq.seq_id, seq.num_computed_tokens + 1 + n) is None:
+                continue
+            out.chunks[i] = ScheduledChunk(seq, c.start, c.num_tokens, num_lookahead=n)
+            budget -= n
+        return budget
