@@ -153,7 +153,10 @@ def spec_from_config(config: Any, world: int, ep: int = 1) -> MeshSpec:
     """
     zc = config.zero_optimization
     mics = int(getattr(zc, "mics_shard_size", -1) or -1)
-    hpz = int(getattr(zc, "zero_hpz_partition_size", 1) or 1)
+    hpz = getattr(zc, "zero_hpz_partition_size", None)
+    if hpz is None and hasattr(config, "extension"):  # a gated key zcomm unlocks
+        hpz = config.extension("zero_optimization.zero_hpz_partition_size")
+    hpz = int(hpz or 1)
     try:
         return MeshSpec.resolve(world, dp=None if mics <= 0 else mics, dp_local=hpz, ep=ep)
     except MeshError as err:
