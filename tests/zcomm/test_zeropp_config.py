@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 import zcomm.zeropp.extension  # noqa: F401  (registers the keys, as the entry point does)
-from tests.zcomm.test_zeropp_train import needs_hpz_mesh
 from zcomm.zeropp import LocoConfig, ZeroPPConfig
 from zcore.comm.mesh import MeshError, spec_from_config
 from zcore.config import ConfigError, ZConfig
@@ -75,7 +74,6 @@ def test_engine_refuses_at_start() -> None:
         zcore.initialize(nn.Linear(2, 2), config=cfg)
 
 
-@needs_hpz_mesh
 def test_hpz_that_does_not_divide_dp_names_the_key() -> None:
     with pytest.raises(MeshError, match=r"zero_hpz_partition_size\) does not divide dp 4.*"
                        r"choose one that divides 4"):  # fmt: skip
