@@ -39,6 +39,23 @@ def serve(
     ),
     dtype: str | None = typer.Option(None, "--dtype", help="`float32`, `bfloat16` or `float16`."),
     device: str | None = typer.Option(None, "--device", help="`cpu`, `cuda`, `cuda:1`..."),
+    speculative: str | None = typer.Option(
+        None,
+        "--speculative",
+        help="Speculative decoding of greedy requests: `ngram` or `self-draft`.",
+    ),
+    num_speculative_tokens: int | None = typer.Option(
+        None, "--num-speculative-tokens", min=1, help="Draft tokens verified per step."
+    ),
+    draft_layers: int | None = typer.Option(
+        None, "--draft-layers", min=1, help="`self-draft`: layers of the draft model."
+    ),
+    prompt_lookup_max: int | None = typer.Option(
+        None, "--prompt-lookup-max", min=1, help="`ngram`: longest n-gram matched."
+    ),
+    prompt_lookup_min: int | None = typer.Option(
+        None, "--prompt-lookup-min", min=1, help="`ngram`: shortest n-gram matched."
+    ),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level."),
 ) -> None:
     """Serve MODEL_DIR with an OpenAI-compatible HTTP API (`/v1/completions`, `/v1/chat/completions`)."""
@@ -58,6 +75,11 @@ def serve(
         "max_model_len": max_model_len,
         "dtype": dtype,
         "device": device,
+        "speculative": speculative,
+        "num_speculative_tokens": num_speculative_tokens,
+        "draft_layers": draft_layers,
+        "prompt_lookup_max": prompt_lookup_max,
+        "prompt_lookup_min": prompt_lookup_min,
     }
     try:
         config = EngineConfig(**{k: v for k, v in options.items() if v is not None})

@@ -80,7 +80,9 @@ class EngineConfig(BaseModel):
     """`ngram`: shortest n-gram matched before giving up on a step's draft."""
 
     draft_layers: int | None = Field(default=None, ge=1)
-    """`self-draft`: layers of the draft; None: half the model's layers."""
+    """`self-draft`: layers of the draft; None: all but the last eighth of the model's
+    (an early exit from a model not trained for it agrees with the full model only near
+    full depth: SmolLM2-135M accepts ~1% of drafts at 15 of 30 layers, ~18% at 28)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -55,6 +55,22 @@ class ServerMetrics:
         r.gauge(
             "zserve_prefix_hits", "Prompt blocks served from the prefix cache.", stat("prefix_hits")
         )
+        # Speculative decoding (0 when it is off).
+        r.gauge(
+            "zserve_spec_proposed_tokens",
+            "Draft tokens verified by the target.",
+            stat("spec_proposed_tokens"),
+        )
+        r.gauge(
+            "zserve_spec_accepted_tokens",
+            "Draft tokens the target accepted.",
+            stat("spec_accepted_tokens"),
+        )
+        r.gauge(
+            "zserve_spec_acceptance_rate",
+            "Accepted / proposed draft tokens.",
+            stat("spec_acceptance_rate"),
+        )
         r.gauge(
             "zserve_engine_alive", "1 while the engine thread runs.", lambda: float(aengine.alive)
         )

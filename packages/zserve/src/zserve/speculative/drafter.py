@@ -54,7 +54,8 @@ def make_drafter(config: EngineConfig, runner: Any) -> Drafter:
                 f"{type(runner).__name__} has none; use speculative 'ngram'"
             )
         layers = len(runner.model.layers)
-        return SelfDrafter(runner, config.draft_layers or max(1, layers // 2))
+        default = max(1, layers - max(1, layers // 8))
+        return SelfDrafter(runner, config.draft_layers or default)
     raise ValueError(
         f"speculative {config.speculative!r} has no drafter; use 'ngram' or 'self-draft'"
     )
