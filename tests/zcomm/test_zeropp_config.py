@@ -99,11 +99,6 @@ def test_claims_only_when_a_part_is_on() -> None:
     assert not ZeroPPConfig.from_config(_config(zero_hpz_partition_size=1)).enabled
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="zcore.config._keys drops a gated key's value when gate() is what imports the "
-    "package that registers it (the first ZeRO++ key of a config loaded before zcomm is)",
-)
 def test_keys_reach_zcomm_when_the_config_loads_first() -> None:
     code = (
         "from zcore.config import ZConfig\n"

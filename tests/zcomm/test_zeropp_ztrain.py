@@ -38,18 +38,6 @@ ZEROPP = {
 }
 
 
-def _keys_survive_config_load() -> bool:
-    """Whether a config loaded before zcomm is imported keeps its first ZeRO++ key."""
-    code = (
-        "from zcore.config import ZConfig\n"
-        "c = ZConfig.load({'train_micro_batch_size_per_gpu': 1, 'zero_optimization': "
-        "{'stage': 3, 'zero_quantized_weights': True}})\n"
-        "print(c.extension('zero_optimization.zero_quantized_weights'))\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    return done.stdout.strip() == "True"
-
-
 def _run(tmp: Path, name: str, zero: dict) -> list[dict]:
     cfg = tmp / f"{name}.json"
     cfg.write_text(json.dumps({"zero_optimization": zero}))
@@ -66,8 +54,6 @@ def _run(tmp: Path, name: str, zero: dict) -> list[dict]:
 def test_zeropp_tracks_zero3_for_50_steps_with_a_quarter_of_the_bytes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if not _keys_survive_config_load():
-        pytest.xfail("zcore's config loader drops the first ZeRO++ key (see test_zeropp_config)")
     monkeypatch.setenv("ZSTACK_CACHE", str(tmp_path / "cache"))
     base, zpp = _run(tmp_path, "zero3", ZERO3), _run(tmp_path, "zeropp", ZEROPP)
     assert [r["step"] for r in zpp] == [r["step"] for r in base] == list(range(1, STEPS + 1))

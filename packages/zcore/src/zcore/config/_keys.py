@@ -76,6 +76,8 @@ def check_keys(
                 problem = features.gate(path, value)
                 if problem is not None:
                     problems.append(problem)
+                elif features.is_registered(path):  # gate() imported the package unlocking it
+                    extensions[path] = value
             elif forbids_extra(model):
                 problems.append(_unknown_key(model, key, path, value))
             else:
