@@ -1,20 +1,19 @@
-"""zcomm: compressed collectives.
+"""zcomm: compressed collectives, DeepSpeed's 1-bit optimizers and ZeRO++, on any backend.
 
-Built so far (pure torch, over ``zcore.comm.Comm``, so it runs on gloo and NCCL alike):
+Everything runs over ``zcore.comm.Comm`` (gloo and NCCL alike), is tested against a
+readable single-process reference, and counts its bytes through zcore's accounting:
 
-- :mod:`zcomm.signs`: 1-bit compression, a tensor's signs packed 8 to a byte and the
-  ``||x|| / sqrt(n)`` scale that goes with them;
+- :mod:`zcomm.signs` / :mod:`zcomm.blockquant`: 1-bit signs with their scale, blockwise
+  INT8/INT4 codes (torch references); :mod:`zcomm.kernels` dispatches to znative's Rust
+  kernels on CPU and the ``.cu`` twins on CUDA, bit-identical to the references;
 - :class:`zcomm.compressed.CompressedAllReduce`: DeepSpeed's two-phase 1-bit all-reduce
-  (all_to_all then all_gather) with worker and server error feedback, byte counts and
-  ``state_dict`` for its error buffers; :func:`zcomm.reference.reference_compressed_allreduce`
-  is the single-process model it is tested against.
-
+  with worker and server error feedback; :mod:`zcomm.compressed_scatter`: its first phase
+  alone, the compressed reduce-scatter ZeRO stages 1-2 need;
+- :mod:`zcomm.optim`: ``OneBitAdam`` (ZeRO 0-2), ``ZeroOneAdam`` and ``OneBitLamb`` (ZeRO
+  0), registered as optimizer types through the ``zcore.optimizers`` entry points, error
+  feedback checkpointed per rank;
 - :mod:`zcomm.zeropp`: ZeRO++ (qwZ, hpZ, qgZ with LoCo) as zcore collectives, switched on
-  by DeepSpeed's ``zero_optimization`` keys (registered through the ``zcore.extensions``
-  entry point).
-
-Not built yet: the optimizers that use it (1-bit Adam, 0/1 Adam, 1-bit LAMB), its hook into
-zcore's collectives seam and checkpoints, native/CUDA packing kernels.
+  by DeepSpeed's ``zero_optimization`` keys (the ``zcore.extensions`` entry point).
 """
 
 from zcomm.compressed import CompressedAllReduce, ErrorFeedbackReset, WireBytes, wire_bytes
