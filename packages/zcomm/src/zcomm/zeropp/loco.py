@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from zcomm.blockquant import dequantize_blocks, quantize_blocks
+from zcomm.kernels import dequantize_blocks, quantize_blocks
 from zcomm.zeropp.config import LocoConfig
 
 ERROR_BITS = 8

@@ -17,7 +17,8 @@ from collections.abc import Callable
 
 import torch
 
-from zcomm.blockquant import code_bytes, dequantize_blocks, num_blocks, quantize_blocks
+from zcomm.blockquant import code_bytes, num_blocks
+from zcomm.kernels import dequantize_blocks, quantize_blocks
 from zcore.comm import Comm, Handle
 
 
