@@ -1,4 +1,4 @@
-"""`z bench adam|zero|zero-step|offload|io|moe|comm`: the training-side benchmarks of `benchmarks/`.
+"""`z bench adam|zero|zero-step|offload|io|moe|comm|speculative`: benchmarks of `benchmarks/`.
 
 Imports only typer and the standard library at load time; each benchmark module loads
 through `zstack.bench` when its command runs. (`z bench serve` lives in `cmd_serve`,
@@ -241,6 +241,49 @@ def bench_comm(
     )
 
 
+def bench_speculative(
+    model_dir: str | None = typer.Argument(
+        None, help="HF model directory (default: SmolLM2-135M-Instruct from `make setup`)."
+    ),
+    modes: str = typer.Option(
+        "plain,ngram,self-draft", "--modes", help="Comma-separated: plain, ngram, self-draft."
+    ),
+    workloads: str = typer.Option("copy,chat", "--workloads", help="Comma-separated: copy, chat."),
+    concurrency: str = typer.Option("1,4", "--concurrency", help="Comma-separated max_num_seqs."),
+    num_prompts: int = typer.Option(4, "--num-prompts", min=1, help="Prompts per workload."),
+    max_tokens: int = typer.Option(32, "--max-tokens", min=2, help="Tokens generated per prompt."),
+    num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", min=1),
+    prompt_lookup_max: int = typer.Option(4, "--prompt-lookup-max", min=1),
+    prompt_lookup_min: int = typer.Option(2, "--prompt-lookup-min", min=1),
+    draft_layers: int | None = typer.Option(
+        None, "--draft-layers", min=1, help="Self-draft layers (default: the engine's)."
+    ),
+    threads: int = typer.Option(1, "--threads", min=1, help="torch threads."),
+    json_out: bool = typer.Option(False, "--json", help="Print only the JSON object."),
+) -> None:
+    """zserve speculative decoding: plain vs n-gram vs self-draft on the same prompts —
+    tokens/s, acceptance rate, accepted tokens per step, speedup, identical outputs."""
+    from zstack.bench import run_benchmark
+
+    raise typer.Exit(
+        run_benchmark(
+            "speculative",
+            json_out,
+            model_dir=model_dir,
+            modes=modes,
+            workloads_=workloads,
+            concurrency=concurrency,
+            num_prompts=num_prompts,
+            max_tokens=max_tokens,
+            num_speculative_tokens=num_speculative_tokens,
+            prompt_lookup_max=prompt_lookup_max,
+            prompt_lookup_min=prompt_lookup_min,
+            draft_layers=draft_layers,
+            threads=threads,
+        )
+    )
+
+
 def register(app: typer.Typer, bench_app: typer.Typer) -> None:
     """Add this module's commands to `z bench` (nothing to `z`)."""
     bench_app.command("adam")(bench_adam)
@@ -250,3 +293,4 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
     bench_app.command("io")(bench_io)
     bench_app.command("moe")(bench_moe)
     bench_app.command("comm")(bench_comm)
+    bench_app.command("speculative")(bench_speculative)

@@ -17,7 +17,8 @@ Requests that sample (temperature > 0) are not speculated: they decode plainly.
 """
 
 from zserve.speculative.decoder import SpecStats, SpeculativeDecoder, accept_greedy
-from zserve.speculative.drafter import Drafter, DraftRequest, make_drafter
+from zserve.speculative.drafter import Drafter, DraftRequest
+from zserve.speculative.factory import make_drafter
 from zserve.speculative.ngram import NgramDrafter, ngram_propose
 from zserve.speculative.self_draft import SelfDrafter
 

@@ -1,12 +1,11 @@
-"""The drafter seam: what the engine asks of a draft method, and the factory by name."""
+"""The drafter seam: what the engine asks of a draft method (`factory.py` builds one by name)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from zserve.config import EngineConfig
     from zserve.scheduler import Sequence
 
 
@@ -37,25 +36,3 @@ class Drafter(Protocol):
     def propose(self, requests: list[DraftRequest]) -> list[list[int]]:
         """One draft (list of token ids, at most `max_tokens` long) per request."""
         ...
-
-
-def make_drafter(config: EngineConfig, runner: Any) -> Drafter:
-    """The drafter `config.speculative` names, over `runner` (the target's ModelRunner)."""
-    if config.speculative == "ngram":
-        from zserve.speculative.ngram import NgramDrafter
-
-        return NgramDrafter(config.prompt_lookup_max, config.prompt_lookup_min)
-    if config.speculative == "self-draft":
-        from zserve.speculative.self_draft import SelfDrafter
-
-        if not hasattr(runner, "model") or not hasattr(runner, "kv_cache"):
-            raise ValueError(
-                f"speculative 'self-draft' needs a model runner with weights; "
-                f"{type(runner).__name__} has none; use speculative 'ngram'"
-            )
-        layers = len(runner.model.layers)
-        default = max(1, layers - max(1, layers // 8))
-        return SelfDrafter(runner, config.draft_layers or default)
-    raise ValueError(
-        f"speculative {config.speculative!r} has no drafter; use 'ngram' or 'self-draft'"
-    )

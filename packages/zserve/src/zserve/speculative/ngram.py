@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING
 
-import numpy as np
+import torch
 
 from zserve.speculative.drafter import DraftRequest
 
@@ -32,16 +32,16 @@ def ngram_propose(tokens: Seq[int], k: int, max_n: int, min_n: int) -> list[int]
     length = len(tokens)
     if k < 1 or length < 2:
         return []
-    arr = np.asarray(tokens, dtype=np.int64)
+    arr = torch.tensor(list(tokens), dtype=torch.int64)
     for n in range(min(max_n, length - 1), min_n - 1, -1):
         suffix = arr[length - n :]
         # Windows starting at 0 .. length - n - 1: each has at least one token after it.
-        windows = np.lib.stride_tricks.sliding_window_view(arr[: length - 1], n)
-        starts = np.flatnonzero((windows == suffix).all(axis=1))
-        if starts.size == 0:
+        windows = arr[: length - 1].unfold(0, n, 1)  # (length - n, n)
+        starts = torch.nonzero((windows == suffix).all(dim=1)).flatten()
+        if starts.numel() == 0:
             continue
         full = starts[starts + n + k <= length]
-        i = int(full[-1]) if full.size else int(starts[0])
+        i = int(full[-1]) if full.numel() else int(starts[0])
         return arr[i + n : i + n + k].tolist()
     return []
 
