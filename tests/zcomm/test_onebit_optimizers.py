@@ -162,20 +162,19 @@ def test_checkpoint_mid_compression_resumes_exactly(kind: str, stage: int, tmp_p
         assert same
 
 
-def _refused(rank: int, world: int, cfg: dict) -> str:
-    try:
-        zcore.initialize(make_model(), config=cfg)
-    except ValueError as err:
-        return str(err)
-    return ""
-
-
 @pytest.mark.parametrize(("kind", "stage"), [("OneBitAdam", 3), ("ZeroOneAdam", 1),
                                            ("OneBitLamb", 2)])  # fmt: skip
 def test_unsupported_stages_are_refused_naming_the_key(kind: str, stage: int) -> None:
     cfg = config(stage, optimizer={"type": kind, "params": {}})
-    for msg in run_ranks(_refused, 2, args=(cfg,), timeout=60):
-        assert "zero_optimization.stage" in msg and kind in msg, msg
+    with pytest.raises(ValueError, match=rf"(?s)optimizer.type {kind}.*zero_optimization.stage"):
+        zcore.initialize(make_model(), config=cfg)  # one process: the check needs no ranks
+
+
+def test_negative_freeze_step_is_refused_at_load() -> None:
+    from zcore.config import ZConfig
+
+    with pytest.raises(ValueError, match=r"optimizer\.params\.freeze_step"):
+        ZConfig.load(config(0, optimizer={"type": "OneBitAdam", "params": {"freeze_step": -1}}))
 
 
 def _scatter_exact(rank: int, world: int) -> list[str]:
@@ -205,10 +204,3 @@ def _scatter_exact(rank: int, world: int) -> list[str]:
 def test_compressed_reduce_scatter_equals_the_reference(world: int) -> None:
     for failures in run_ranks(_scatter_exact, world, timeout=90):
         assert failures == []
-
-
-def test_negative_freeze_step_is_refused_at_load() -> None:
-    from zcore.config import ZConfig
-
-    with pytest.raises(ValueError, match=r"optimizer\.params\.freeze_step"):
-        ZConfig.load(config(0, optimizer={"type": "OneBitAdam", "params": {"freeze_step": -1}}))
