@@ -115,6 +115,7 @@ class ZeroOptimizer:
             stage3.on_repartition.append(self.refresh_master)
         self.last_grad_norm: float | None = None
         self._local_grids: dict[int, torch.Tensor] = {}
+        self._local_sq, self._local_nonfinite = 0.0, False
         self.communicator: CommunicatingOptimizer | None = None
         """The inner optimizer when it averages across ranks itself (1-bit Adam; see
         :mod:`zcore.zero.communicating`): while it says so, gradients stay local."""
@@ -224,6 +225,11 @@ class ZeroOptimizer:
         ``(world, P)`` goes through the optimizer's own (compressed) reduce-scatter, and
         this rank's averaged row lands in its gradient partition."""
         assert self.communicator is not None
+        # what the compression hides: the local gradients' norm (for clipping, as at stage
+        # 0) and whether they overflowed (signs of inf and NaN are just +1)
+        grids = list(self._local_grids.values())
+        self._local_sq = sum(float(torch.linalg.vector_norm(t)) ** 2 for t in grids)
+        self._local_nonfinite = not math.isfinite(self._local_sq)
         for g, grid in sorted(self._local_grids.items()):
             avg = self.communicator.reduce_scatter_local(grid, f"grad.{g}")
             for shard in self.layouts[g].shards:
@@ -239,7 +245,7 @@ class ZeroOptimizer:
 
     # -- step -----------------------------------------------------------------------------
     def grads_overflow(self) -> bool:
-        flag = self.store.grads_nonfinite()
+        flag = self.store.grads_nonfinite() or (self.local_gradients and self._local_nonfinite)
         what = "all_reduce(fp16 overflow flag)"
         if len(self.reducers) == 1:
             return self.comm.max_flag(flag, what)
@@ -252,10 +258,12 @@ class ZeroOptimizer:
         return flag
 
     def global_grad_norm(self, inv_scale: float) -> float:
-        if self.local_gradients and self.stage == 0:
+        if self.local_gradients:
             # every rank's own gradients: the root mean square of their norms, the same on
-            # every rank (so is the clipping), and the true norm when they agree
-            sq = self.comm.sum_scalar(self.store.grad_sq_norm(), "all_reduce(local grad norms)")
+            # every rank (so is the clipping), and the true norm when they agree (stages
+            # 1-2: measured before the compressed reduce-scatter)
+            local = self.store.grad_sq_norm() if self.stage == 0 else self._local_sq
+            sq = self.comm.sum_scalar(local, "all_reduce(local grad norms)")
             return math.sqrt(sq / self.comm.size) * inv_scale
         if len(self.reducers) == 1:
             sq = self.store.grad_sq_norm()
