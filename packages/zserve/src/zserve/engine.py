@@ -397,7 +397,14 @@ def make_engine(model_dir: str | Path, config: EngineConfig | None = None, **ove
     """An `Engine`, or the `StaticBatchEngine` baseline when `policy="static"`."""
     config = merge_config(config, overrides)
     if config.policy == "static":
+        from zserve.model.quantized import is_zquant_dir
         from zserve.static_batch import StaticBatchEngine
 
+        if is_zquant_dir(model_dir):
+            raise ValueError(
+                f"policy 'static' runs transformers on plain checkpoints; `{model_dir}` is a "
+                "zquant directory (`z quantize`): serve it with policy 'splitfuse' or "
+                "'prefill-first'"
+            )
         return StaticBatchEngine(model_dir, config)
     return Engine(model_dir, config)

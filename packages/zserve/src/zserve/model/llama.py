@@ -4,6 +4,8 @@ Weights are read straight from ``*.safetensors`` (one file, or shards listed by
 ``model.safetensors.index.json``) without transformers. Per layer the q/k/v and the
 gate/up projections are concatenated into one matrix each, so a layer is four GEMMs
 over all packed tokens of the forward; only attention looks at sequence boundaries.
+A `z quantize` directory loads the same way, its quantized projections as zquant modules
+over the native kernels (:mod:`zserve.model.quantized`).
 A Mixtral layer swaps the MLP for the sparse experts of :mod:`zserve.model.mixtral`.
 
 The math follows transformers' ``LlamaForCausalLM`` op for op (RMSNorm in fp32,
@@ -27,6 +29,19 @@ from zserve.kv_cache import KVCache
 from zserve.model.attention import AttentionPlan, ragged_paged_attention
 from zserve.model.config import LlamaConfig
 from zserve.model.mixtral import SparseMoE
+from zserve.model.quantized import QuantizedLinears, is_zquant_dir
+
+#: A projection's weight: a ``(out, in)`` matrix, or a module ``(T, in) -> (T, out)`` that
+#: holds its own bias (a zquant layer when the directory is a zquant one).
+Linear = torch.Tensor | Callable[[torch.Tensor], torch.Tensor]
+
+
+def linear(x: torch.Tensor, weight: Linear, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x`` through the projection ``weight`` (+ ``bias`` when it is a plain matrix)."""
+    if isinstance(weight, torch.Tensor):
+        return F.linear(x, weight, bias)
+    return weight(x)
+
 
 #: ``(q, k, v, k_cache, v_cache, plan, scale) -> out``, as :func:`ragged_paged_attention`.
 AttentionFn = Callable[
@@ -100,14 +115,14 @@ class FeedForward(Protocol):
 class DenseMLP:
     """LLaMA's SwiGLU MLP, gate/up fused: ``gate_up (2 I, hidden)``, ``down (hidden, I)``."""
 
-    gate_up: torch.Tensor
+    gate_up: Linear
     gate_up_bias: torch.Tensor | None
-    down: torch.Tensor
+    down: Linear
     down_bias: torch.Tensor | None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.gate_up, self.gate_up_bias).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down, self.down_bias)
+        gate, up = linear(x, self.gate_up, self.gate_up_bias).chunk(2, dim=-1)
+        return linear(F.silu(gate) * up, self.down, self.down_bias)
 
 
 @dataclass
@@ -115,9 +130,9 @@ class LayerWeights:
     """One decoder layer, q/k/v fused: ``qkv (q + 2 kv, hidden)``; ``mlp`` its feed-forward."""
 
     input_norm: torch.Tensor
-    qkv: torch.Tensor
+    qkv: Linear
     qkv_bias: torch.Tensor | None
-    o: torch.Tensor
+    o: Linear
     o_bias: torch.Tensor | None
     post_norm: torch.Tensor
     mlp: FeedForward
@@ -125,7 +140,8 @@ class LayerWeights:
 
 class WeightLoader:
     """Reads checkpoint tensors, checked against their expected shapes, onto the model's
-    device and dtype."""
+    device and dtype. A zquant directory (`z quantize`) gives its quantized layers as
+    zquant modules (:mod:`zserve.model.quantized`, held in ``quantized``)."""
 
     def __init__(
         self, checkpoint: SafetensorsCheckpoint, dtype: torch.dtype, device: torch.device
@@ -133,18 +149,41 @@ class WeightLoader:
         self.checkpoint = checkpoint
         self.dtype = dtype
         self.device = device
+        self.quantized = (
+            QuantizedLinears.open(checkpoint.model_dir, device)
+            if is_zquant_dir(checkpoint.model_dir)
+            else None
+        )
 
     def __contains__(self, name: str) -> bool:
         return name in self.checkpoint
 
     def __call__(self, name: str, *shape: int) -> torch.Tensor:
         """The tensor ``name`` of shape ``shape``; :class:`WeightsMismatchError` if not."""
+        if self.quantized is not None:
+            self.quantized.check_plain(name)
         t = self.checkpoint.get(name, shape)
         return t.to(device=self.device, dtype=self.dtype).contiguous()
 
     def cat(self, names: list[str], shapes: list[tuple[int, ...]]) -> torch.Tensor:
         """The tensors ``names`` concatenated along dim 0."""
         return torch.cat([self(n, *s) for n, s in zip(names, shapes, strict=True)])
+
+    def linear(
+        self, prefixes: list[str], rows: list[int], cols: int, bias: bool
+    ) -> tuple[Linear, torch.Tensor | None]:
+        """The layers ``prefixes`` (each ``(rows[i], cols)``) as one projection, outputs
+        concatenated: ``(weight, bias)``, the weight a matrix or a module holding its bias."""
+        if self.quantized is not None:
+            return self.quantized.linear(prefixes, rows, cols, bias, self), None
+        w = self.cat([p + ".weight" for p in prefixes], [(r, cols) for r in rows])
+        b = self.cat([p + ".bias" for p in prefixes], [(r,) for r in rows]) if bias else None
+        return w, b
+
+    def out_features(self, prefix: str, default: int) -> int:
+        """Rows of the layer ``prefix``: ``default`` (config.json's), or a pruned zquant
+        directory's stored width."""
+        return default if self.quantized is None else self.quantized.out_features(prefix, default)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -179,6 +218,8 @@ class LlamaModel:
         c = config
         h = c.hidden_size
         load = WeightLoader(checkpoint, dtype, device)
+        self.quantization = load.quantized
+        """The quantized layers served (a zquant directory), else None."""
         self.embed = load("model.embed_tokens.weight", c.vocab_size, h)
         if c.tie_word_embeddings and "lm_head.weight" not in checkpoint:
             self.lm_head = self.embed
@@ -189,15 +230,17 @@ class LlamaModel:
         for i in range(c.num_hidden_layers):
             p = f"model.layers.{i}."
             attn = [p + f"self_attn.{x}_proj" for x in "qkv"]
-            attn_shapes = [(c.q_size,), (c.kv_size,), (c.kv_size,)]
             ab = c.attention_bias
+            input_norm = load(p + "input_layernorm.weight", h)
+            qkv, qkv_bias = load.linear(attn, [c.q_size, c.kv_size, c.kv_size], h, ab)
+            o, o_bias = load.linear([p + "self_attn.o_proj"], [h], c.q_size, ab)
             self.layers.append(
                 LayerWeights(
-                    input_norm=load(p + "input_layernorm.weight", h),
-                    qkv=load.cat([n + ".weight" for n in attn], [(s[0], h) for s in attn_shapes]),
-                    qkv_bias=load.cat([n + ".bias" for n in attn], attn_shapes) if ab else None,
-                    o=load(p + "self_attn.o_proj.weight", h, c.q_size),
-                    o_bias=load(p + "self_attn.o_proj.bias", h) if ab else None,
+                    input_norm=input_norm,
+                    qkv=qkv,
+                    qkv_bias=qkv_bias,
+                    o=o,
+                    o_bias=o_bias,
                     post_norm=load(p + "post_attention_layernorm.weight", h),
                     mlp=self._load_mlp(load, p),
                 )
@@ -216,14 +259,12 @@ class LlamaModel:
         c = self.config
         if c.num_local_experts:
             return SparseMoE.load(load, prefix, c)
-        h, inter = c.hidden_size, c.intermediate_size
+        h = c.hidden_size
+        inter = load.out_features(prefix + "mlp.up_proj", c.intermediate_size)  # pruned: less
         names, bias = [prefix + "mlp.gate_proj", prefix + "mlp.up_proj"], c.mlp_bias
-        return DenseMLP(
-            gate_up=load.cat([n + ".weight" for n in names], [(inter, h)] * 2),
-            gate_up_bias=load.cat([n + ".bias" for n in names], [(inter,)] * 2) if bias else None,
-            down=load(prefix + "mlp.down_proj.weight", h, inter),
-            down_bias=load(prefix + "mlp.down_proj.bias", h) if bias else None,
-        )
+        gate_up, gate_up_bias = load.linear(names, [inter, inter], h, bias)
+        down, down_bias = load.linear([prefix + "mlp.down_proj"], [h], inter, bias)
+        return DenseMLP(gate_up, gate_up_bias, down, down_bias)
 
     @classmethod
     def from_dir(
@@ -269,14 +310,14 @@ class LlamaModel:
         sin = self.sin.index_select(0, plan.positions).unsqueeze(1)
         for i, w in enumerate(self.layers):
             h = rms_norm(x, w.input_norm, c.rms_norm_eps)
-            qkv = F.linear(h, w.qkv, w.qkv_bias)  # (T, q + 2 kv)
+            qkv = linear(h, w.qkv, w.qkv_bias)  # (T, q + 2 kv)
             # q and k heads rotate together: (T, heads + kv_heads, d).
             qk = apply_rotary(qkv[:, : c.q_size + c.kv_size].view(t, heads + kv_heads, d), cos, sin)
             q, k = qk.split((heads, kv_heads), dim=1)
             v = qkv[:, c.q_size + c.kv_size :].reshape(t, kv_heads, d)
             kv_cache.write(i, plan.slots, k, v)
             o = attention(q, k, v, kv_cache.keys[i], kv_cache.values[i], plan, self.scale)
-            x = x + F.linear(o.reshape(t, c.q_size), w.o, w.o_bias)
+            x = x + linear(o.reshape(t, c.q_size), w.o, w.o_bias)
             x = x + w.mlp(rms_norm(x, w.post_norm, c.rms_norm_eps))
         # Only the rows whose logits are wanted go through the final norm and the LM head.
         x = rms_norm(x.index_select(0, logit_rows), self.norm, c.rms_norm_eps)
