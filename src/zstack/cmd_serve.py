@@ -7,7 +7,9 @@ import typer
 
 def serve(
     model_dir: str = typer.Argument(
-        ..., help="Hugging Face model directory (config.json + safetensors)."
+        ...,
+        help="Hugging Face model directory (config.json + safetensors), or a `z quantize` "
+        "output directory (served through zquant's native kernels).",
     ),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port of the HTTP server."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (`0.0.0.0`: all)."),
@@ -160,7 +162,54 @@ def bench_serve(
     )
 
 
+def bench_serve_quant(
+    model_dir: str | None = typer.Argument(
+        None, help="HF model directory (default: SmolLM2-135M-Instruct from `make setup`)."
+    ),
+    recipes: str = typer.Option(
+        "w8a8,w6a16,w4",
+        "--recipes",
+        help="zquant recipes served against fp32 (w8a8,w6a16,w4,w4a8).",
+    ),
+    quant_dir: str | None = typer.Option(
+        None, "--quant-dir", help="Where the quantized directories go (reused when present)."
+    ),
+    decode_tokens: int = typer.Option(32, "--decode-tokens", min=2, help="Tokens per request."),
+    concurrent: int = typer.Option(16, "--concurrent", min=1, help="Requests added at once."),
+    prompt_tokens: int = typer.Option(64, "--prompt-tokens", min=1),
+    token_budget: int = typer.Option(256, "--token-budget", min=1, help="Tokens per forward."),
+    ppl_tokens: int = typer.Option(1024, "--ppl-tokens", min=256, help="Perplexity tokens."),
+    threads: int = typer.Option(2, "--threads", min=1, help="torch threads."),
+    json_out: bool = typer.Option(False, "--json", help="Print only the JSON object."),
+) -> None:
+    """fp32 vs `z quantize` directories served by zserve: batch-1 decode and concurrent
+    tokens/s, perplexity and size per recipe, in one run."""
+    from zstack.bench import load, run_benchmark
+
+    try:
+        load("serve_quant").check_recipes(recipes)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    raise typer.Exit(
+        run_benchmark(
+            "serve_quant",
+            json_out,
+            model_dir=model_dir,
+            recipes=recipes,
+            quant_dir=quant_dir,
+            decode_tokens=decode_tokens,
+            concurrent=concurrent,
+            prompt_tokens=prompt_tokens,
+            token_budget=token_budget,
+            ppl_tokens=ppl_tokens,
+            threads=threads,
+        )
+    )
+
+
 def register(app: typer.Typer, bench_app: typer.Typer) -> None:
     """Add this module's commands to `z` and `z bench`."""
     app.command("serve")(serve)
     bench_app.command("serve")(bench_serve)
+    bench_app.command("serve-quant")(bench_serve_quant)
