@@ -189,15 +189,16 @@ def run(
     }
 
 
-def report(result: dict[str, Any]) -> None:
+def report(result: dict[str, Any]) -> str:
     """A table of the rows."""
-    print(
+    lines = [
         f"{result['model']}, {result['options']['threads']} threads, "
-        f"load avg {result['machine']['load_avg_1m']}"
-    )
-    print(f"{'model':8} {'decode tok/s':>13} {'x16 tok/s':>10} {'ppl':>9} {'size MB':>8}  kernels")
+        f"load avg {result['machine']['load_avg_1m']}",
+        f"{'model':8} {'decode tok/s':>13} {'x16 tok/s':>10} {'ppl':>9} {'size MB':>8}  kernels",
+    ]
     for name, row in result["rows"].items():
-        print(
+        lines.append(
             f"{name:8} {row['decode_tok_s']:13.1f} {row['concurrent_tok_s']:10.1f} "
             f"{row['ppl']:9.3f} {row['weights_bytes'] / 1e6:8.1f}  {','.join(row['kernels'])}"
         )
+    return "\n".join(lines)
