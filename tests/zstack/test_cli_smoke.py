@@ -339,6 +339,32 @@ def _bench_moe(w: Work) -> None:
     assert r["ratios"]["dropless_vs_dense"] > 0 and r["ratios"]["capacity_vs_ds_capacity"] is None
 
 
+@smoke("bench comm")
+def _bench_comm(w: Work) -> None:
+    r = w.json("bench", "comm", "--loopback", "--ranks", "2", "--entries", "adam", "--steps",
+               "2", "--warmup", "1", "--preset", "tiny", "--seq-len", "16", "--micro-batch",
+               "1", "--json")  # fmt: skip
+    assert r["transport"] == "loopback"
+    adam = r["runs"][0]["entries"]["adam"]
+    assert adam["status"] == "ok" and adam["bytes_per_step"]["total"] > 0, adam
+
+
+@smoke("bench speculative")
+def _bench_speculative(w: Work) -> None:
+    r = w.json("bench", "speculative", "--workloads", "copy", "--concurrency", "1",
+               "--num-prompts", "1", "--max-tokens", "4", "--modes", "ngram", "--threads",
+               "1", "--json")  # fmt: skip
+    assert r["ok"] is True and r["results"]["copy/c1"]["ngram"]["identical_to_plain"]
+
+
+@smoke("bench serve-quant")
+def _bench_serve_quant(w: Work) -> None:
+    r = w.json("bench", "serve-quant", str(w.lm), "--recipes", "w8a8", "--decode-tokens", "2",
+               "--concurrent", "2", "--prompt-tokens", "8", "--ppl-tokens", "256",
+               "--threads", "1", "--quant-dir", str(w.dir / "serve-quant"), "--json")  # fmt: skip
+    assert r["rows"]["w8a8"]["kernels"] == ["int8_linear"] and r["rows"]["fp32"]["ppl"] > 0
+
+
 @smoke("estimate-memory")
 def _estimate_memory(w: Work) -> None:
     r = w.json("estimate-memory", "--params", "1M", "--world-size", "2", "--stage", "3", "--json")
