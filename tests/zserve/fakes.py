@@ -63,7 +63,9 @@ class FakeRunner:
                     assert self.kv.ref_count(block) == 1, f"write into shared block {block}"
                 h = _h(h, tok)
                 self.slots[(block, p % bs)] = h
-            if c.want_logits:
+                if getattr(c, "all_logits", False):  # a verified draft needs every row
+                    rows.append(_logits(h))
+            if c.want_logits and not getattr(c, "all_logits", False):
                 rows.append(_logits(h))
         return torch.stack(rows) if rows else torch.empty(0, VOCAB)
 

@@ -11,14 +11,11 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
 from tests.zserve.fakes import (
     VOCAB,
     FakeRunner,
     FakeTokenizer,
-    _h,
-    _logits,
     reference_generate,
 )
 from zserve.config import EngineConfig
@@ -30,31 +27,7 @@ GREEDY = dict(temperature=0)
 
 
 class AllLogitsRunner(FakeRunner):
-    """FakeRunner that also honours `all_logits` (a verified draft needs every row)."""
-
-    def forward(self, chunks) -> torch.Tensor:
-        rows = []
-        bs = self.block_size
-        self.forward_sizes.append(sum(len(c.token_ids) for c in chunks))
-        for c in chunks:
-            end = c.start_pos + len(c.token_ids)
-            assert len(c.block_table) * bs >= end, (c.block_table, end)
-            h = b"root"
-            if c.start_pos:
-                p = c.start_pos - 1
-                h = self.slots[(c.block_table[p // bs], p % bs)]
-            for i, tok in enumerate(c.token_ids):
-                p = c.start_pos + i
-                block = c.block_table[p // bs]
-                if self.kv is not None:
-                    assert self.kv.ref_count(block) == 1, f"write into shared block {block}"
-                h = _h(h, tok)
-                self.slots[(block, p % bs)] = h
-                if c.all_logits:
-                    rows.append(_logits(h))
-            if c.want_logits and not c.all_logits:
-                rows.append(_logits(h))
-        return torch.stack(rows) if rows else torch.empty(0, VOCAB)
+    """The FakeRunner (it honours `all_logits`, which a verified draft needs)."""
 
 
 class OracleDrafter:
