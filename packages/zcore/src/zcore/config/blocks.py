@@ -16,6 +16,7 @@ depend on pydantic or zcore, a function ``raw block -> parsed block`` that raise
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,13 @@ from zcore.config.errors import ConfigProblem
 BlockSchema = type[BaseModel] | Callable[[Any], Any]
 
 _schemas: dict[str, BlockSchema] = {}
+
+#: Blocks zcore owns outside ``zcore.config``, imported when a config first names them (so
+#: loading ``zcore.config`` does not import them): key -> ``"module:attr"``.
+_ZCORE_BLOCKS: dict[str, str] = {
+    "data_efficiency": "zcore.data_efficiency.config:DataEfficiencyConfig",
+    "curriculum_learning": "zcore.data_efficiency.config:LegacyCurriculumConfig",
+}
 
 
 def register_config_block(key: str, schema: BlockSchema, *, replace: bool = False) -> None:
@@ -58,7 +66,7 @@ def unregister_config_block(key: str) -> None:
 
 def registered_config_blocks() -> list[str]:
     """The keys registered in-process or declared by an installed package."""
-    return sorted({*_schemas, *plugins.discover(plugins.BLOCKS_GROUP)})
+    return sorted({*_schemas, *_ZCORE_BLOCKS, *plugins.discover(plugins.BLOCKS_GROUP)})
 
 
 def config_block(key: str) -> BlockSchema | None:
@@ -67,6 +75,10 @@ def config_block(key: str) -> BlockSchema | None:
     when the entry point does not load or names something else than a schema."""
     schema = _schemas.get(key)
     if schema is not None:
+        return schema
+    if key in _ZCORE_BLOCKS:
+        module, _, attr = _ZCORE_BLOCKS[key].partition(":")
+        schema = _schemas[key] = getattr(importlib.import_module(module), attr)
         return schema
     ep = plugins.discover(plugins.BLOCKS_GROUP).get(key)
     if ep is None:

@@ -114,8 +114,6 @@ _GATED: tuple[Feature, ...] = (
     Feature("pipeline", None, _absent),
     Feature("sparse_attention", None, _absent),
     Feature("amp", None, _disabled_block, _OFF_SWITCH),
-    Feature("data_efficiency", None, _disabled_block, _OFF_SWITCH),
-    Feature("curriculum_learning", None, _disabled_block, _OFF_SWITCH),
     Feature("checkpoint", None, _absent),
 )
 #: Gated keys by full dotted path.
