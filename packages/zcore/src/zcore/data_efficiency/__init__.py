@@ -1,2 +1,46 @@
-"""Data efficiency: DeepSpeed's curriculum learning (legacy sequence-length warm-up and the
-metric-driven sampler of its Data Efficiency library)."""
+"""Data efficiency: DeepSpeed's curriculum learning in zcore.
+
+- :mod:`~zcore.data_efficiency.config`: the ``data_efficiency`` block and the legacy
+  top-level ``curriculum_learning`` block (DeepSpeed's keys; ``ZConfig.load`` checks them,
+  ``cfg.extension(key)`` returns them);
+- :mod:`~zcore.data_efficiency.schedules`: ``fixed_linear``, ``fixed_root``,
+  ``fixed_discrete`` and ``custom`` difficulty schedules;
+- :mod:`~zcore.data_efficiency.analyzer`: per-sample metrics (``seqlen``,
+  ``vocab_rarity``) computed once and saved as index files;
+- :mod:`~zcore.data_efficiency.sampler`: the difficulty-driven sampler, resumable exactly;
+- :mod:`~zcore.data_efficiency.curriculum`: what a training loop takes from a config.
+
+Names load on first use, so ``import zcore.data_efficiency`` stays cheap (and
+``zcore.config`` can import the config models without importing the rest).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "DataEfficiencyConfig": "config",
+    "LegacyCurriculumConfig": "config",
+    "CurriculumMetricConfig": "config",
+    "CurriculumScheduler": "schedules",
+    "register_curriculum_schedule": "schedules",
+    "unregister_curriculum_schedule": "schedules",
+    "MetricIndex": "analyzer",
+    "analyze": "analyzer",
+    "seqlen": "analyzer",
+    "vocab_rarity": "analyzer",
+    "write_index": "analyzer",
+    "CurriculumSampler": "sampler",
+    "Curriculum": "curriculum",
+    "truncate": "curriculum",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'zcore.data_efficiency' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"zcore.data_efficiency.{module}"), name)

@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from zcore.config._base import Bool, Float, Int, ZModel, empty_block
-from zcore.config.errors import problem_at
+from zcore.config.errors import MISSING, problem_at
 from zcore.config.old_keys import OldKey
 
 Number = Int | Float
@@ -60,7 +60,7 @@ class ScheduleConfig(ZModel):
     (DeepSpeed's ``set_custom_curriculum_learning_schedule`` keys functions by metric)."""
 
 
-class _Schedule(ZModel):
+class ScheduleFields(ZModel):
     """A difficulty schedule: the keys a curriculum metric and the legacy block share."""
 
     min_difficulty: Number | None = None
@@ -72,11 +72,11 @@ class _Schedule(ZModel):
     schedule_config: ScheduleConfig = Field(default_factory=empty_block)
     """The schedule's numbers."""
 
-    def _check_schedule(self) -> None:
+    def check_schedule(self) -> None:
         """The keys a schedule needs, and that they fit together (ValueProblem otherwise)."""
         for key in ("min_difficulty", "max_difficulty", "schedule_type"):
             if getattr(self, key) is None:
-                raise problem_at(key, None, "is required when the curriculum is enabled")
+                raise problem_at(key, MISSING, "is required when the curriculum is enabled")
         lo, hi = self.min_difficulty, self.max_difficulty
         assert lo is not None and hi is not None
         if hi < lo:
@@ -90,7 +90,7 @@ class _Schedule(ZModel):
             for key in needs:
                 if getattr(sc, key) is None:
                     raise problem_at(
-                        f"schedule_config.{key}", None, f"is required by schedule_type {kind!r}"
+                        f"schedule_config.{key}", MISSING, f"is required by schedule_type {kind!r}"
                     )
             step = sc.difficulty_step
             assert step is not None
@@ -122,7 +122,7 @@ class _Schedule(ZModel):
                 raise problem_at("schedule_config.max_step", sc.max_step, "must increase")
 
 
-class CurriculumMetricConfig(_Schedule):
+class CurriculumMetricConfig(ScheduleFields):
     """One entry of ``curriculum_metrics``: a per-sample metric, its index files and the
     schedule of its difficulty."""
 
@@ -141,21 +141,21 @@ class CurriculumMetricConfig(_Schedule):
 
     @model_validator(mode="after")
     def _complete(self) -> CurriculumMetricConfig:
-        self._check_schedule()
+        self.check_schedule()
         if self.difficulty_type == "percentile" and (self.min_difficulty or 0) < 0:
             raise problem_at("min_difficulty", self.min_difficulty, "a percentile is >= 0")
         if self.clustering_type == "schedule_based":
             if not self.index_to_sample_path:
                 raise problem_at(
                     "index_to_sample_path",
-                    self.index_to_sample_path,
+                    self.index_to_sample_path or MISSING,
                     "is required with clustering_type schedule_based; write the index with "
                     "`zcore.data_efficiency.analyze` (z train writes it when missing)",
                 )
             if self.difficulty_type == "value" and not self.index_to_metric_path:
                 raise problem_at(
                     "index_to_metric_path",
-                    self.index_to_metric_path,
+                    self.index_to_metric_path or MISSING,
                     'is required with difficulty_type "value"; or use "percentile"',
                 )
         return self
@@ -265,7 +265,7 @@ class DataEfficiencyConfig(ZModel):
         return cl if cl.enabled else None
 
 
-class LegacyCurriculumConfig(_Schedule):
+class LegacyCurriculumConfig(ScheduleFields):
     """The top-level ``curriculum_learning`` block (DeepSpeed's legacy curriculum): a
     sequence-length warm-up. The training loop truncates each batch to the current
     difficulty (DeepSpeed's engine passes it to the model as ``curriculum_seqlen``)."""
@@ -278,7 +278,7 @@ class LegacyCurriculumConfig(_Schedule):
     @model_validator(mode="after")
     def _complete(self) -> LegacyCurriculumConfig:
         if self.enabled:
-            self._check_schedule()
+            self.check_schedule()
             if (self.min_difficulty or 0) < 1:
                 raise problem_at(
                     "min_difficulty", self.min_difficulty, "a sequence length is at least 1"
