@@ -37,6 +37,7 @@ SERVE_STACK = {
     "transformers",
     "safetensors",
     "jinja2",  # chat templates, rendered in a sandbox as transformers does
+    "llguidance",  # constrained decoding: response_format json_object/json_schema, tool calls
 }
 # Top-level modules each package may import, besides itself and the standard library.
 ALLOWED: dict[str, set[str]] = {
