@@ -14,7 +14,7 @@ import itertools
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -30,6 +30,9 @@ from zserve.scheduler import (
     SplitFuseScheduler,
 )
 from zserve.speculative import Drafter, SpeculativeDecoder, make_drafter
+
+if TYPE_CHECKING:
+    from zserve.structured.backend import GrammarBackend
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +82,9 @@ def make_scheduler(
 class Engine:
     """Continuous-batching engine over a `ModelRunner` and a scheduling policy."""
 
+    supports_structured = True
+    """It honours `SamplingParams.structured` (the static baseline does not)."""
+
     def __init__(
         self, model_dir: str | Path, config: EngineConfig | None = None, **overrides: Any
     ) -> None:
@@ -101,6 +107,7 @@ class Engine:
             max_model_len=config.max_model_len,
         )
         self._setup(runner, Tokenizer(model_dir), config, Path(model_dir).name)
+        self.tokenizer_json = Path(model_dir) / "tokenizer.json"
 
     @classmethod
     def from_parts(
@@ -161,6 +168,10 @@ class Engine:
         self._live: dict[str, Sequence] = {}
         self.num_steps = 0
         self.num_forward_tokens = 0
+        # structured output: the tokenizer file llguidance reads, and the backend built
+        # from it on the first constrained request (`from_parts` engines have none)
+        self.tokenizer_json: Path | None = None
+        self._grammars: GrammarBackend | None = None
 
     # -- requests -----------------------------------------------------------------------
     def add_request(
@@ -194,11 +205,30 @@ class Engine:
                 f"{len(ids) + params.max_tokens} exceeds max_model_len "
                 f"{self.max_model_len}; shorten the prompt or lower max_tokens"
             )
+        matcher = (
+            None
+            if params.structured is None
+            else self._grammar_backend().matcher(params.structured)
+        )
         seq = Sequence(next(self._ids), request_id, ids, params)
         seq.extra["gen"] = self.sampler.generator_for(params)
+        if matcher is not None:
+            seq.extra["grammar"] = matcher
         seq.extra["detok"] = IncrementalDetokenizer(self.tokenizer, ids, params.stop)
         self._live[request_id] = seq
         self.scheduler.add(seq)
+
+    def _grammar_backend(self) -> GrammarBackend:
+        if self._grammars is None:
+            if self.tokenizer_json is None or not Path(self.tokenizer_json).is_file():
+                raise ValueError(
+                    "structured output (response_format / tool calls) needs the model's "
+                    f"tokenizer.json; this engine has none ({self.tokenizer_json})"
+                )
+            from zserve.structured.backend import GrammarBackend
+
+            self._grammars = GrammarBackend(self.tokenizer_json, self.eos_token_ids)
+        return self._grammars
 
     def abort(self, request_id: str) -> None:
         """Drop a request and free its KV blocks now; unknown ids are a no-op."""
@@ -223,6 +253,11 @@ class Engine:
         # Speculative decoding: a decode with reserved slots carries its draft too, and
         # gets the logits of every token (row i checks draft i).
         drafts = self.spec.propose(sched.chunks, self.kv) if self.spec else [[]] * len(sched.chunks)
+        # a constrained request is not drafted: a draft token is checked against the
+        # model, not against the grammar
+        drafts = [
+            [] if "grammar" in c.seq.extra else d for c, d in zip(sched.chunks, drafts, strict=True)
+        ]
         chunks: list[SeqChunk] = []
         spans: list[tuple[int, int]] = []  # each chunk's (first logits row, rows)
         rows = 0
@@ -253,8 +288,14 @@ class Engine:
         ]
         if len(last_rows) != logits.shape[0]:
             logits = logits[torch.tensor(last_rows, dtype=torch.int64, device=logits.device)]
+        masks = None
+        if any("grammar" in s.extra for s in sampled):
+            width = logits.shape[-1]
+            masks = [
+                s.extra["grammar"].allowed(width) if "grammar" in s.extra else None for s in sampled
+            ]
         tokens = self.sampler.sample(
-            logits, [s.params for s in sampled], [s.extra["gen"] for s in sampled]
+            logits, [s.params for s in sampled], [s.extra["gen"] for s in sampled], masks
         )
         lps = self._token_logprobs(logits, sampled, tokens)
         for seq, tok, lp in zip(sampled, tokens, lps, strict=True):
@@ -337,6 +378,7 @@ class Engine:
             out.prompt_logprobs = prompt_lp
             return out
         detok: IncrementalDetokenizer = seq.extra["detok"]
+        grammar = seq.extra.get("grammar")
         reason = None
         for tok, lp in zip(toks, lps, strict=True):
             seq.output_token_ids.append(tok)
@@ -346,7 +388,11 @@ class Engine:
                 reason = "stop"  # the stop token is in token_ids, not in the text
             else:
                 detok.add(tok)
-                if detok.stopped:
+                if grammar is not None:
+                    grammar.consume(tok)
+                if grammar is not None and grammar.done:
+                    reason = "stop"  # the value is complete: nothing may follow it
+                elif detok.stopped:
                     reason = "stop"
                 elif len(seq.output_token_ids) >= p.max_tokens:
                     reason = "length"

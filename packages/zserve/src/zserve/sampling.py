@@ -3,7 +3,9 @@
 Greedy when `temperature < MIN_TEMPERATURE` (0 included) or `top_k == 1`; otherwise
 temperature, then top-k, then top-p (nucleus) filtering, then one multinomial draw. (A
 smaller temperature is greedy in all but name, and logits divided by it overflow fp32 to
-inf, whose softmax is NaN.) A request with a `seed` draws from its own `torch.Generator`,
+inf, whose softmax is NaN.) A constrained request (`SamplingParams.structured`) has its
+row masked to the tokens its grammar allows first, so greedy picks the likeliest allowed
+token and sampling draws among allowed tokens only. A request with a `seed` draws from its own `torch.Generator`,
 so its output does not depend on which other requests share its batches.
 """
 
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from zserve.config import SEED_MAX, SEED_MIN
+from zserve.structured.spec import GrammarSpec
 
 MAX_LOGPROBS = 20
 """Most alternatives per token a request may ask for."""
@@ -52,6 +55,10 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     """The same for every prompt token after the first (scoring, OpenAI's `echo`). The
     prompt is computed in full: no prefix-cache hits for such a request."""
+    structured: GrammarSpec | None = None
+    """A grammar the output must follow (`zserve.structured`): the engine masks every
+    token the grammar does not allow before sampling, and ends the request with "stop"
+    once the value is complete. None: free text."""
 
     def __post_init__(self) -> None:
         # Accept lists (JSON) for the tuple fields; frozen, hence object.__setattr__.
@@ -162,11 +169,16 @@ class Sampler:
         logits: torch.Tensor,
         params: Sequence[SamplingParams],
         generators: Sequence[torch.Generator | None],
+        masks: Sequence[torch.Tensor | None] | None = None,
     ) -> list[int]:
-        """logits: (n, V) fp32, one row per request; returns n token ids."""
+        """logits: (n, V) fp32, one row per request; returns n token ids. ``masks[i]``, a
+        (V,) bool tensor or None, keeps row i's tokens where it is True (the caller's
+        logits are not changed: it reads their log-probabilities afterwards)."""
         if logits.shape[0] != len(params):
             raise ValueError(f"{logits.shape[0]} logits rows for {len(params)} requests")
         logits = logits.float().cpu()
+        if masks is not None and any(m is not None for m in masks):
+            logits = _apply_masks(logits, masks)
         out = logits.argmax(dim=-1).tolist()  # greedy rows are done here, in one op
         for i, p in enumerate(params):
             if p.greedy:
@@ -176,6 +188,24 @@ class Sampler:
             gen = generators[i] if generators[i] is not None else self._shared
             out[i] = int(torch.multinomial(probs, 1, generator=gen).item())
         return out
+
+
+def _apply_masks(logits: torch.Tensor, masks: Sequence[torch.Tensor | None]) -> torch.Tensor:
+    """A copy of ``logits`` (n, V) with each masked row's disallowed tokens at -inf."""
+    if len(masks) != logits.shape[0]:
+        raise ValueError(f"{len(masks)} masks for {logits.shape[0]} logits rows")
+    logits = logits.clone()
+    for i, mask in enumerate(masks):
+        if mask is None:
+            continue
+        if mask.shape != logits[i].shape:
+            raise ValueError(
+                f"mask {i} has shape {tuple(mask.shape)}; logits rows are {tuple(logits[i].shape)}"
+            )
+        if not bool(mask.any()):
+            raise ValueError(f"mask {i} allows no token; a grammar that ended must end its request")
+        logits[i].masked_fill_(~mask.to(logits.device), float("-inf"))
+    return logits
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from zserve.server.prometheus import Registry
 from zserve.server.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
+    ChatMessageOut,
     CompletionRequest,
     CompletionResponse,
     ModelCard,
@@ -48,6 +49,7 @@ from zserve.server.responses import (
     stream_chunks,
     usage_of,
 )
+from zserve.server.tools import forced_call_spec, parse_tool_calls, render_chat_with_tools
 
 __all__ = ["APIError", "create_app", "sse_event"]
 
@@ -208,31 +210,64 @@ def create_app(engine: Any, max_queue: int = 256, model_name: str | None = None)
         merged, usage = got
         return CompletionResponse(id=rid, model=served_name, choices=merged, usage=usage)
 
+    def check_structured(spec: Any, param: str) -> None:
+        if spec is not None and not getattr(aengine.engine, "supports_structured", False):
+            raise APIError(
+                400,
+                f"{param}: needs constrained decoding, which the {type(aengine.engine).__name__}"
+                " does not do; serve with policy 'splitfuse' or 'prefill-first'",
+                param,
+            )
+
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         check_model(req.model)
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
+        tools = req.tools or []
+        tool_choice = req.tool_choice or ("auto" if tools else "none")
+        if tools and req.stream:
+            raise APIError(
+                400,
+                "stream: streaming with tools is not implemented; send stream: false",
+                "stream",
+            )
         try:
             # the template writes the BOS it wants: encoded without special tokens
-            prompt_ids = list(aengine.tokenizer.chat_token_ids(messages))
+            if tools:
+                prompt_ids = render_chat_with_tools(aengine.tokenizer, messages, tools)
+            else:
+                prompt_ids = list(aengine.tokenizer.chat_token_ids(messages))
         except ValueError as exc:  # no chat template, or one that refuses these messages
-            raise APIError(400, f"messages: {exc}", "messages") from exc
+            message = (
+                str(exc) if str(exc).startswith(("tools:", "messages:")) else f"messages: {exc}"
+            )
+            raise APIError(400, message, message.split(":")[0]) from exc
         wanted = req.max_completion_tokens or req.max_tokens
         max_tokens = check_length(len(prompt_ids), wanted, "messages")
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        params = _sampling_params(req, max_tokens, logprobs=logprobs)
+        try:
+            spec = _response_format_spec(req)
+            param = "response_format"
+            if spec is None and tools:
+                spec, param = forced_call_spec(tools, tool_choice), "tool_choice"
+        except ValueError as exc:
+            raise APIError(400, str(exc), str(exc).split(":")[0]) from exc
+        check_structured(spec, param)
+        params = _sampling_params(req, max_tokens, logprobs=logprobs, structured=spec)
         shaper = ChatShaper(texts, req.logprobs)
         rid = new_id("chatcmpl")
         got = await respond(req, request, prompt_ids, params, shaper, rid)
         if not isinstance(got, tuple):
             return got
         merged, usage = got
-        return ChatCompletionResponse(
-            id=rid,
-            model=served_name,
-            choices=[ChatShaper.to_choice(c) for c in merged],
-            usage=usage,
-        )
+        choices = [ChatShaper.to_choice(c) for c in merged]
+        if tools and tool_choice != "none":
+            for c in choices:
+                calls = parse_tool_calls(c.message.content or "", tools)
+                if calls is not None and c.finish_reason == "stop":
+                    c.message = ChatMessageOut(content=None, tool_calls=calls)
+                    c.finish_reason = "tool_calls"
+        return ChatCompletionResponse(id=rid, model=served_name, choices=choices, usage=usage)
 
     def _decode(ids: list[int]) -> str:
         return aengine.tokenizer.decode(ids, skip_special_tokens=False)
@@ -259,10 +294,12 @@ def _sampling_params(
     max_tokens: int,
     logprobs: int | None = None,
     prompt_logprobs: int | None = None,
+    structured: Any = None,
 ) -> Any:
     from zserve.sampling import SamplingParams
 
     kwargs: dict[str, Any] = {
+        "structured": structured,
         "max_tokens": max_tokens,
         "logprobs": logprobs,
         "prompt_logprobs": prompt_logprobs,
@@ -279,6 +316,22 @@ def _sampling_params(
         return SamplingParams(**kwargs)
     except ValueError as exc:
         raise APIError(400, str(exc), _param_of(str(exc))) from exc
+
+
+def _response_format_spec(req: ChatCompletionRequest) -> Any:
+    """The grammar `response_format` asks for (None for text); ValueError naming it."""
+    from zserve.structured import json_object, json_schema
+
+    fmt = req.response_format
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return json_object()
+    assert fmt.json_schema is not None  # the protocol checks it
+    try:
+        return json_schema(fmt.json_schema.schema_ or {})
+    except ValueError as exc:
+        raise ValueError(f"response_format: json_schema.schema: {exc}") from exc
 
 
 _FIELDS = (

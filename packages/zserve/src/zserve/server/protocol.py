@@ -2,8 +2,10 @@
 
 Requests are validated strictly (``"5"`` is not an integer, ``"yes"`` is not a
 boolean) so a wrong type is a 400 naming the field rather than a silent
-coercion. Nothing is silently ignored: an OpenAI field zserve does not implement
-(`tools`, `response_format`, penalties...) is a 400 naming it unless it holds its
+coercion. `response_format` (json_object / json_schema) and `tools` / `tool_choice` are
+served by constrained decoding (`zserve.structured`, `tools.py`). Nothing is silently
+ignored: an OpenAI field zserve does not implement (penalties, `logit_bias`...) is a
+400 naming it unless it holds its
 no-op value (null, 0, an empty list, ``{"type": "text"}``: what clients send by
 default, see `unsupported.py`), and a key OpenAI does not define either is a 400
 ("unrecognized request argument"), as OpenAI answers. ``user`` is accepted: it only
@@ -122,6 +124,60 @@ class ChatMessage(_Request):
     name: str | None = Field(default=None, description="Passed to the chat template.")
 
 
+class JsonSchemaFormat(_Request):
+    """``response_format.json_schema``: the schema the answer must match."""
+
+    name: str = Field(min_length=1, max_length=64, description="The schema's name.")
+    description: str | None = None
+    schema_: dict[str, Any] = Field(
+        default_factory=dict, alias="schema", description="A JSON schema ({} allows any JSON)."
+    )
+    strict: bool | None = Field(
+        default=None, description="zserve always decodes to the schema: strict or not."
+    )
+
+
+class ResponseFormat(_Request):
+    """``response_format``: free text, any JSON object, or JSON matching a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_iff_json_schema(self) -> Any:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError(
+                "response_format: json_schema is required with type 'json_schema' and "
+                f"allowed with it only (got type {self.type!r})"
+            )
+        return self
+
+
+class FunctionDef(_Request):
+    """A function the model may call."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(
+        default=None, description="JSON schema of the arguments (an object); None: no arguments."
+    )
+    strict: bool | None = None
+
+
+class Tool(_Request):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Request):
+    name: str
+
+
+class NamedToolChoice(_Request):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatCompletionRequest(_SamplingFields):
     """`POST /v1/chat/completions`; `max_completion_tokens` is the newer name of `max_tokens`."""
 
@@ -131,11 +187,43 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: int | None = Field(
         default=None, ge=0, le=MAX_LOGPROBS, description="Alternatives per token (logprobs)."
     )
+    response_format: ResponseFormat | None = Field(
+        default=None, description="json_object / json_schema: decoded to parse (and match)."
+    )
+    tools: list[Tool] | None = Field(
+        default=None, description="Functions the model may call (its chat template must use them)."
+    )
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        default=None, description="'auto' when tools are given, else 'none'."
+    )
+    parallel_tool_calls: bool | None = Field(
+        default=None, description="zserve returns one call per choice, whatever this says."
+    )
 
     @model_validator(mode="after")
     def _top_needs_logprobs(self) -> Any:
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    @model_validator(mode="after")
+    def _tool_choice_needs_tools(self) -> Any:
+        choice = self.tool_choice
+        if choice not in (None, "none") and not self.tools:
+            raise ValueError(
+                f"tool_choice: {_short(choice)} needs tools; send tools or leave it out"
+            )
+        if isinstance(choice, NamedToolChoice):
+            names = [t.function.name for t in self.tools or []]
+            if choice.function.name not in names:
+                raise ValueError(
+                    f"tool_choice: function {choice.function.name!r} is not among tools {names}"
+                )
+        if self.tools and self.response_format is not None and self.response_format.type != "text":
+            raise ValueError(
+                "response_format: json output and tools in one request are not supported; "
+                "send one of them"
+            )
         return self
 
 
@@ -172,9 +260,22 @@ class CompletionResponse(BaseModel):
     usage: Usage | None = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str
+    """The arguments as a JSON text (OpenAI's shape)."""
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessageOut(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
 
 
 class TopLogprob(BaseModel):

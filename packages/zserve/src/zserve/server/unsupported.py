@@ -1,8 +1,9 @@
 """OpenAI request fields zserve does not implement, and their no-op values.
 
 A request that sets one of these to anything but its no-op value is refused with a
-400 naming the field: an answer that silently ignored ``tools`` or a JSON
-``response_format`` would look right and be wrong. The no-op values are what clients
+400 naming the field: an answer that silently ignored ``logit_bias`` or a penalty
+would look right and be wrong (``response_format`` and ``tools`` are served: see
+`zserve.structured` and `tools.py`). The no-op values are what clients
 send when the feature is off (LangChain sends ``presence_penalty: 0``, the ``openai``
 package sends nothing), so those requests still work.
 """
@@ -37,17 +38,6 @@ _COMMON: dict[str, tuple[Callable[[Any], bool], str]] = {
 
 _CHAT: dict[str, tuple[Callable[[Any], bool], str]] = {
     **_COMMON,
-    "response_format": (
-        lambda v: v == {"type": "text"},
-        "constrained decoding (json_object / json_schema) is not implemented yet; send "
-        '{"type": "text"} or leave it out',
-    ),
-    "tools": (_empty, "tool calling is not implemented yet; leave tools out"),
-    "tool_choice": (_is("none"), "tool calling is not implemented yet; leave tool_choice out"),
-    "parallel_tool_calls": (
-        lambda v: isinstance(v, bool),
-        "tool calling is not implemented yet; leave it out",
-    ),
     "functions": (_empty, "function calling is not implemented; leave functions out"),
     "function_call": (_is("none"), "function calling is not implemented; leave it out"),
     "modalities": (lambda v: v == ["text"], "zserve answers in text only; send ['text']"),
