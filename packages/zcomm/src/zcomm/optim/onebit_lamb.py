@@ -13,7 +13,17 @@ All of it follows DeepSpeed's ``lamb.py`` step for step, without its buffer-allo
 first step and with the error buffers checkpointed per rank.
 
 LAMB's ratio needs whole parameters: zcore hands their places in the flat master tensors
-(:class:`~zcore.zero.communicating.OptimizerContext`), which exist whole at stage 0.
+(:class:`~zcore.zero.communicating.OptimizerContext`).
+
+**ZeRO stages 1-2** (DeepSpeed refuses every stage). A parameter may be cut across ranks,
+so every norm and maximum LAMB takes per parameter is a sum (or max) of the pieces each
+rank holds: the pieces' squared sums go into one small vector, all-reduced once per step,
+and every rank gets the same trust ratios. After the freeze each rank owns its slot of the
+momentum, so, as in 1-bit Adam at stages 1-2, the gradients (not the momentum) go through
+the 1-bit compressed reduce-scatter and the owner folds its averaged slot into the momentum
+exactly; the fresh variance then sees that average instead of a gradient reconstructed
+from compressed momenta. Without a compressed momentum there is nothing to scale to a
+common magnitude, so ``scaling_coeff`` is not used there.
 """
 
 from __future__ import annotations
@@ -28,10 +38,9 @@ from zcore.zero.communicating import OptimizerContext
 
 
 class OneBitLamb(OneBitBase):
-    """DeepSpeed's 1-bit LAMB over zcore's flat master tensors (ZeRO stage 0)."""
+    """DeepSpeed's 1-bit LAMB over zcore's flat master tensors (ZeRO stages 0-2)."""
 
-    zero_stages = (0,)
-    stage_limit = "its trust ratio needs each whole parameter's norms on one rank"
+    zero_stages = (0, 1, 2)
 
     def __init__(
         self,
@@ -71,9 +80,22 @@ class OneBitLamb(OneBitBase):
         return not self.compressing()
 
     def _pieces(self, gi: int, flat: torch.Tensor) -> list[tuple[int, int]]:
+        """Each parameter's ``(offset, numel)`` in ``flat``; at stages 1-2 every parameter of
+        the group, empty ones included, so that index ``j`` names the same one on every rank."""
         if self.segments is None:  # used outside zcore: each tensor is one parameter
             return [(0, flat.numel())]
-        return [(off, n) for off, n in self.segments[gi] if n > 0]
+        return [(off, n) for off, n in self.segments[gi] if n > 0 or self.stage > 0]
+
+    def _across(self, sq: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """``sq`` (per-piece sums or maxima) over every rank's pieces: the identity at stage
+        0, where each rank holds whole parameters."""
+        if self.stage == 0 or self.context is None or self.context.comm.size == 1:
+            return sq
+        import torch.distributed as dist
+
+        red = dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM
+        self.context.comm.all_reduce(sq, f"1-bit LAMB per-parameter {op}", red).wait()
+        return sq
 
     def _init(self, p: torch.Tensor, count: int) -> dict[str, Any]:
         st = self.state[p]
@@ -90,7 +112,9 @@ class OneBitLamb(OneBitBase):
         self.lamb_coeffs = []
         live = [(gi, g, p) for gi, g in enumerate(self.param_groups) for p in g["params"]
                 if p.grad is not None]  # fmt: skip
-        if self.compressing():
+        if self.compressing() and self.stage > 0:
+            self._sharded_compressed_step(live)
+        elif self.compressing():
             self._compressed_step(live)
         else:
             for gi, group, p in live:
@@ -107,12 +131,21 @@ class OneBitLamb(OneBitBase):
         v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
         if st["step"] == self.freeze_step:
             st["exp_avg_sq_fresh"].copy_(v)
+        updates = []
+        sq = torch.zeros(2 * len(pieces), dtype=torch.float64)
         for j, (off, n) in enumerate(pieces):
             w = p[off : off + n]
             update = m[off : off + n] / (v[off : off + n].sqrt() + group["eps"])
             if group["weight_decay"] > 0:
                 update.add_(w, alpha=group["weight_decay"])
-            w_norm, u_norm = float(w.norm()), float(update.norm())
+            updates.append(update)
+            sq[2 * j], sq[2 * j + 1] = (
+                float(w.double().square().sum()),
+                float(update.double().square().sum()),
+            )
+        norms = self._across(sq).sqrt().tolist()
+        for j, (off, n) in enumerate(pieces):
+            w_norm, u_norm = norms[2 * j], norms[2 * j + 1]
             coeff = 1.0
             if w_norm != 0 and u_norm != 0:
                 coeff = min(max(w_norm / u_norm, group["min_coeff"]), group["max_coeff"])
@@ -121,7 +154,7 @@ class OneBitLamb(OneBitBase):
                     self.coeff_beta * st["lamb_coeff_freeze"][j] + (1 - self.coeff_beta) * coeff
                 )
             self.lamb_coeffs.append(coeff)
-            w.add_(update, alpha=-group["lr"] * coeff)
+            p[off : off + n].add_(updates[j], alpha=-group["lr"] * coeff)
 
     def _compressed_step(self, live: list[tuple[int, dict[str, Any], torch.Tensor]]) -> None:
         states = [self.state[p] for _, _, p in live]
@@ -161,14 +194,54 @@ class OneBitLamb(OneBitBase):
                 update = prelim + group["weight_decay"] * w if group["weight_decay"] > 0 else prelim
                 u_norm = float(update.norm())
                 factor = float((denom / (v_fresh[o : o + n].sqrt() + group["eps"])).max())
-                if group["weight_decay"] > 0:
-                    ratio = min(1.0, float(prelim.norm()) / u_norm) if u_norm else 1.0
-                    factor = factor * ratio + (1.0 - ratio)
-                factor = min(max(factor, self.factor_min), self.factor_max)
-                prev = st["last_factor"][j]
-                factor = min(max(factor, prev * (1.0 - self.factor_threshold)),
-                             prev * (1.0 + self.factor_threshold))  # fmt: skip
-                st["last_factor"][j] = factor
-                coeff = st["lamb_coeff_freeze"][j] * factor
-                self.lamb_coeffs.append(coeff)
+                coeff = self._coeff(st, j, factor, float(prelim.norm()), u_norm, group)
                 w.add_(update, alpha=-group["lr"] * coeff)
+
+    def _coeff(self, st: dict[str, Any], j: int, factor: float, prelim_norm: float,
+               u_norm: float, group: dict[str, Any]) -> float:  # fmt: skip
+        """The compression stage's trust ratio of piece ``j``: the frozen running ratio times
+        the variance-drift ``factor``, damped by weight decay's share of the update and
+        clamped to ``[factor_min, factor_max]`` and ``factor_threshold`` per step."""
+        if group["weight_decay"] > 0:
+            ratio = min(1.0, prelim_norm / u_norm) if u_norm else 1.0
+            factor = factor * ratio + (1.0 - ratio)
+        factor = min(max(factor, self.factor_min), self.factor_max)
+        prev = st["last_factor"][j]
+        factor = min(max(factor, prev * (1.0 - self.factor_threshold)),
+                     prev * (1.0 + self.factor_threshold))  # fmt: skip
+        st["last_factor"][j] = factor
+        coeff = st["lamb_coeff_freeze"][j] * factor
+        self.lamb_coeffs.append(coeff)
+        return coeff
+
+    def _sharded_compressed_step(
+        self, live: list[tuple[int, dict[str, Any], torch.Tensor]]
+    ) -> None:
+        """Stages 1-2 after the freeze: each ``p.grad`` is this slot's 1-bit averaged
+        gradient; per-parameter norms and maxima are taken across the ranks' pieces."""
+        work, sums, maxes = [], [], []
+        for gi, group, p in live:
+            beta1, beta2 = group["betas"]
+            st, pieces = self.state[p], self._pieces(gi, p)
+            st["step"] += 1
+            m, v, v_fresh, g = st["exp_avg"], st["exp_avg_sq"], st["exp_avg_sq_fresh"], p.grad
+            m.mul_(beta1).add_(g, alpha=1 - beta1)
+            v_fresh.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            denom = v.sqrt() + group["eps"]
+            prelim = m / denom
+            update = prelim + group["weight_decay"] * p if group["weight_decay"] > 0 else prelim
+            drift = denom / (v_fresh.sqrt() + group["eps"])
+            for o, n in pieces:
+                sums += [float(prelim[o : o + n].double().square().sum()),
+                         float(update[o : o + n].double().square().sum())]  # fmt: skip
+                maxes.append(float(drift[o : o + n].max()) if n else 0.0)
+            work.append((group, p, st, pieces, update))
+        norms = self._across(torch.tensor(sums, dtype=torch.float64)).sqrt().tolist()
+        peaks = self._across(torch.tensor(maxes, dtype=torch.float64), "max").tolist()
+        at = 0
+        for group, p, st, pieces, update in work:
+            for j, (o, n) in enumerate(pieces):
+                prelim_norm, u_norm = norms[2 * at], norms[2 * at + 1]
+                coeff = self._coeff(st, j, peaks[at], prelim_norm, u_norm, group)
+                p[o : o + n].add_(update[o : o + n], alpha=-group["lr"] * coeff)
+                at += 1

@@ -20,6 +20,23 @@ uninterrupted run. DeepSpeed's first ``step`` only allocates buffers; here it up
 As in :mod:`zcomm.optim.onebit_adam`, the momentum is masked where the variance is still
 exactly 0 (DeepSpeed's ``exp_avg_mask``, made automatic): 1-bit signs give such elements
 ``+-scale``, which over ``eps`` would blow the weights up.
+
+**ZeRO stages 1-2** (DeepSpeed refuses every stage). A rank holds the optimizer state of
+its own slot only, so it cannot take local steps on the whole model. Two facts make the
+algorithm work anyway. ZeRO all-gathers the weights after every step, so between
+synchronizations every rank runs the same model, and each slot is stepped by its owner
+with the owner's own local gradient. And once the variance is frozen, the momentum and
+the weights are *linear* in the gradients. So each rank keeps two running sums of its
+local gradient grid, ``A = beta1 * A + g`` and ``B = B + lr * A``. At a synchronization
+both go through the 1-bit compressed reduce-scatter, and the owner adds
+``(1 - beta1) * (mean(A) - A_own)`` to its momentum and subtracts
+``(1 - beta1) * (mean(B) - B_own) / (sqrt(v) + eps)`` from its weights. That lands both
+exactly where momentum steps on the rank-averaged gradients would have put them (weight
+decay aside). DeepSpeed's synchronization restores the same weights and approximates the
+momentum; here the momentum is exact too. The cost: two compressed reduce-scatters per
+interval instead of one per step, and two model-sized fp32 grids per rank, saved in
+checkpoints with the error buffers. Before the freeze, stages 1-2 run like 1-bit Adam's:
+the non-variance steps reduce-scatter the gradients 1-bit compressed.
 """
 
 from __future__ import annotations
@@ -32,10 +49,9 @@ from zcomm.optim.base import OneBitBase
 
 
 class ZeroOneAdam(OneBitBase):
-    """DeepSpeed's 0/1 Adam over zcore's flat master tensors (ZeRO stage 0)."""
+    """DeepSpeed's 0/1 Adam over zcore's flat master tensors (ZeRO stages 0-2)."""
 
-    zero_stages = (0,)
-    stage_limit = "its local steps update every weight on every rank with its own momentum"
+    zero_stages = (0, 1, 2)
 
     def __init__(
         self,
@@ -48,6 +64,7 @@ class ZeroOneAdam(OneBitBase):
         var_update_scaler: int = 16,
         local_step_scaler: int = 32678,
         local_step_clipper: int = 16,
+        var_decay_per_step: bool = False,
     ) -> None:
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps,
                                   "weight_decay": weight_decay})  # fmt: skip
@@ -55,10 +72,15 @@ class ZeroOneAdam(OneBitBase):
         self.var_update_scaler = var_update_scaler
         self.local_step_scaler = local_step_scaler
         self.local_step_clipper = local_step_clipper
+        self.var_decay_per_step = var_decay_per_step
         self.frozen = False
         self.accumulator: dict[torch.Tensor, torch.Tensor] = {}
         """Per master tensor: this rank's updates since the last synchronization (DeepSpeed's
         ``momentum_accumulator``; kept out of ``state``, which rank 0 alone saves)."""
+        self.sums: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        """Stages 1-2, per group: this rank's ``(A, B)`` gradient sums since the last
+        synchronization, ``(world, P)`` each (see the module docstring)."""
+        self._grids: dict[int, torch.Tensor] = {}
 
     def _first_state(self) -> dict[str, Any]:
         for group in self.param_groups:
@@ -75,6 +97,42 @@ class ZeroOneAdam(OneBitBase):
             return False
         st = self._first_state()
         return (int(st.get("step", 0)) + 1) % int(st.get("var_interval", 1)) == 0
+
+    def reduce_scatter_local(self, grid: torch.Tensor, key: str) -> torch.Tensor:
+        """Before the freeze: 1-bit Adam's compressed reduce-scatter. After it: no
+        communication here; this rank's own row (a local step) and the grid kept for
+        :meth:`_sum_and_sync` in the step, which sees the gradient's final scale."""
+        if not self.frozen:
+            return super().reduce_scatter_local(grid, key)
+        gi = int(key.rsplit(".", 1)[1])
+        self._grids[gi] = grid
+        return grid[self.context.comm.rank if self.context else 0].clone()
+
+    def _sum_and_sync(self, gi: int, p: torch.Tensor, st: dict[str, Any],
+                      denom: torch.Tensor, beta1: float, lr: float) -> None:  # fmt: skip
+        """Stages 1-2 after the freeze: fold this step's local grid into ``(A, B)``; at a
+        synchronization average them compressed and correct the momentum and weights."""
+        grid = self._grids.pop(gi)
+        rank = self.context.comm.rank if self.context else 0
+        own = grid[rank]
+        # the step's gradient is own row times one scalar (loss-scale, clipping): apply it
+        # to the whole grid so the sums are in the step's units
+        norm_sq = float(torch.dot(own, own))
+        factor = float(torch.dot(p.grad, own)) / norm_sq if norm_sq > 0 else 1.0
+        if gi not in self.sums:
+            self.sums[gi] = (torch.zeros_like(grid), torch.zeros_like(grid))
+        a_sum, b_sum = self.sums[gi]
+        a_sum.mul_(beta1).add_(grid, alpha=factor)
+        b_sum.add_(a_sum, alpha=lr)
+        if st["step"] % st["local_step_interval"] != 0:
+            return
+        assert self.scatter is not None, "bind() first"
+        a_mean, b_mean = self.scatter(a_sum, f"A.{gi}"), self.scatter(b_sum, f"B.{gi}")
+        m, v = st["exp_avg"], st["exp_avg_sq"]
+        m.add_(a_mean - a_sum[rank], alpha=1 - beta1).mul_(v > 0)
+        p.sub_((b_mean - b_sum[rank]).mul_(v > 0) / denom, alpha=1 - beta1)
+        a_sum.zero_()
+        b_sum.zero_()
 
     def drifting(self) -> bool:
         """Whether local steps have happened since the last synchronization."""
@@ -97,26 +155,31 @@ class ZeroOneAdam(OneBitBase):
                     st["exp_avg"] = torch.zeros_like(p)
                     st["exp_avg_sq"] = torch.zeros_like(p)
                 acc = self.accumulator.get(p)
-                if acc is None:
+                if acc is None and self.stage == 0:
                     acc = self.accumulator[p] = torch.zeros_like(p)
                 m, v, g = st["exp_avg"], st["exp_avg_sq"], p.grad
                 st["step"] += 1
                 if not self.frozen:
                     if st["step"] % st["var_interval"] == 0:  # g averaged in full precision
-                        v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+                        decay = beta2 ** st["var_interval"] if self.var_decay_per_step else beta2
+                        v.mul_(decay).addcmul_(g, g, value=1 - decay)
                         m.mul_(beta1).add_(g, alpha=1 - beta1)
-                    else:  # g is this rank's own: average it, compressed
-                        m.mul_(beta1).add_(self.average(g, key), alpha=1 - beta1)
+                    else:  # g is this rank's own (stage 0: average it) or averaged 1-bit
+                        avg = self.average(g, key) if self.stage == 0 else g
+                        m.mul_(beta1).add_(avg, alpha=1 - beta1)
                         m.mul_(v > 0)  # no variance measured yet: no momentum (1-bit Adam's mask)
                 else:
                     m.mul_(beta1).add_(g, alpha=1 - beta1)
-                    st["lrs"] += lr
+                    st["lrs"] += lr if self.stage == 0 else 0.0
                 denom = v.sqrt().add_(eps)
                 update = m / denom
                 if wd > 0:
                     update.add_(p, alpha=wd)
                 p.add_(update, alpha=-lr)
-                if self.frozen:
+                if self.frozen and self.stage > 0:
+                    self._sum_and_sync(gi, p, st, denom, beta1, lr)
+                elif self.frozen:
+                    assert acc is not None
                     acc.add_(update, alpha=-lr)
                     if st["step"] % st["local_step_interval"] == 0:  # synchronize
                         p.sub_(acc)
@@ -151,6 +214,7 @@ class ZeroOneAdam(OneBitBase):
         params = [p for group in self.param_groups for p in group["params"]]
         state["accumulator"] = [self.accumulator[p].clone() if p in self.accumulator else None
                                 for p in params]  # fmt: skip
+        state["sums"] = {gi: (a.clone(), b.clone()) for gi, (a, b) in self.sums.items()}
         if self.drifting():  # weights and momentum differ per rank until the next sync
             state["master"] = [p.detach().clone() for p in params]
             state["exp_avg"] = [self.state[p]["exp_avg"].clone() for p in params]
@@ -160,6 +224,10 @@ class ZeroOneAdam(OneBitBase):
         super().load_comm_state_dict(state)
         params = [p for group in self.param_groups for p in group["params"]]
         self.accumulator.clear()
+        self.sums.clear()
+        if state is not None:
+            self.sums = {int(gi): (a.clone(), b.clone())
+                         for gi, (a, b) in state.get("sums", {}).items()}  # fmt: skip
         if state is None:
             for p in params:  # another world size: drop the local drift (lrs restarts)
                 if self.state.get(p):
