@@ -93,11 +93,6 @@ class ZeroOneAdamParams(_OneBitCommon):
     """After the freeze, the interval between synchronizations doubles every this many steps."""
     local_step_clipper: Int = Field(16, ge=1)
     """The most steps between two synchronizations."""
-    var_decay_per_step: Bool = False
-    """zstack's own key (DeepSpeed has none; false is its behaviour): decay the variance by
-    ``beta2 ** var_interval`` at each update, so its memory is ``1 / (1 - beta2)`` *steps*
-    however rare the updates get. With DeepSpeed's ``beta2`` per update, a variance updated
-    every 8th step forgets 8x more slowly and lags shrinking gradients (smaller steps)."""
 
 
 class OneBitLambParams(_OneBitCommon):

@@ -64,7 +64,6 @@ class ZeroOneAdam(OneBitBase):
         var_update_scaler: int = 16,
         local_step_scaler: int = 32678,
         local_step_clipper: int = 16,
-        var_decay_per_step: bool = False,
     ) -> None:
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps,
                                   "weight_decay": weight_decay})  # fmt: skip
@@ -72,7 +71,6 @@ class ZeroOneAdam(OneBitBase):
         self.var_update_scaler = var_update_scaler
         self.local_step_scaler = local_step_scaler
         self.local_step_clipper = local_step_clipper
-        self.var_decay_per_step = var_decay_per_step
         self.frozen = False
         self.accumulator: dict[torch.Tensor, torch.Tensor] = {}
         """Per master tensor: this rank's updates since the last synchronization (DeepSpeed's
@@ -161,8 +159,7 @@ class ZeroOneAdam(OneBitBase):
                 st["step"] += 1
                 if not self.frozen:
                     if st["step"] % st["var_interval"] == 0:  # g averaged in full precision
-                        decay = beta2 ** st["var_interval"] if self.var_decay_per_step else beta2
-                        v.mul_(decay).addcmul_(g, g, value=1 - decay)
+                        v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
                         m.mul_(beta1).add_(g, alpha=1 - beta1)
                     else:  # g is this rank's own (stage 0: average it) or averaged 1-bit
                         avg = self.average(g, key) if self.stage == 0 else g
