@@ -9,6 +9,7 @@ completion) has its request aborted, which frees its KV blocks.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -36,6 +37,7 @@ from zserve.server.protocol import (
     CompletionResponse,
     ModelCard,
     ModelList,
+    Usage,
     describe_validation_error,
     error_body,
     new_id,
@@ -186,16 +188,39 @@ def create_app(engine: Any, max_queue: int = 256, model_name: str | None = None)
     @app.post("/v1/completions", response_model=None)
     async def completions(req: CompletionRequest, request: Request):
         check_model(req.model)
-        if isinstance(req.prompt, str):
-            prompt_ids = list(aengine.tokenizer.encode(req.prompt))
+        prompts = req.prompts()
+        rid = new_id("cmpl")
+        if req.stream:  # one prompt (the protocol refuses a streamed batch)
+            return await complete_one(req, request, prompts[0], rid)
+        # a batch: each prompt's n choices run at once; prompt i's are numbered i*n..
+        got = await asyncio.gather(*(complete_one(req, request, p, rid) for p in prompts))
+        choices: list[Any] = []
+        counts = [0, 0]
+        for i, (merged, usage) in enumerate(got):
+            for c in merged:
+                c.index += i * req.n
+            choices += merged
+            counts[0] += usage.prompt_tokens
+            counts[1] += usage.completion_tokens
+        usage = Usage(
+            prompt_tokens=counts[0], completion_tokens=counts[1], total_tokens=sum(counts)
+        )
+        return CompletionResponse(id=rid, model=served_name, choices=choices, usage=usage)
+
+    async def complete_one(
+        req: CompletionRequest, request: Request, prompt: str | list[int], rid: str
+    ) -> Any:
+        """One prompt's stream, or its merged choices and usage."""
+        if isinstance(prompt, str):
+            prompt_ids = list(aengine.tokenizer.encode(prompt))
         else:
-            prompt_ids = list(req.prompt)
+            prompt_ids = list(prompt)
         if not prompt_ids:
             raise APIError(400, "prompt: empty; send at least one token of text", "prompt")
         max_tokens = check_length(len(prompt_ids), req.max_tokens, "prompt")
         echo_text = None
         if req.echo:
-            echo_text = req.prompt if isinstance(req.prompt, str) else _decode(prompt_ids)
+            echo_text = prompt if isinstance(prompt, str) else _decode(prompt_ids)
         # scoring the prompt (echo + logprobs); max_tokens 0 runs the prompt only, which the
         # engine does as a scoring request whose scores are then left out
         scored = req.logprobs if req.echo and req.logprobs is not None else None
@@ -203,12 +228,7 @@ def create_app(engine: Any, max_queue: int = 256, model_name: str | None = None)
             scored = 0
         params = _sampling_params(req, max_tokens, logprobs=req.logprobs, prompt_logprobs=scored)
         shaper = CompletionShaper(texts, prompt_ids, echo_text, req.logprobs is not None)
-        rid = new_id("cmpl")
-        got = await respond(req, request, prompt_ids, params, shaper, rid)
-        if not isinstance(got, tuple):
-            return got
-        merged, usage = got
-        return CompletionResponse(id=rid, model=served_name, choices=merged, usage=usage)
+        return await respond(req, request, prompt_ids, params, shaper, rid)
 
     def check_structured(spec: Any, param: str) -> None:
         if spec is not None and not getattr(aengine.engine, "supports_structured", False):

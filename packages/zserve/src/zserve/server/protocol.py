@@ -94,7 +94,26 @@ class _SamplingFields(_Request):
 class CompletionRequest(_SamplingFields):
     """`POST /v1/completions`."""
 
-    prompt: str | list[int] = Field(description="Text, or token ids, to continue.")
+    def prompts(self) -> list[str | list[int]]:
+        """The batch of prompts (one for a single text or token list)."""
+        p = self.prompt
+        if isinstance(p, str) or not p or isinstance(p[0], int):
+            return [p]  # type: ignore[list-item]
+        return list(p)  # type: ignore[arg-type]
+
+    @model_validator(mode="after")
+    def _batch_is_not_streamed(self) -> Any:
+        if self.stream and len(self.prompts()) > 1:
+            raise ValueError(
+                f"prompt: a batch of {len(self.prompts())} prompts is not streamed; send one "
+                "prompt per request, or stream: false"
+            )
+        return self
+
+    prompt: str | list[int] | list[str] | list[list[int]] = Field(
+        description="Text or token ids to continue; a list of them is a batch (not streamed): "
+        "prompt i's choices have indices i*n .. i*n+n-1, as OpenAI numbers them."
+    )
     max_tokens: int | None = Field(
         default=16, ge=0, description="OpenAI's default is 16; 0 only with echo (scoring)."
     )
