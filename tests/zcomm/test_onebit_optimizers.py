@@ -210,3 +210,27 @@ def _scatter_exact(rank: int, world: int) -> list[str]:
 def test_compressed_reduce_scatter_equals_the_reference(world: int) -> None:
     for failures in run_ranks(_scatter_exact, world, timeout=90):
         assert failures == []
+
+
+def test_nvme_optimizer_offload_is_refused_naming_the_key(tmp_path: Path) -> None:
+    offload = {"device": "nvme", "nvme_path": str(tmp_path)}
+    cfg = config(1, optimizer={"type": "OneBitAdam", "params": {}},
+                 zero_optimization={"offload_optimizer": offload, "sub_group_size": 1024},
+                 aio={"block_size": 4096, "queue_depth": 8})  # fmt: skip
+    with pytest.raises(ValueError, match=r"offload_optimizer\.device.*nvme.*OneBitAdam"):
+        zcore.initialize(make_model(), config=cfg)
+
+
+def _mics(rank: int, world: int) -> str:
+    cfg = config(1, optimizer={"type": "ZeroOneAdam", "params": {}},
+                 zero_optimization={"mics_shard_size": 1})  # fmt: skip
+    try:
+        zcore.initialize(make_model(), config=cfg)
+    except ValueError as err:
+        return str(err)
+    return "accepted"
+
+
+def test_mics_replicas_are_refused_naming_the_key() -> None:
+    for message in run_ranks(_mics, 2, timeout=60):
+        assert "mics_shard_size" in message and "optimizer.type ZeroOneAdam" in message
