@@ -16,7 +16,7 @@ PKG_DIRS     := $(sort $(wildcard packages/*))
 MANIFESTS    := pyproject.toml native/pyproject.toml $(addsuffix /pyproject.toml,$(PKG_DIRS))
 NATIVE_SRC   := $(shell find native/Cargo.toml native/Cargo.lock native/pyproject.toml native/crates native/python -type f -not -path '*/__pycache__/*' 2>/dev/null)
 
-.PHONY: all setup demo test test-rust test-python lint stubtest bench bench-deepspeed clean
+.PHONY: all setup demo test test-rust test-python lint stubtest bench bench-deepspeed llama-cpp bench-llamacpp clean
 
 all: setup
 
@@ -129,6 +129,25 @@ bench-deepspeed: setup $(DS_DONE) ds-aio
 	$(DS_ENV) $(BIN)/z bench zero-step --stages 1,2,3 --json
 	$(DS_ENV) $(BIN)/z bench moe --json
 	$(DS_ENV) $(BIN)/z bench io --json
+
+# llama.cpp for `z bench serve --compare llama.cpp`, never a dependency: llama-cpp-python built
+# from its sdist (cmake from pip, a release build for this CPU: GGML_NATIVE) into LLAMACPP_DIR,
+# which only these runs put on PYTHONPATH. The build takes several minutes on two cores.
+LLAMACPP_DIR  ?= $(HOME)/.cache/zstack/llama-cpp
+LLAMACPP_PKGS := llama-cpp-python==0.3.36 diskcache==5.6.3
+LLAMACPP_DONE := $(LLAMACPP_DIR)/.installed-$(subst ==,-,$(word 1,$(LLAMACPP_PKGS)))
+LLAMACPP_ENV  := PYTHONPATH="$(LLAMACPP_DIR)"
+$(LLAMACPP_DONE): $(STAMP)/deps
+	CMAKE_ARGS="-DGGML_NATIVE=ON -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF" CMAKE_BUILD_PARALLEL_LEVEL="$$(nproc)" \
+	  $(UV) pip install --python $(PY) --target $(LLAMACPP_DIR) --no-deps $(LLAMACPP_PKGS)
+	$(LLAMACPP_ENV) $(PY) -c "import llama_cpp" || { \
+	  echo "error: llama_cpp does not import from $(LLAMACPP_DIR); see the build output above" >&2; exit 1; }
+	@touch "$@"
+
+llama-cpp: $(LLAMACPP_DONE)
+
+bench-llamacpp: setup $(LLAMACPP_DONE)
+	$(LLAMACPP_ENV) $(BIN)/z bench serve --compare llama.cpp --json
 
 clean:
 	rm -rf $(VENV) $(STAMP) dist native/target

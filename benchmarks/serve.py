@@ -291,8 +291,11 @@ def run(
     system_prompt_tokens: int = 384,
     threads: int = 1,
     max_run_s: float = 120.0,
+    compare: str | None = None,
+    compare_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run the workload at every rate against every policy; returns the JSON result.
+    With ``compare="llama.cpp"``, runs `_serve_compare` instead (zserve vs llama-cpp-python).
 
     The SLA is stated in units of u = one full `token_budget` forward measured at the
     start (so it means the same on a loaded 2-core box and on a fast machine): a request
@@ -302,6 +305,12 @@ def run(
     on its cumulative deadline (`met_sla_cum`), as FastGen's evaluation checks them.
     """
     mdir = Path(model_dir) if model_dir else _default_model_dir()
+    if compare is not None:
+        from zstack.bench import load
+
+        return load("_serve_compare").run_compare(
+            mdir, peer=compare, threads=threads, **(compare_options or {})
+        )
     pols = [p.strip() for p in policies.split(",") if p.strip()]
     bad = [p for p in pols if p not in POLICIES]
     if bad:
@@ -423,6 +432,10 @@ def _f(x: float | None, fmt: str = "{:.2f}") -> str:
 
 def report(result: dict[str, Any]) -> str:
     """Latency-vs-throughput table per policy and rate, then the prefix experiment."""
+    if result.get("benchmark") == "serve-compare":
+        from zstack.bench import load
+
+        return load("_serve_compare").report(result)
     sla = result["sla"]
     lines = [
         f"zserve open-loop benchmark on {result['model']} "

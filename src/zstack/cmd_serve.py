@@ -108,7 +108,9 @@ def bench_serve(
     ),
     rates: str = typer.Option("0.5,1.0,2.0", "--rates", help="Poisson arrival rates, req/s."),
     num_requests: int = typer.Option(12, "--num-requests", min=1, help="Requests per rate."),
-    token_budget: int = typer.Option(64, "--token-budget", min=1, help="Tokens per forward."),
+    token_budget: int | None = typer.Option(
+        None, "--token-budget", min=1, help="Tokens per forward (64; with --compare 256)."
+    ),
     max_num_seqs: int = typer.Option(16, "--max-num-seqs", min=1),
     num_blocks: int = typer.Option(1024, "--num-blocks", min=1, help="KV-cache blocks."),
     short_prompt: str = typer.Option("8,48", "--short-prompt", help="MIN,MAX prompt tokens."),
@@ -129,11 +131,46 @@ def bench_serve(
     threads: int = typer.Option(1, "--threads", min=1, help="torch threads."),
     max_run_s: float = typer.Option(120.0, "--max-run-s", help="Bound on one policy and rate run."),
     seed: int = typer.Option(0, "--seed"),
+    compare: str | None = typer.Option(
+        None,
+        "--compare",
+        help="`llama.cpp`: instead of the workload, zserve vs llama-cpp-python (`make llama-cpp`)"
+        " on the same weights: prefill, batch-1 decode and --concurrent tokens/s per precision.",
+    ),
+    precisions: str = typer.Option(
+        "fp32,bf16,w8a8,w4", "--precisions", help="--compare pairs (fp32,bf16,w8a8,w4,w4a8)."
+    ),
+    prompt_tokens: int = typer.Option(128, "--prompt-tokens", min=1, help="--compare prompt."),
+    decode_tokens: int = typer.Option(32, "--decode-tokens", min=2, help="--compare outputs."),
+    concurrent: int = typer.Option(16, "--concurrent", min=1, help="--compare requests at once."),
+    repeats: int = typer.Option(3, "--repeats", min=1, help="--compare timed rounds."),
+    gguf_dir: str | None = typer.Option(None, "--gguf-dir", help="--compare GGUF files' dir."),
     json_out: bool = typer.Option(False, "--json", help="Print only the JSON object."),
 ) -> None:
     """Open-loop serving workload per policy and rate: tokens/s, TTFT/ITL percentiles,
-    SLA effective throughput; and prefix caching's effect on TTFT."""
+    SLA effective throughput; and prefix caching's effect on TTFT. With --compare llama.cpp:
+    zserve vs llama-cpp-python at matched precision, in the same run."""
     from zstack.bench import run_benchmark
+
+    if compare is not None:
+        raise typer.Exit(
+            run_benchmark(
+                "serve",
+                json_out,
+                model_dir=model_dir,
+                threads=threads,
+                compare=compare,
+                compare_options={
+                    "precisions": precisions,
+                    "prompt_tokens": prompt_tokens,
+                    "decode_tokens": decode_tokens,
+                    "concurrent": concurrent,
+                    "token_budget": token_budget or 256,
+                    "repeats": repeats,
+                    "gguf_dir": gguf_dir,
+                },
+            )
+        )
 
     raise typer.Exit(
         run_benchmark(
@@ -144,7 +181,7 @@ def bench_serve(
             rates=rates,
             num_requests=num_requests,
             seed=seed,
-            token_budget=token_budget,
+            token_budget=token_budget or 64,
             max_num_seqs=max_num_seqs,
             num_blocks=num_blocks,
             short_prompt=short_prompt,
