@@ -126,14 +126,16 @@ def test_chat_logprobs_n_and_stream_usage(client: openai.OpenAI) -> None:
     assert last.usage.model_dump() == whole.usage.model_dump()
 
 
-def test_json_mode_answer_parses(client: openai.OpenAI) -> None:
+def test_json_mode_answers_parse(client: openai.OpenAI) -> None:
     got = client.chat.completions.create(
-        model=MODEL, messages=ASK_JSON, max_tokens=60, temperature=0,
+        model=MODEL, messages=ASK_JSON, max_tokens=60, temperature=0, n=2,
         response_format={"type": "json_object"},
     )  # fmt: skip
-    choice = got.choices[0]
-    assert choice.finish_reason == "stop", choice
-    assert isinstance(json.loads(choice.message.content), dict)
+    assert len(got.choices) == 2  # each choice follows its own copy of the grammar
+    assert got.choices[0].message.content == got.choices[1].message.content  # greedy
+    for choice in got.choices:
+        assert choice.finish_reason == "stop", choice
+        assert isinstance(json.loads(choice.message.content), dict)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])

@@ -125,6 +125,7 @@ def test_a_named_function_is_the_one_called(client: openai.OpenAI) -> None:
     assert isinstance(json.loads(call.function.arguments)["timezone"], str)
 
 
+@pytest.mark.slow  # 48 free tokens: the constrained cases above are the fast check
 def test_auto_puts_the_tools_in_the_prompt(client: openai.OpenAI) -> None:
     with_tools = client.chat.completions.create(
         model="SmolLM2-tools", messages=ASK, max_tokens=48, temperature=0, tools=[WEATHER]
