@@ -13,6 +13,9 @@ from torch import nn
 from zcore.comm import Comm, job_mesh, mesh_for_config
 from zcore.zero.stage3 import Stage3Params
 
+_ACTIVE: list[Init] = []
+"""The ``Init`` blocks entered and not yet left, innermost last."""
+
 
 def _all_subclasses(cls: type) -> set[type]:
     out = set()
@@ -30,7 +33,10 @@ class Init:
     before it is cut, so all ranks agree even if their random states differ. Initialisation
     done after construction through ``model.apply(fn)`` sees full parameters (each module's
     own are gathered around ``fn``, then broadcast from rank 0 and re-cut); anything else
-    that edits parameters later must use :class:`GatheredParameters`.
+    that edits parameters later must use :class:`GatheredParameters`. A parameter created on
+    the meta device has no value yet and is left whole: a loader partitions it once it has
+    read it (:func:`zcore.hf.from_pretrained`, which also finds the open block through
+    :meth:`active`).
 
     Args:
         persistence_threshold: parameters with at most this many elements stay whole.
@@ -63,6 +69,7 @@ class Init:
 
     def __enter__(self) -> Init:
         if not self.enabled:
+            _ACTIVE.append(self)
             return self
         if self.config is not None:
             mesh = mesh_for_config(self.config)
@@ -84,15 +91,23 @@ class Init:
                 cls.__init__ = self._wrap_init(cls.__dict__["__init__"])  # type: ignore[misc]
         self._apply = nn.Module.apply
         nn.Module.apply = self._wrap_apply(self._apply)  # type: ignore[method-assign]
+        _ACTIVE.append(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self in _ACTIVE:
+            _ACTIVE.remove(self)
         if not self.enabled:
             return
         for cls, init in self._patched:
             cls.__init__ = init  # type: ignore[misc]
         self._patched.clear()
         nn.Module.apply = self._apply  # type: ignore[method-assign]
+
+    @staticmethod
+    def active() -> Init | None:
+        """The innermost block now open on this process, enabled or not (None outside any)."""
+        return _ACTIVE[-1] if _ACTIVE else None
 
     def _from_rank0(self, p: nn.Parameter, what: str) -> None:
         """``p`` as rank 0 has it, on every rank (the mesh's first data-parallel rank)."""
@@ -114,7 +129,7 @@ class Init:
                 del module.__dict__["_z_init_depth"]
                 object.__setattr__(module, "_z_stage3", stage3)
                 for name, p in module.named_parameters(recurse=False):
-                    if p not in stage3.params:
+                    if p not in stage3.params and not p.is_meta:
                         self._from_rank0(p, "broadcast(zero.Init parameter)")
                         stage3.partition(p, name)
 
@@ -183,6 +198,8 @@ class GatheredParameters:
         return self.params
 
     def __exit__(self, *exc: object) -> None:
+        if self in _ACTIVE:
+            _ACTIVE.remove(self)
         if not self.enabled:
             return
         s3 = self.stage3
