@@ -12,7 +12,7 @@ import torch
 
 from tests.utils.models import smollm2_dir
 from zserve.sampling import Sampler, SamplingParams
-from zserve.server.protocol import Tool
+from zserve.server.tool_protocol import Tool
 from zserve.server.tools import call_schema, forced_call_spec, parse_tool_calls
 from zserve.structured import json_object, json_schema
 from zserve.structured.backend import GrammarBackend

@@ -34,7 +34,16 @@ TOOLS_TEMPLATE = """\
 {{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}
 {%- endif %}
 {%- for message in messages %}
-{%- if not (loop.first and message['role'] == 'system' and tools) %}
+{%- if message['role'] == 'assistant' and message['tool_calls'] is defined %}
+{{- '<|im_start|>assistant' }}
+{%- for call in message['tool_calls'] %}
+{{- '\\n<tool_call>\\n{"name": "' + call['function']['name'] + '", "arguments": ' }}
+{{- call['function']['arguments'] + '}\\n</tool_call>' }}
+{%- endfor %}
+{{- '<|im_end|>\\n' }}
+{%- elif message['role'] == 'tool' %}
+{{- '<|im_start|>user\\n<tool_response>\\n' + message['content'] + '\\n</tool_response><|im_end|>\\n' }}
+{%- elif not (loop.first and message['role'] == 'system' and tools) %}
 {{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}
 {%- endif %}
 {%- endfor %}
@@ -123,6 +132,28 @@ def test_a_named_function_is_the_one_called(client: openai.OpenAI) -> None:
     call = choice.message.tool_calls[0]
     assert call.function.name == "get_time"
     assert isinstance(json.loads(call.function.arguments)["timezone"], str)
+
+
+def test_a_call_and_its_result_reach_the_next_turn(client: openai.OpenAI) -> None:
+    first = _call(client, tools=[WEATHER], tool_choice="required")
+    call = first.message.tool_calls[0]
+    history = [
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 18}'},
+    ]
+    got = client.chat.completions.create(
+        model="SmolLM2-tools", messages=history, max_tokens=6, temperature=0,
+        tools=[WEATHER], tool_choice="none",
+    )  # fmt: skip
+    choice = got.choices[0]
+    assert choice.message.tool_calls is None and choice.message.content
+    # the call's text and the result are in the prompt: more tokens than the first turn's
+    first_prompt = client.chat.completions.create(
+        model="SmolLM2-tools", messages=ASK, max_tokens=1, tools=[WEATHER]
+    ).usage.prompt_tokens
+    call_tokens = len(call.function.arguments) // 8 + len('{"temperature": 18}') // 8
+    assert got.usage.prompt_tokens > first_prompt + call_tokens
 
 
 @pytest.mark.slow  # 48 free tokens: the constrained cases above are the fast check

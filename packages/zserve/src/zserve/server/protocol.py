@@ -25,11 +25,20 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
+    field_validator,
     model_serializer,
     model_validator,
 )
 
 from zserve.config import SEED_MAX, SEED_MIN
+from zserve.server.tool_protocol import (
+    NamedToolChoice,
+    ResponseFormat,
+    Tool,
+    ToolCall,
+    ToolCallIn,
+)
 from zserve.server.unsupported import check_unsupported
 
 MAX_LOGPROBS = 20
@@ -143,65 +152,44 @@ class CompletionRequest(_SamplingFields):
 
 
 class ChatMessage(_Request):
-    """One turn of a conversation."""
+    """One turn of a conversation; the tool fields reach the chat template as sent."""
 
     role: Literal["system", "user", "assistant", "tool"]
-    content: str
+    content: str | None = Field(
+        default=None, description="Required, except in an assistant turn that made tool calls."
+    )
     name: str | None = Field(default=None, description="Passed to the chat template.")
-
-
-class JsonSchemaFormat(_Request):
-    """``response_format.json_schema``: the schema the answer must match."""
-
-    name: str = Field(min_length=1, max_length=64, description="The schema's name.")
-    description: str | None = None
-    schema_: dict[str, Any] = Field(
-        default_factory=dict, alias="schema", description="A JSON schema ({} allows any JSON)."
-    )
-    strict: bool | None = Field(
-        default=None, description="zserve always decodes to the schema: strict or not."
+    tool_calls: list[ToolCallIn] | None = Field(default=None, description="Assistant turns only.")
+    tool_call_id: str | None = Field(
+        default=None, description="Tool turns only: the call answered."
     )
 
+    @field_validator("tool_calls")
+    @classmethod
+    def _calls_are_the_assistants(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None and info.data.get("role") != "assistant":
+            raise ValueError(
+                f"only an assistant message carries tool_calls (this is {info.data.get('role')!r})"
+            )
+        return value
 
-class ResponseFormat(_Request):
-    """``response_format``: free text, any JSON object, or JSON matching a schema."""
-
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
+    @field_validator("tool_call_id")
+    @classmethod
+    def _ids_are_the_tools(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None and info.data.get("role") != "tool":
+            raise ValueError(
+                f"only a tool message carries tool_call_id (this is {info.data.get('role')!r})"
+            )
+        return value
 
     @model_validator(mode="after")
-    def _schema_iff_json_schema(self) -> Any:
-        if (self.type == "json_schema") != (self.json_schema is not None):
+    def _content_unless_calls(self) -> Any:
+        if self.content is None and not self.tool_calls:
             raise ValueError(
-                "response_format: json_schema is required with type 'json_schema' and "
-                f"allowed with it only (got type {self.type!r})"
+                f"content: required in a {self.role} message (null only in an assistant "
+                "message with tool_calls)"
             )
         return self
-
-
-class FunctionDef(_Request):
-    """A function the model may call."""
-
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
-    description: str | None = None
-    parameters: dict[str, Any] | None = Field(
-        default=None, description="JSON schema of the arguments (an object); None: no arguments."
-    )
-    strict: bool | None = None
-
-
-class Tool(_Request):
-    type: Literal["function"]
-    function: FunctionDef
-
-
-class NamedFunction(_Request):
-    name: str
-
-
-class NamedToolChoice(_Request):
-    type: Literal["function"]
-    function: NamedFunction
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -284,18 +272,6 @@ class CompletionResponse(BaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: Usage | None = None
-
-
-class FunctionCall(BaseModel):
-    name: str
-    arguments: str
-    """The arguments as a JSON text (OpenAI's shape)."""
-
-
-class ToolCall(BaseModel):
-    id: str
-    type: Literal["function"] = "function"
-    function: FunctionCall
 
 
 class ChatMessageOut(BaseModel):

@@ -24,7 +24,7 @@ import re
 import uuid
 from typing import Any
 
-from zserve.server.protocol import FunctionCall, NamedToolChoice, Tool, ToolCall
+from zserve.server.tool_protocol import FunctionCall, NamedToolChoice, Tool, ToolCall
 from zserve.structured.spec import GrammarSpec, json_schema
 
 _NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
