@@ -245,12 +245,6 @@ def create_app(engine: Any, max_queue: int = 256, model_name: str | None = None)
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
         tools = req.tools or []
         tool_choice = req.tool_choice or ("auto" if tools else "none")
-        if tools and req.stream:
-            raise APIError(
-                400,
-                "stream: streaming with tools is not implemented; send stream: false",
-                "stream",
-            )
         try:
             # the template writes the BOS it wants: encoded without special tokens
             if tools:
@@ -262,6 +256,12 @@ def create_app(engine: Any, max_queue: int = 256, model_name: str | None = None)
                 str(exc) if str(exc).startswith(("tools:", "messages:")) else f"messages: {exc}"
             )
             raise APIError(400, message, message.split(":")[0]) from exc
+        if tools and req.stream:  # checked after the template: a model without tools says so
+            raise APIError(
+                400,
+                "stream: streaming with tools is not implemented; send stream: false",
+                "stream",
+            )
         wanted = req.max_completion_tokens or req.max_tokens
         max_tokens = check_length(len(prompt_ids), wanted, "messages")
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
