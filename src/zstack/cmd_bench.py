@@ -1,4 +1,4 @@
-"""`z bench adam|zero|zero-step|offload|io|moe|comm|speculative`: benchmarks of `benchmarks/`.
+"""`z bench adam|zero|zero-step|offload|io|moe|comm|speculative|efficiency`: benchmarks of `benchmarks/`.
 
 Imports only typer and the standard library at load time; each benchmark module loads
 through `zstack.bench` when its command runs. (`z bench serve` lives in `cmd_serve`,
@@ -284,6 +284,45 @@ def bench_speculative(
     )
 
 
+def bench_efficiency(
+    sections: str = typer.Option("curriculum", "--sections", help="Comma-separated: curriculum."),
+    steps: int = typer.Option(240, "--steps", min=2, help="Baseline optimizer steps."),
+    preset: str = typer.Option("tiny", "--preset", help="`z train` GPT size."),
+    seq_len: int = typer.Option(128, "--seq-len", min=8, help="Tokens per sequence."),
+    micro_batch: int = typer.Option(8, "--micro-batch", min=1, help="Sequences per step."),
+    lr: float = typer.Option(2e-3, "--lr", min=0.0, help="Peak learning rate (AdamW)."),
+    lr_scale: float = typer.Option(4.0, "--lr-scale", min=1.0, help="Stability check: x lr."),
+    min_seqlen: int = typer.Option(16, "--min-seqlen", min=8, help="Curriculum start length."),
+    curriculum_frac: float = typer.Option(
+        0.5, "--curriculum-frac", min=0.01, max=1.0, help="Share of the steps the ramp takes."
+    ),
+    evals: int = typer.Option(12, "--evals", min=1, help="Validation passes per run."),
+    no_stability: bool = typer.Option(False, "--no-stability", help="Skip the x lr pair."),
+    json_out: bool = typer.Option(False, "--json", help="Print only the JSON object."),
+) -> None:
+    """Curriculum learning vs its baseline on `z train`'s GPT: tokens and time to the
+    baseline's val loss, loss at equal tokens, and both at 4x the learning rate."""
+    from zstack.bench import run_benchmark
+
+    raise typer.Exit(
+        run_benchmark(
+            "efficiency",
+            json_out,
+            sections=sections,
+            steps=steps,
+            preset=preset,
+            seq_len=seq_len,
+            micro_batch=micro_batch,
+            lr=lr,
+            lr_scale=lr_scale,
+            min_seqlen=min_seqlen,
+            curriculum_frac=curriculum_frac,
+            evals=evals,
+            stability=not no_stability,
+        )
+    )
+
+
 def register(app: typer.Typer, bench_app: typer.Typer) -> None:
     """Add this module's commands to `z bench` (nothing to `z`)."""
     bench_app.command("adam")(bench_adam)
@@ -294,3 +333,4 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
     bench_app.command("moe")(bench_moe)
     bench_app.command("comm")(bench_comm)
     bench_app.command("speculative")(bench_speculative)
+    bench_app.command("efficiency")(bench_efficiency)

@@ -1,0 +1,56 @@
+"""`z bench efficiency`'s arithmetic, without training: the curriculum's step count for the
+baseline's tokens, the validation curve (tokens and training seconds), the stability summary
+and the option checks. The run itself is the smoke case in test_cli_smoke.py."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from zstack.bench import load
+
+eff = load("efficiency")
+
+
+def test_curriculum_steps_reach_the_baseline_tokens_and_no_fewer() -> None:
+    o = eff.Options(steps=100, seq_len=128, micro_batch=8, min_seqlen=16, curriculum_frac=0.5)
+    target = 100 * 8 * 128
+    steps = eff._steps_for_tokens(o, target)
+
+    def tokens(n: int) -> int:  # fixed_linear 16 -> 128 over round(0.5 n), multiples of 8
+        total = max(1, round(0.5 * n))
+        per = [min(128, math.floor(s / total * 112 + 16) // 8 * 8) for s in range(1, n + 1)]
+        return 8 * sum(per)
+
+    assert tokens(steps) >= target
+    assert steps > 100  # shorter early batches need more steps for the same tokens
+    assert tokens(steps - 1) < target or steps - 1 < 100
+
+
+def test_curve_sums_step_times_and_skips_validation() -> None:
+    records = [
+        {"step": 0, "val_loss": 7.0},
+        {"step": 1, "loss": 6.9, "tokens": 100, "tokens_per_s": 50.0},
+        {"step": 2, "loss": 6.5, "tokens": 300, "tokens_per_s": 100.0, "val_loss": 6.4},
+    ]
+    assert eff._curve(records) == [
+        {"step": 0, "tokens": 0, "train_s": 0.0, "val_loss": 7.0},
+        {"step": 2, "tokens": 300, "train_s": 4.0, "val_loss": 6.4},  # 100/50 + 200/100
+    ]
+
+
+def test_summary_spike_and_divergence() -> None:
+    fine = [{"val_loss": 7.0}, {"loss": 6.0}, {"loss": 6.5}, {"loss": 5.0}, {"val_loss": 5.5}]
+    assert eff._summary(fine) == {"final_val_loss": 5.5, "max_loss_spike": 0.5, "diverged": False}
+    worse = [{"val_loss": 7.0}, {"loss": 6.0}, {"val_loss": 7.5}]
+    assert eff._summary(worse)["diverged"]
+    nan = [{"val_loss": 7.0}, {"loss": float("nan")}, {"val_loss": 6.0}]
+    assert eff._summary(nan)["diverged"]
+
+
+def test_bad_options_name_the_flag() -> None:
+    with pytest.raises(ValueError, match="--sections 'random_ltd': unknown"):
+        eff.run(sections="random_ltd")
+    with pytest.raises(ValueError, match="--min-seqlen 12: must be a multiple of 8"):
+        eff.run(min_seqlen=12)
