@@ -135,12 +135,13 @@ def test_a_named_function_is_the_one_called(client: openai.OpenAI) -> None:
 
 
 def test_a_call_and_its_result_reach_the_next_turn(client: openai.OpenAI) -> None:
-    first = _call(client, tools=[WEATHER], tool_choice="required")
-    call = first.message.tool_calls[0]
+    # the call a first turn made (as the required case returns it), and its result
+    arguments = json.dumps({"city": "Paris", "unit": "celsius"})
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}  # fmt: skip
     history = [
         *ASK,
-        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
-        {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 18}'},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 18}'},
     ]
     got = client.chat.completions.create(
         model="SmolLM2-tools", messages=history, max_tokens=6, temperature=0,
@@ -152,7 +153,7 @@ def test_a_call_and_its_result_reach_the_next_turn(client: openai.OpenAI) -> Non
     first_prompt = client.chat.completions.create(
         model="SmolLM2-tools", messages=ASK, max_tokens=1, tools=[WEATHER]
     ).usage.prompt_tokens
-    call_tokens = len(call.function.arguments) // 8 + len('{"temperature": 18}') // 8
+    call_tokens = len(arguments) // 8 + len('{"temperature": 18}') // 8
     assert got.usage.prompt_tokens > first_prompt + call_tokens
 
 
