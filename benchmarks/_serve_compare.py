@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 import platform
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -146,7 +145,8 @@ def run_compare(
         want = sorted({PAIRS[n][2] for n in names})
         ggufs, made = lcpp.gguf_files(Path(gguf_dir) if gguf_dir else cache / "gguf", want, threads)
         peer_status["gguf_made_s"] = made
-    qroot = Path(quant_dir) if quant_dir else Path(tempfile.mkdtemp(prefix="zserve-compare-"))
+    # Quantized directories are kept (reused when present) beside the GGUF files.
+    qroot = Path(quant_dir) if quant_dir else cache / "serve-compare-quant"
     prompts = _prompts(model_dir, 1 + concurrent, prompt_tokens)
     n_ctx = prompt_tokens + decode_tokens + 8
     rows: dict[str, Any] = {}

@@ -25,6 +25,11 @@ take int8/uint8/int32/float32 arrays in the layouts of ``zquant.packing``.
 Compressed-collective kernels for zcomm (:func:`pack_signs`, :func:`unpack_signs`,
 :func:`quantize_blocks`, :func:`dequantize_blocks`) read arrays flat, in the layouts of
 ``zcomm.signs`` and ``zcomm.blockquant`` (their torch references).
+
+zserve's CPU forward kernels (:func:`rms_norm`, :func:`rotary_kv_write`,
+:func:`paged_decode_attention`) take float32 or bfloat16 (int16 view) arrays in the
+layouts of ``zserve.model`` (their torch references: ``llama.rms_norm``,
+``llama.apply_rotary`` + ``KVCache.write``, ``attention.paged_attention_reference``).
 """
 
 from __future__ import annotations
@@ -58,8 +63,11 @@ from znative._native import (
     lion_step,
     num_threads,
     pack_signs,
+    paged_decode_attention,
     quantize_blocks,
     quantize_tokenwise,
+    rms_norm,
+    rotary_kv_write,
     set_simd_level,
     simd_level,
     stream_4r3w,
@@ -93,8 +101,11 @@ __all__ = [
     "lion_step",
     "num_threads",
     "pack_signs",
+    "paged_decode_attention",
     "quantize_blocks",
     "quantize_tokenwise",
+    "rms_norm",
+    "rotary_kv_write",
     "set_simd_level",
     "simd_level",
     "stream_4r3w",

@@ -30,8 +30,11 @@ __all__ = [
     "lion_step",
     "num_threads",
     "pack_signs",
+    "paged_decode_attention",
     "quantize_blocks",
     "quantize_tokenwise",
+    "rms_norm",
+    "rotary_kv_write",
     "set_simd_level",
     "simd_level",
     "stream_4r3w",
@@ -143,6 +146,30 @@ def int8_vnni_available() -> bool: ...
 # zcomm.signs (MSB-first sign bits) and zcomm.blockquant (offset codes, INT4 low nibble first).
 def pack_signs(x: _Array, out: _Array) -> float: ...
 def unpack_signs(packed: _Array, scale: float, out: _Array) -> None: ...
+def rms_norm(x: _Array, weight: _Array, out: _Array, *, eps: float) -> None: ...
+def rotary_kv_write(
+    qkv: _Array,
+    cos: _Array,
+    sin: _Array,
+    positions: _Array,
+    slots: _Array,
+    k_cache: _Array,
+    v_cache: _Array,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+) -> None: ...
+def paged_decode_attention(
+    q: _Array,
+    k_cache: _Array,
+    v_cache: _Array,
+    block_tables: _Array,
+    context_lens: _Array,
+    out: _Array,
+    *,
+    scale: float,
+) -> None: ...
 def quantize_blocks(x: _Array, codes: _Array, scales: _Array, *, bits: int, block: int) -> None: ...
 def dequantize_blocks(
     codes: _Array, scales: _Array, out: _Array, *, bits: int, block: int

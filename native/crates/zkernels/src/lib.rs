@@ -15,6 +15,7 @@ pub mod error;
 pub mod optim;
 pub mod par;
 pub mod quant;
+pub mod serve;
 pub mod simd;
 pub mod stream;
 

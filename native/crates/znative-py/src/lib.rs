@@ -8,6 +8,7 @@ mod errors;
 mod inflight;
 mod optim;
 mod quant;
+mod serve;
 
 use pyo3::prelude::*;
 use zkernels::{par, simd};
@@ -63,6 +64,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(comm::unpack_signs, m)?)?;
     m.add_function(wrap_pyfunction!(comm::quantize_blocks, m)?)?;
     m.add_function(wrap_pyfunction!(comm::dequantize_blocks, m)?)?;
+    m.add_function(wrap_pyfunction!(serve::rms_norm, m)?)?;
+    m.add_function(wrap_pyfunction!(serve::rotary_kv_write, m)?)?;
+    m.add_function(wrap_pyfunction!(serve::paged_decode_attention, m)?)?;
     errors::register_aio(m)?;
     m.add_class::<aio::AioHandle>()?;
     m.add_class::<aio::AlignedAllocation>()?;

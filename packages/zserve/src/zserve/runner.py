@@ -26,6 +26,7 @@ from zserve.kv_cache import DEFAULT_KV_CACHE_BYTES, KVCache
 from zserve.model.attention import plan_ragged_attention, ragged_paged_attention
 from zserve.model.config import LlamaConfig
 from zserve.model.llama import AttentionFn, LlamaModel, SafetensorsCheckpoint
+from zserve.model.native import ragged_paged_attention_native
 
 
 @dataclass
@@ -127,6 +128,8 @@ class ModelRunner:
         )
         self.eos_token_ids: list[int] = _eos_token_ids(self.model_dir, c)
         self.attention: AttentionFn = ragged_paged_attention
+        if self.model.native:  # CPU fp32/bf16: decodes on znative's paged-attention kernel
+            self.attention = ragged_paged_attention_native
         if self.device.type == "cuda" and znative.cuda.cupy_status()[0]:
             # Decodes on the paged-attention kernel; prompt chunks stay on torch SDPA.
             from zserve.model.cuda_attention import ragged_paged_attention_cuda

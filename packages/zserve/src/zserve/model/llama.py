@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from zserve.kv_cache import KVCache
+from zserve.model import native
 from zserve.model.attention import AttentionPlan, ragged_paged_attention
 from zserve.model.config import LlamaConfig
 from zserve.model.mixtral import SparseMoE
@@ -252,6 +253,9 @@ class LlamaModel:
         self.cos = emb.cos().to(device=device, dtype=dtype)
         self.sin = emb.sin().to(device=device, dtype=dtype)
         self.scale = c.head_dim**-0.5
+        self.native = native.available(device, dtype)
+        """Whether RMSNorm, rotary + cache write and decode attention run on znative's
+        kernels (:mod:`zserve.model.native`; CPU, fp32/bf16), else on torch ops."""
 
     def _load_mlp(self, load: WeightLoader, prefix: str) -> FeedForward:
         """The feed-forward block of the layer whose tensors start with ``prefix``: the
@@ -303,22 +307,34 @@ class LlamaModel:
         c = self.config
         t = token_ids.numel()
         heads, kv_heads, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        norm = native.rms_norm if self.native else rms_norm
         # index_select, not advanced indexing: the latter's parallel kernel stalls for
         # milliseconds on a CPU shared with other work (see attention._gather).
         x = self.embed.index_select(0, token_ids)  # (T, hidden)
-        cos = self.cos.index_select(0, plan.positions).unsqueeze(1)  # (T, 1, d)
-        sin = self.sin.index_select(0, plan.positions).unsqueeze(1)
+        if not self.native:
+            cos = self.cos.index_select(0, plan.positions).unsqueeze(1)  # (T, 1, d)
+            sin = self.sin.index_select(0, plan.positions).unsqueeze(1)
         for i, w in enumerate(self.layers):
-            h = rms_norm(x, w.input_norm, c.rms_norm_eps)
+            h = norm(x, w.input_norm, c.rms_norm_eps)
             qkv = linear(h, w.qkv, w.qkv_bias)  # (T, q + 2 kv)
-            # q and k heads rotate together: (T, heads + kv_heads, d).
-            qk = apply_rotary(qkv[:, : c.q_size + c.kv_size].view(t, heads + kv_heads, d), cos, sin)
-            q, k = qk.split((heads, kv_heads), dim=1)
-            v = qkv[:, c.q_size + c.kv_size :].reshape(t, kv_heads, d)
-            kv_cache.write(i, plan.slots, k, v)
-            o = attention(q, k, v, kv_cache.keys[i], kv_cache.values[i], plan, self.scale)
+            k_cache, v_cache = kv_cache.keys[i], kv_cache.values[i]
+            if self.native:  # rotary in place and the cache write, one kernel call
+                qkv = qkv.contiguous()
+                native.rotary_kv_write_(
+                    qkv, self.cos, self.sin, plan, k_cache, v_cache, heads, kv_heads
+                )
+                q = qkv[:, : c.q_size].view(t, heads, d)
+                k = qkv[:, c.q_size : c.q_size + c.kv_size].view(t, kv_heads, d)
+            else:
+                # q and k heads rotate together: (T, heads + kv_heads, d).
+                qk = qkv[:, : c.q_size + c.kv_size].view(t, heads + kv_heads, d)
+                q, k = apply_rotary(qk, cos, sin).split((heads, kv_heads), dim=1)
+            v = qkv[:, c.q_size + c.kv_size :].view(t, kv_heads, d)
+            if not self.native:
+                kv_cache.write(i, plan.slots, k, v)
+            o = attention(q, k, v, k_cache, v_cache, plan, self.scale)
             x = x + linear(o.reshape(t, c.q_size), w.o, w.o_bias)
-            x = x + w.mlp(rms_norm(x, w.post_norm, c.rms_norm_eps))
+            x = x + w.mlp(norm(x, w.post_norm, c.rms_norm_eps))
         # Only the rows whose logits are wanted go through the final norm and the LM head.
-        x = rms_norm(x.index_select(0, logit_rows), self.norm, c.rms_norm_eps)
+        x = norm(x.index_select(0, logit_rows), self.norm, c.rms_norm_eps)
         return F.linear(x, self.lm_head).float()

@@ -1,0 +1,129 @@
+"""zserve's CPU forward on znative's kernels: RMSNorm, rotary + KV-cache write, decode
+attention over the paged cache, each one call per layer instead of a chain of torch ops.
+
+The profile of a batch-1 decode step on SmolLM2 (30 layers) showed the time outside the
+GEMMs going to the paged gather (``index_select`` of the block tables), the masked SDPA
+call of one query token, and ~25 small torch ops per layer (RMSNorm's seven, rotary's
+five, the cache writes), each paying dispatch and thread-pool wake-ups. The kernels
+(``zkernels::serve``, runtime SIMD dispatch) replace them:
+
+* :func:`rms_norm` — ``znative.rms_norm``; reference :func:`zserve.model.llama.rms_norm`.
+* :func:`rotary_kv_write_` — ``znative.rotary_kv_write``: q/k heads of the fused ``qkv``
+  rows rotated in place, keys and values written to their cache slots in the same pass;
+  reference :func:`zserve.model.llama.apply_rotary` + :meth:`zserve.kv_cache.KVCache.write`.
+* :func:`decode_attention_` — ``znative.paged_decode_attention``: each 1-token chunk's
+  attention read straight through its block table (no gathered copy, no mask); reference
+  :func:`zserve.model.attention.paged_attention_reference`, and
+  :func:`zserve.model.attention.decode_attention_` is the torch path it replaces.
+
+They run on CPU tensors of float32 or bfloat16 (:func:`available`); ``ZSERVE_NATIVE=0``
+turns them off (the torch path then runs, as on GPU or for other dtypes).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+import znative
+from zserve.model.attention import AttentionPlan, prefill_attention_
+
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+def available(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the native kernels serve a model on ``device`` in ``dtype``."""
+    return (
+        device.type == "cpu"
+        and dtype in DTYPES
+        and os.environ.get("ZSERVE_NATIVE", "1") != "0"
+        and hasattr(znative, "paged_decode_attention")
+    )
+
+
+def np_view(t: torch.Tensor) -> Any:
+    """A numpy view (``Tensor.numpy()``) of a contiguous CPU tensor, bfloat16 as its int16
+    bits, no copy."""
+    return (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """:func:`zserve.model.llama.rms_norm` of ``x (T, hidden)`` in one kernel call."""
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    znative.rms_norm(np_view(x), np_view(weight), np_view(out), eps=eps)
+    return out
+
+
+def rotary_kv_write_(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    plan: AttentionPlan,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+) -> None:
+    """Rotate the q/k heads of ``qkv (T, (H + 2 KV) * d)`` in place by the full ``cos``/``sin``
+    tables at ``plan.positions``; write k (rotated) and v to the caches at ``plan.slots``."""
+    d = cos.shape[-1]
+    znative.rotary_kv_write(
+        np_view(qkv),
+        np_view(cos),
+        np_view(sin),
+        plan.positions.numpy(),
+        plan.slots.numpy(),
+        np_view(k_cache),
+        np_view(v_cache),
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=d,
+    )
+
+
+def decode_attention_(
+    out: torch.Tensor,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    plan: AttentionPlan,
+    scale: float,
+) -> None:
+    """Attention of the plan's 1-token chunks, read through their block tables, into ``out``."""
+    n = plan.decode_rows.numel()
+    if not n:
+        return
+    whole = n == plan.num_tokens  # every chunk a decode: rows are 0 .. T-1 in order
+    q_d = q.contiguous() if whole else q.index_select(0, plan.decode_rows)
+    o = out if whole else torch.empty_like(q_d)
+    znative.paged_decode_attention(
+        np_view(q_d),
+        np_view(k_cache),
+        np_view(v_cache),
+        plan.decode_blocks.numpy(),
+        plan.decode_lens.numpy(),
+        np_view(o),
+        scale=scale,
+    )
+    if not whole:
+        out.index_copy_(0, plan.decode_rows, o)
+
+
+def ragged_paged_attention_native(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    plan: AttentionPlan,
+    scale: float,
+) -> torch.Tensor:
+    """:func:`zserve.model.attention.ragged_paged_attention` with the decodes on the kernel
+    (prompt chunks stay on torch SDPA, which is already one call per chunk)."""
+    out = torch.empty(q.shape, dtype=q.dtype)
+    prefill_attention_(out, q, k, v, k_cache, v_cache, plan, scale)
+    decode_attention_(out, q, k_cache, v_cache, plan, scale)
+    return out
