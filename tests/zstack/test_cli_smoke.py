@@ -364,6 +364,14 @@ def _bench_serve_quant(w: Work) -> None:
     assert r["rows"]["w8a8"]["kernels"] == ["int8_linear"] and r["rows"]["fp32"]["ppl"] > 0
 
 
+@smoke("bench efficiency", after="train")  # reads the tokenizer `train` cached
+def _bench_efficiency(w: Work) -> None:
+    r = w.json("bench", "efficiency", "--steps", "2", "--evals", "1", "--seq-len", "16",
+               "--micro-batch", "2", "--min-seqlen", "8", "--no-stability", "--json")  # fmt: skip
+    c = r["curriculum"]
+    assert c["baseline"]["tokens"] == 2 * 2 * 16 and c["curriculum"]["tokens"] >= 64
+
+
 @smoke("estimate-memory")
 def _estimate_memory(w: Work) -> None:
     r = w.json("estimate-memory", "--params", "1M", "--world-size", "2", "--stage", "3", "--json")
