@@ -22,8 +22,10 @@ and every rank gets the same trust ratios. After the freeze each rank owns its s
 momentum, so, as in 1-bit Adam at stages 1-2, the gradients (not the momentum) go through
 the 1-bit compressed reduce-scatter and the owner folds its averaged slot into the momentum
 exactly; the fresh variance then sees that average instead of a gradient reconstructed
-from compressed momenta. Without a compressed momentum there is nothing to scale to a
-common magnitude, so ``scaling_coeff`` is not used there.
+from compressed momenta. ``scaling_coeff`` (fixed at the freeze from the momentum's
+per-parameter norms) scales each parameter's gradient columns before the compression and
+back after it, as stage 0 scales the momentum: without it one scale per slot serves
+LayerNorm gains and embeddings alike, and LAMB at lr 0.01 diverged on `z train`.
 """
 
 from __future__ import annotations
@@ -86,6 +88,35 @@ class OneBitLamb(OneBitBase):
             return [(0, flat.numel())]
         return [(off, n) for off, n in self.segments[gi] if n > 0 or self.stage > 0]
 
+    def _scaling(self, m: torch.Tensor, pieces: list[tuple[int, int]]) -> list[float]:
+        """Per parameter, ``united / rms(momentum)``: what brings every parameter's
+        gradients to one magnitude before 1-bit compression gives them one scale (the
+        same coefficients on every rank, from norms summed across their pieces)."""
+        sums = torch.tensor([[float(m[o : o + n].double().square().sum()), float(n)]
+                             for o, n in pieces], dtype=torch.float64)  # fmt: skip
+        sums = self._across(sums)
+        rms = [math.sqrt(sq / n) if n and sq else 0.0 for sq, n in sums.tolist()]
+        live = [r for r in rms if r > 0]
+        united = sum(live) / len(live) if live else 1.0
+        return [united / r if r > 0 else 1.0 for r in rms]
+
+    def reduce_scatter_local(self, grid: torch.Tensor, key: str) -> torch.Tensor:
+        """Stages 1-2: the compressed reduce-scatter of the gradient grid, each parameter's
+        columns first scaled by its ``scaling_coeff`` and unscaled after (1-bit LAMB's
+        momentum scaling, applied to the gradients that travel here instead)."""
+        gi = int(key.rsplit(".", 1)[1])
+        p = self.param_groups[gi]["params"][0]
+        coeffs = self.state[p].get("scaling_coeff") if self.state.get(p) else None
+        if coeffs is None or self.segments is None:
+            return super().reduce_scatter_local(grid, key)
+        offsets = [off for off, _ in self.segments[gi]]
+        order = sorted(range(len(offsets)), key=offsets.__getitem__)
+        ends = [offsets[j] for j in order[1:]] + [grid.shape[1]]
+        col = torch.ones(grid.shape[1], dtype=grid.dtype, device=grid.device)
+        for j, end in zip(order, ends, strict=True):  # a parameter's columns, padding included
+            col[offsets[j] : end] = coeffs[j]
+        return super().reduce_scatter_local(grid * col, key).div_(col)
+
     def _across(self, sq: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """``sq`` (per-piece sums or maxima) over every rank's pieces: the identity at stage
         0, where each rank holds whole parameters."""
@@ -131,6 +162,8 @@ class OneBitLamb(OneBitBase):
         v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
         if st["step"] == self.freeze_step:
             st["exp_avg_sq_fresh"].copy_(v)
+            if self.stage > 0:  # the gradients' scaling for the compressed reduce-scatter
+                st["scaling_coeff"] = self._scaling(m, pieces)
         updates = []
         sq = torch.zeros(2 * len(pieces), dtype=torch.float64)
         for j, (off, n) in enumerate(pieces):
