@@ -132,7 +132,8 @@ bench-deepspeed: setup $(DS_DONE) ds-aio
 
 # llama.cpp for `z bench serve --compare llama.cpp`, never a dependency: llama-cpp-python built
 # from its sdist (cmake from pip, a release build for this CPU: GGML_NATIVE) into LLAMACPP_DIR,
-# which only these runs put on PYTHONPATH. The build takes several minutes on two cores.
+# which only these runs put on PYTHONPATH. The build is ~600 CPU-seconds (about 5 minutes on
+# two idle cores; 50 on two cores shared with other work).
 LLAMACPP_DIR  ?= $(HOME)/.cache/zstack/llama-cpp
 LLAMACPP_PKGS := llama-cpp-python==0.3.36 diskcache==5.6.3
 LLAMACPP_DONE := $(LLAMACPP_DIR)/.installed-$(subst ==,-,$(word 1,$(LLAMACPP_PKGS)))
@@ -147,7 +148,7 @@ $(LLAMACPP_DONE): $(STAMP)/deps
 llama-cpp: $(LLAMACPP_DONE)
 
 bench-llamacpp: setup $(LLAMACPP_DONE)
-	$(LLAMACPP_ENV) $(BIN)/z bench serve --compare llama.cpp --json
+	$(LLAMACPP_ENV) $(BIN)/z bench serve --compare llama.cpp --threads $$(nproc) --json
 
 clean:
 	rm -rf $(VENV) $(STAMP) dist native/target
