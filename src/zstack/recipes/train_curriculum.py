@@ -23,10 +23,11 @@ from zstack.recipes.train_options import TrainError
 KNOWN_METRICS = ("seqlen", "vocab_rarity")
 
 
-def _metric_values(name: str, samples: np.ndarray, vocab_size: int) -> np.ndarray:
+def _metric_values(name: str, samples: np.ndarray, vocab_size: int) -> torch.Tensor:
     from zcore.data_efficiency import seqlen, vocab_rarity
 
-    return seqlen(samples) if name == "seqlen" else vocab_rarity(samples, vocab_size)
+    tokens = torch.from_numpy(samples.astype(np.int64))
+    return seqlen(tokens) if name == "seqlen" else vocab_rarity(tokens, vocab_size)
 
 
 def write_missing_indexes(config: Any, samples: np.ndarray, vocab_size: int) -> list[str]:
@@ -69,7 +70,7 @@ class CurriculumBatches:
         self.full = full_seq_len
         self.global_batch = global_batch
         self.last_seqlen = full_seq_len
-        self._ids: np.ndarray | None = None
+        self._ids: torch.Tensor | None = None
 
     @property
     def enabled(self) -> bool:
@@ -94,7 +95,7 @@ class CurriculumBatches:
             x, y = stream.get_micro_batch(step, micro, rank, batch.world_size, mb, accum)
         else:
             start = (rank * accum + micro) * mb
-            x, y = stream.sample_windows(self._ids[start : start + mb])
+            x, y = stream.sample_windows(self._ids[start : start + mb].numpy())
         x, y = truncate(self.last_seqlen, x, y)
         return x, y
 

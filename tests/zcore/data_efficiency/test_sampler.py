@@ -8,7 +8,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
@@ -23,17 +22,17 @@ from zcore.data_efficiency import (
 
 
 def test_vocab_rarity_is_mean_negative_log_unigram_frequency() -> None:
-    samples = np.array([[0, 0, 1], [2, 2, 2], [0, 1, 2]])
+    samples = torch.tensor([[0, 0, 1], [2, 2, 2], [0, 1, 2]])
     counts = {0: 3, 1: 2, 2: 4}  # over the 9 tokens, vocabulary 4 (token 3 unseen)
     p = {t: (counts.get(t, 0) + 1) / (9 + 4) for t in range(4)}
     want = [sum(-math.log(p[t]) for t in row) / 3 for row in samples.tolist()]
-    np.testing.assert_allclose(vocab_rarity(samples, 4), want, rtol=1e-12)
-    assert seqlen(np.array([[5, 1, 0, 0], [5, 1, 2, 0]]), pad_id=0).tolist() == [2, 3]
+    torch.testing.assert_close(vocab_rarity(samples, 4), torch.tensor(want, dtype=torch.float64))
+    assert seqlen(torch.tensor([[5, 1, 0, 0], [5, 1, 2, 0]]), pad_id=0).tolist() == [2, 3]
 
 
 def test_index_files_sort_by_metric(tmp_path: Path) -> None:
-    values = np.array([3.0, 1.0, 2.0, 1.0])
-    paths = analyze(np.zeros((4, 2)), {"m": lambda s: values}, tmp_path)["m"]
+    values = torch.tensor([3.0, 1.0, 2.0, 1.0])
+    paths = analyze(torch.zeros(4, 2), {"m": lambda s: values}, tmp_path)["m"]
     index = MetricIndex.load(str(paths[0]), str(paths[1]), 4, "x")
     assert index.index_to_sample.tolist() == [1, 3, 2, 0]  # ties keep id order
     assert sorted(index.eligible(1.0, "value", 3.0).tolist()) == [1, 3]
@@ -50,8 +49,8 @@ def test_index_files_sort_by_metric(tmp_path: Path) -> None:
 def _config(path_prefix: Path, difficulty_type: str, lo: float, hi: float, total: int,
             step: int = 1, num_epochs: int = 1000) -> DataEfficiencyConfig:  # fmt: skip
     metric: dict[str, Any] = {
-        "index_to_sample_path": str(path_prefix / "m_index_to_sample.npy"),
-        "index_to_metric_path": str(path_prefix / "m_index_to_metric.npy"),
+        "index_to_sample_path": str(path_prefix / "m_index_to_sample.pt"),
+        "index_to_metric_path": str(path_prefix / "m_index_to_metric.pt"),
         "difficulty_type": difficulty_type,
         "min_difficulty": lo,
         "max_difficulty": hi,
@@ -75,13 +74,13 @@ N, B = 200, 16
 
 
 @pytest.fixture
-def metric(tmp_path: Path) -> np.ndarray:
-    values = np.random.default_rng(0).integers(0, 100, size=N)
-    analyze(np.zeros((N, 1)), {"m": lambda s: values}, tmp_path)
+def metric(tmp_path: Path) -> torch.Tensor:
+    values = torch.randint(0, 100, (N,), generator=torch.Generator().manual_seed(0))
+    analyze(torch.zeros(N, 1), {"m": lambda s: values}, tmp_path)
     return values
 
 
-def test_only_admitted_samples_are_drawn(tmp_path: Path, metric: np.ndarray) -> None:
+def test_only_admitted_samples_are_drawn(tmp_path: Path, metric: torch.Tensor) -> None:
     sampler = CurriculumSampler(_config(tmp_path, "value", 10, 100, total=30, step=10), N, B)
     for step in range(1, 41):
         batch = sampler.next_batch()
@@ -91,20 +90,20 @@ def test_only_admitted_samples_are_drawn(tmp_path: Path, metric: np.ndarray) -> 
     assert sampler.difficulties == {"m": 100}
 
 
-def test_percentile_draws_the_easiest_share(tmp_path: Path, metric: np.ndarray) -> None:
+def test_percentile_draws_the_easiest_share(tmp_path: Path, metric: torch.Tensor) -> None:
     sampler = CurriculumSampler(_config(tmp_path, "percentile", 25, 100, total=1000), N, B)
-    easiest = set(np.argsort(metric, kind="stable")[: (N // 100) * 25].tolist())
+    easiest = set(torch.sort(metric, stable=True).indices[: (N // 100) * 25].tolist())
     for _ in range(5):
         assert set(sampler.next_batch().tolist()) <= easiest
 
 
-def test_every_admitted_sample_once_per_pass(tmp_path: Path, metric: np.ndarray) -> None:
+def test_every_admitted_sample_once_per_pass(tmp_path: Path, metric: torch.Tensor) -> None:
     sampler = CurriculumSampler(_config(tmp_path, "value", 100, 100, total=1), N, 20)
-    drawn = np.concatenate([sampler.next_batch() for _ in range(N // 20)])
+    drawn = torch.cat([sampler.next_batch() for _ in range(N // 20)])
     assert sorted(drawn.tolist()) == list(range(N))
 
 
-def test_resume_continues_the_same_stream(tmp_path: Path, metric: np.ndarray) -> None:
+def test_resume_continues_the_same_stream(tmp_path: Path, metric: torch.Tensor) -> None:
     config = _config(tmp_path, "value", 10, 100, total=25, step=5)
     straight = CurriculumSampler(config, N, B)
     batches = [straight.next_batch() for _ in range(40)]
@@ -115,16 +114,16 @@ def test_resume_continues_the_same_stream(tmp_path: Path, metric: np.ndarray) ->
     resumed = CurriculumSampler(config, N, B)
     resumed.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=False))
     for step in range(20, 40):
-        np.testing.assert_array_equal(resumed.next_batch(), batches[step])
+        assert torch.equal(resumed.next_batch(), batches[step])
     # what DeepSpeed's checkpoint amounts to (#8405): a fresh generator replays the stream
     fresh = CurriculumSampler(config, N, B)
     fresh.load_state_dict(
         {**first.state_dict(), "rng_state": torch.Generator().manual_seed(7).get_state()}
     )
-    assert not all(np.array_equal(fresh.next_batch(), b) for b in batches[20:25])
+    assert not all(torch.equal(fresh.next_batch(), b) for b in batches[20:25])
 
 
-def test_resume_refuses_another_seed(tmp_path: Path, metric: np.ndarray) -> None:
+def test_resume_refuses_another_seed(tmp_path: Path, metric: torch.Tensor) -> None:
     a = CurriculumSampler(_config(tmp_path, "value", 10, 100, total=25), N, B)
     a.next_batch()
     other = _config(tmp_path, "value", 10, 100, total=25).model_copy(update={"seed": 8})
@@ -132,7 +131,7 @@ def test_resume_refuses_another_seed(tmp_path: Path, metric: np.ndarray) -> None
         CurriculumSampler(other, N, B).load_state_dict(a.state_dict())
 
 
-def test_clear_errors(tmp_path: Path, metric: np.ndarray) -> None:
+def test_clear_errors(tmp_path: Path, metric: torch.Tensor) -> None:
     empty = CurriculumSampler(_config(tmp_path, "value", -5, 100, total=1000), N, B)
     with pytest.raises(ValueError, match="no sample is admitted at step 1"):
         empty.next_batch()

@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
+import torch
 
 from zstack.recipes.train_options import TrainError, TrainOptions
 from zstack.recipes.train_plan import plan_run
@@ -39,8 +39,8 @@ def _config(tmp: Path) -> dict[str, Any]:
                     "enabled": True,
                     "curriculum_metrics": {
                         "vocab_rarity": {
-                            "index_to_sample_path": str(tmp / "idx" / "r_index_to_sample.npy"),
-                            "index_to_metric_path": str(tmp / "idx" / "r_index_to_metric.npy"),
+                            "index_to_sample_path": str(tmp / "idx" / "r_index_to_sample.pt"),
+                            "index_to_metric_path": str(tmp / "idx" / "r_index_to_metric.pt"),
                             "difficulty_type": "percentile",
                             "min_difficulty": 10,
                             "max_difficulty": 100,
@@ -54,7 +54,7 @@ def _config(tmp: Path) -> dict[str, Any]:
     }
 
 
-def _run(opts: TrainOptions) -> tuple[list[np.ndarray], list[float], list[int]]:
+def _run(opts: TrainOptions) -> tuple[list[torch.Tensor], list[float], list[int]]:
     """Train on one rank in this process, saving half way and at the end; the sample ids,
     losses and seqlens of each step."""
     t = Trainer.start(plan_run(opts, 1))
@@ -62,7 +62,7 @@ def _run(opts: TrainOptions) -> tuple[list[np.ndarray], list[float], list[int]]:
     try:
         for step in range(t.engine.global_steps, STEPS):
             losses.append(t.train_step(step))
-            ids.append(t.curriculum._ids.copy())
+            ids.append(t.curriculum._ids.clone())
             seqlens.append(t.curriculum.last_seqlen)
             if step + 1 == STEPS // 2:
                 t.save()
@@ -86,7 +86,7 @@ def test_resumed_curriculum_run_equals_the_uninterrupted_one(opts: TrainOptions)
     # fixed_linear 8 -> 32 over 3 steps: 8 + 24 s / 3 rounded down to multiples of 8
     assert seqlens == [16, 24, 32, 32]
     # fixed_discrete percentiles 10, 50, 100 of the windows sorted by vocabulary rarity
-    order = np.load(opts.out.parent / "idx" / "r_index_to_sample.npy").astype(np.int64)
+    order = torch.load(opts.out.parent / "idx" / "r_index_to_sample.pt").long()
     n = len(order)
     for step, allowed in ((0, (n // 100) * 10), (1, (n // 100) * 50), (3, n)):
         assert set(ids[step].tolist()) <= set(order[:allowed].tolist())
@@ -94,7 +94,7 @@ def test_resumed_curriculum_run_equals_the_uninterrupted_one(opts: TrainOptions)
     (opts.checkpoints / "latest").write_text(f"global_step{STEPS // 2}")
     ids_b, losses_b, _ = _run(dataclasses.replace(opts, resume=True))
     for a, b in zip(ids[STEPS // 2 :], ids_b, strict=True):
-        np.testing.assert_array_equal(a, b)
+        assert torch.equal(a, b)
     assert losses_b == losses[STEPS // 2 :]  # bit-identical
 
 

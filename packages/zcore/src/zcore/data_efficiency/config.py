@@ -127,10 +127,10 @@ class CurriculumMetricConfig(ScheduleFields):
     schedule of its difficulty."""
 
     index_to_sample_path: str | None = None
-    """The analyzer's ``*_index_to_sample.npy``: sample ids in ascending metric order
+    """The analyzer's ``*_index_to_sample.pt``: sample ids in ascending metric order
     (required unless ``clustering_type`` is ``single_cluster``)."""
     index_to_metric_path: str | None = None
-    """The analyzer's ``*_index_to_metric.npy``: the metric of each id of
+    """The analyzer's ``*_index_to_metric.pt``: the metric of each id of
     ``index_to_sample_path`` (required with ``difficulty_type: "value"``)."""
     difficulty_type: DifficultyType = "value"
     """``value``: samples whose metric <= the difficulty are drawn; ``percentile``: the

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
 from zcore.data_efficiency.analyzer import MetricIndex
@@ -47,11 +46,23 @@ def load_indexes(config: DataEfficiencyConfig, num_samples: int) -> dict[str, Me
     return out
 
 
-def _pass_order(ids: np.ndarray, seed: int, cluster: int, rounds: int) -> np.ndarray:
+def _mix(*words: int) -> int:
+    """One 63-bit seed from several integers (splitmix64 steps), so nearby
+    ``(seed, cluster, pass)`` triples give unrelated generators."""
+    state = 0
+    for word in words:
+        state = (state ^ (word & 0xFFFFFFFFFFFFFFFF)) + 0x9E3779B97F4A7C15
+        state &= 0xFFFFFFFFFFFFFFFF
+        state = ((state ^ (state >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+        state = ((state ^ (state >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+        state ^= state >> 31
+    return state >> 1
+
+
+def _pass_order(ids: torch.Tensor, seed: int, cluster: int, rounds: int) -> torch.Tensor:
     """``ids`` in the shuffled order of pass ``rounds`` over cluster ``cluster``."""
-    derived = int(np.random.SeedSequence([seed, cluster, rounds]).generate_state(1)[0])
-    perm = torch.randperm(len(ids), generator=torch.Generator().manual_seed(derived))
-    return ids[perm.numpy()]
+    generator = torch.Generator().manual_seed(_mix(seed, cluster, rounds))
+    return ids[torch.randperm(len(ids), generator=generator)]
 
 
 class CurriculumSampler:
@@ -87,23 +98,24 @@ class CurriculumSampler:
 
     def _reset_clusters(self) -> None:
         self.cluster_difficulties: list[dict[str, Difficulty]] = []
-        self.clusters: list[np.ndarray] = []
+        self.clusters: list[torch.Tensor] = []
         self.positions: list[int] = []
         self.passes: list[int] = []
-        self._orders: list[np.ndarray] = []
-        self._taken = np.zeros(self.num_samples, dtype=bool)
+        self._orders: list[torch.Tensor] = []
+        self._taken = torch.zeros(self.num_samples, dtype=torch.bool)
 
     # -- clusters -------------------------------------------------------------------------
 
-    def admitted(self, difficulties: dict[str, Difficulty]) -> np.ndarray:
+    def admitted(self, difficulties: dict[str, Difficulty]) -> torch.Tensor:
         """Sorted ids every selecting metric admits at ``difficulties``."""
-        ids: np.ndarray | None = None
+        mask = torch.ones(self.num_samples, dtype=torch.bool)
         for name, index in self.indexes.items():
             m = self.metrics[name]
             assert m.max_difficulty is not None
-            mine = np.sort(index.eligible(difficulties[name], m.difficulty_type, m.max_difficulty))
-            ids = mine if ids is None else np.intersect1d(ids, mine, assume_unique=True)
-        return np.arange(self.num_samples) if ids is None else ids
+            mine = torch.zeros(self.num_samples, dtype=torch.bool)
+            mine[index.eligible(difficulties[name], m.difficulty_type, m.max_difficulty)] = True
+            mask &= mine
+        return mask.nonzero().flatten()
 
     def _add_cluster(self, difficulties: dict[str, Difficulty]) -> None:
         ids = self.admitted(difficulties)
@@ -117,7 +129,7 @@ class CurriculumSampler:
         self.passes.append(0)
         self._orders.append(_pass_order(new, self.seed, len(self.clusters) - 1, 0))
 
-    def _take(self, k: int, count: int) -> list[np.ndarray]:
+    def _take(self, k: int, count: int) -> list[torch.Tensor]:
         out = []
         while count > 0:
             order, pos = self._orders[k], self.positions[k]
@@ -133,7 +145,7 @@ class CurriculumSampler:
 
     # -- batches --------------------------------------------------------------------------
 
-    def next_batch(self) -> np.ndarray:
+    def next_batch(self) -> torch.Tensor:
         """The next step's global batch: (global_batch_size,) int64 sample ids."""
         if self.consumed_samples + self.global_batch_size > self.total_samples:
             raise ValueError(
@@ -155,8 +167,8 @@ class CurriculumSampler:
         picks = torch.multinomial(sizes, self.global_batch_size, True, generator=self.generator)
         counts = torch.bincount(picks, minlength=len(self.clusters)).tolist()
         parts = [part for k, n in enumerate(counts) if n for part in self._take(k, n)]
-        batch = np.concatenate(parts).astype(np.int64)
-        batch = batch[torch.randperm(len(batch), generator=self.generator).numpy()]
+        batch = torch.cat(parts).to(torch.int64)
+        batch = batch[torch.randperm(len(batch), generator=self.generator)]
         self.consumed_samples += len(batch)
         return batch
 
