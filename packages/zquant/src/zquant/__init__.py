@@ -4,7 +4,8 @@ Post-training quantization (ZeroQuant, with layer-by-layer knowledge distillatio
 rounding),
 INT8/INT4 group-wise weights, token-wise INT8 activations, FP6 (e3m2) weights in a 4+2-bit
 split, extreme compression (XTC: binary/ternary weights, layer reduction, distillation),
-pruning (unstructured, row, head, channel, N:M) with ``redundancy_clean``, and the composer
+pruning (unstructured, row, head, channel, N:M; N:M also found by ADMM) with
+``redundancy_clean``, and the composer
 that reads DeepSpeed's ``compression_training`` config. Quantized models save and load as
 packed safetensors. It depends on torch and the native core only, never on zcore.
 
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
+    from zquant.admm_nm import ADMMConfig, admm_nm_prune, magnitude_nm, nm_project
     from zquant.clean import count_parameters, redundancy_clean
     from zquant.compression import (
         CompressionConfig,
@@ -58,6 +60,10 @@ if TYPE_CHECKING:
     from zquant.xtc import QuantEmbedding, compressed_size, export_packed, xtc_compress
 
 _EXPORTS = {
+    "ADMMConfig": "zquant.admm_nm",
+    "admm_nm_prune": "zquant.admm_nm",
+    "magnitude_nm": "zquant.admm_nm",
+    "nm_project": "zquant.admm_nm",
     "count_parameters": "zquant.clean",
     "redundancy_clean": "zquant.clean",
     "CompressionConfig": "zquant.compression",
@@ -103,6 +109,7 @@ _EXPORTS = {
 
 __all__ = [
     "RECIPE_NAMES",
+    "ADMMConfig",
     "CompressionConfig",
     "CompressionConfigError",
     "LayerRule",
@@ -114,6 +121,7 @@ __all__ = [
     "QuantizedWeight",
     "Recipe",
     "__version__",
+    "admm_nm_prune",
     "calibration_batches",
     "compressed_size",
     "compression_scheduler",
@@ -128,7 +136,9 @@ __all__ = [
     "gptq_weight",
     "init_compression",
     "load_quantized",
+    "magnitude_nm",
     "model_size",
+    "nm_project",
     "perplexity",
     "prune_channels",
     "prune_heads",
