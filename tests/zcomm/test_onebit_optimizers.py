@@ -38,7 +38,8 @@ STEPS, FREEZE = 20, 6
 OPTIMIZERS: dict[str, dict[str, Any]] = {
     "OneBitAdam": {"lr": 3e-3, "weight_decay": 0.01, "freeze_step": FREEZE},
     "ZeroOneAdam": {"lr": 3e-3, "weight_decay": 0.01, "var_freeze_step": FREEZE,
-                    "var_update_scaler": 3, "local_step_scaler": 3, "local_step_clipper": 4},
+                    "var_update_scaler": 3, "local_step_scaler": 3, "local_step_clipper": 4,
+                    "preconditioned": True},
     "OneBitLamb": {"lr": 3e-3, "weight_decay": 0.01, "freeze_step": FREEZE, "max_coeff": 0.5},
 }  # fmt: skip
 # The mean loss of the last 5 steps, relative to the uncompressed run's (measured: 1-bit

@@ -93,6 +93,13 @@ class ZeroOneAdamParams(_OneBitCommon):
     """After the freeze, the interval between synchronizations doubles every this many steps."""
     local_step_clipper: Int = Field(16, ge=1)
     """The most steps between two synchronizations."""
+    preconditioned: Bool = False
+    """zstack's own key (false is DeepSpeed's behaviour). Before the freeze, the steps that
+    skip the variance average ``g / (sqrt(v) + eps)`` 1-bit compressed and multiply the
+    average back by ``sqrt(v) + eps`` (the same ``v`` on every rank at ZeRO stage 0; at
+    stages 1-2 the slots' denominators are all-gathered after each variance update). One
+    sign scale then fits every element: a token's embedding row that got no gradient
+    receives noise in proportion to its own small variance, not the model's largest."""
 
 
 class OneBitLambParams(_OneBitCommon):

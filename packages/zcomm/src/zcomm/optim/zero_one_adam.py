@@ -64,6 +64,7 @@ class ZeroOneAdam(OneBitBase):
         var_update_scaler: int = 16,
         local_step_scaler: int = 32678,
         local_step_clipper: int = 16,
+        preconditioned: bool = False,
     ) -> None:
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps,
                                   "weight_decay": weight_decay})  # fmt: skip
@@ -71,6 +72,7 @@ class ZeroOneAdam(OneBitBase):
         self.var_update_scaler = var_update_scaler
         self.local_step_scaler = local_step_scaler
         self.local_step_clipper = local_step_clipper
+        self.preconditioned = preconditioned
         self.frozen = False
         self.accumulator: dict[torch.Tensor, torch.Tensor] = {}
         """Per master tensor: this rank's updates since the last synchronization (DeepSpeed's
@@ -79,6 +81,7 @@ class ZeroOneAdam(OneBitBase):
         """Stages 1-2, per group: this rank's ``(A, B)`` gradient sums since the last
         synchronization, ``(world, P)`` each (see the module docstring)."""
         self._grids: dict[int, torch.Tensor] = {}
+        self._d_grids: dict[int, torch.Tensor] = {}
 
     def _first_state(self) -> dict[str, Any]:
         for group in self.param_groups:
@@ -88,6 +91,7 @@ class ZeroOneAdam(OneBitBase):
         return {}
 
     def after_load(self) -> None:
+        self._d_grids.clear()
         self.frozen = self.completed_steps() > self.var_freeze_step
 
     def reduce_gradients(self) -> bool:
@@ -100,11 +104,33 @@ class ZeroOneAdam(OneBitBase):
         """Before the freeze: 1-bit Adam's compressed reduce-scatter. After it: no
         communication here; this rank's own row (a local step) and the grid kept for
         :meth:`_sum_and_sync` in the step, which sees the gradient's final scale."""
-        if not self.frozen:
-            return super().reduce_scatter_local(grid, key)
         gi = int(key.rsplit(".", 1)[1])
+        if not self.frozen:
+            if not self.preconditioned:
+                return super().reduce_scatter_local(grid, key)
+            d_grid = self._denominators(gi)
+            rank = self.context.comm.rank if self.context else 0
+            return super().reduce_scatter_local(grid / d_grid, key).mul_(d_grid[rank])
         self._grids[gi] = grid
         return grid[self.context.comm.rank if self.context else 0].clone()
+
+    def _denominators(self, gi: int) -> torch.Tensor:
+        """Stages 1-2, ``preconditioned``: every slot's ``sqrt(v) + eps`` as a ``(world, P)``
+        grid, all-gathered after each variance update (when first needed: every rank asks
+        at the same point of the same step), so each rank can precondition its whole grid."""
+        d_grid = self._d_grids.get(gi)
+        if d_grid is None:
+            assert self.context is not None, "bind() first"
+            group = self.param_groups[gi]
+            p = group["params"][0]
+            st = self.state.get(p)
+            mine = (st["exp_avg_sq"].sqrt().add_(group["eps"]) if st
+                    else torch.full_like(p, 1.0))  # fmt: skip
+            d_grid = torch.empty(self.world, p.numel(), dtype=mine.dtype, device=mine.device)
+            what = f"all_gather(0/1 Adam variance of group {gi})"
+            self.context.comm.all_gather(d_grid.view(-1), mine.reshape(-1), what).wait()
+            self._d_grids[gi] = d_grid
+        return d_grid
 
     def _sum_and_sync(self, gi: int, p: torch.Tensor, st: dict[str, Any],
                       denom: torch.Tensor, beta1: float, lr: float) -> None:  # fmt: skip
@@ -160,9 +186,16 @@ class ZeroOneAdam(OneBitBase):
                 if not self.frozen:
                     if st["step"] % st["var_interval"] == 0:  # g averaged in full precision
                         v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+                        self._d_grids.pop(gi, None)
                         m.mul_(beta1).add_(g, alpha=1 - beta1)
                     else:  # g is this rank's own (stage 0: average it) or averaged 1-bit
-                        avg = self.average(g, key) if self.stage == 0 else g
+                        if self.stage > 0:
+                            avg = g
+                        elif self.preconditioned:  # compress g / sqrt(v): see the key's doc
+                            d = v.sqrt().add_(eps)
+                            avg = self.average(g / d, key).mul_(d)
+                        else:
+                            avg = self.average(g, key)
                         m.mul_(beta1).add_(avg, alpha=1 - beta1)
                         m.mul_(v > 0)  # no variance measured yet: no momentum (1-bit Adam's mask)
                 else:
