@@ -126,8 +126,11 @@ def check_run(kind: str, path: Path, out: Path, batches: list[torch.Tensor], pro
     with torch.no_grad():
         torch.testing.assert_close(outputs_of(kind, reloaded, probe), engine_out, rtol=0, atol=1e-5)
         # and the weights are the baseline's after the same steps (fp32 rounding of AdamW)
-        for (name, p), q in zip(ref.named_parameters(), reloaded.parameters(), strict=True):
-            torch.testing.assert_close(q, p, rtol=0, atol=2e-5, msg=name)
+        far = {
+            name: float((q - p).abs().max())
+            for (name, p), q in zip(ref.named_parameters(), reloaded.parameters(), strict=True)
+        }
+        assert max(far.values()) <= 2e-5, sorted(far.items(), key=lambda kv: -kv[1])[:5]
     return results
 
 

@@ -115,6 +115,30 @@ class OptimizerStore(ABC):
         """Release what outlives the process group (swap files)."""
 
 
+_NORM_CHUNK = 1 << 16
+
+
+def sq_norm(t: torch.Tensor) -> float:
+    """The sum of squares of ``t``, accurate to ~1e-7 relative at any size.
+
+    ``vector_norm`` reduces in one pass without a squared temporary (10x faster than
+    ``pow(2).sum()``), but one fp32 ``vector_norm`` over a whole partition drifts as it grows
+    (on CPU here: -0.1% at 13M elements, -1% at 67M), which mis-scales gradient clipping.
+    Rows of 64Ki elements, each normed in fp32 and summed in fp64, keep the speed (6.5 vs
+    2.1 ms for 13M) and the accuracy (3e-7).
+    """
+    flat = t.reshape(-1)
+    n = flat.numel() - flat.numel() % _NORM_CHUNK
+    total = 0.0
+    if n:
+        rows = flat[:n].view(-1, _NORM_CHUNK)
+        norms = torch.linalg.vector_norm(rows, dim=1, dtype=torch.float32)
+        total += float(norms.double().pow(2).sum())
+    if n < flat.numel():
+        total += float(torch.linalg.vector_norm(flat[n:], dtype=torch.float32)) ** 2
+    return total
+
+
 class MemoryStore(OptimizerStore):
     """Master, state and gradients in memory: on the model's device, or on ``device``
     (``torch.device("cpu")`` for ZeRO-Offload), page-locked with ``pin_memory`` when a GPU
@@ -171,14 +195,8 @@ class MemoryStore(OptimizerStore):
             dst.add_(values)
 
     def grad_sq_norm(self, groups: Sequence[int] | None = None) -> float:
-        # vector_norm reduces in one pass without a squared temporary (10x faster than
-        # pow(2).sum() on a 13M-element partition here)
         picked = self.grads if groups is None else [self.grads[g] for g in groups]
-        return sum(
-            float(torch.linalg.vector_norm(t, dtype=torch.float32)) ** 2
-            for t in picked
-            if t is not None
-        )
+        return sum(sq_norm(t) for t in picked if t is not None)
 
     def grads_nonfinite(self) -> bool:
         return any(
