@@ -24,9 +24,11 @@ the same machine load; medians reported, and same-run ratios ours/theirs. Target
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -189,6 +191,7 @@ def run_compare(
                 "decode_within_1_5x": row["ratio"]["decode_tok_s"] >= 1 / 1.5,
             }
         rows[name] = row
+        print(f"serve-compare {name}: {json.dumps(row)}", file=sys.stderr, flush=True)  # progress
         del ours, theirs
     return {
         "benchmark": "serve-compare",
