@@ -22,10 +22,9 @@ and every rank gets the same trust ratios. After the freeze each rank owns its s
 momentum, so, as in 1-bit Adam at stages 1-2, the gradients (not the momentum) go through
 the 1-bit compressed reduce-scatter and the owner folds its averaged slot into the momentum
 exactly; the fresh variance then sees that average instead of a gradient reconstructed
-from compressed momenta. ``scaling_coeff`` (fixed at the freeze from the momentum's
-per-parameter norms) scales each parameter's gradient columns before the compression and
-back after it, as stage 0 scales the momentum: without it one scale per slot serves
-LayerNorm gains and embeddings alike, and LAMB at lr 0.01 diverged on `z train`.
+from compressed momenta. What travels is ``g / (sqrt(v) + eps)`` (the frozen variance,
+all-gathered once), multiplied back after: with one sign scale per slot for raw gradients,
+LayerNorm gains and embeddings shared it, and LAMB at lr 0.01 diverged on `z train`.
 """
 
 from __future__ import annotations
@@ -68,6 +67,7 @@ class OneBitLamb(OneBitBase):
         self.factor_min = factor_min
         self.factor_threshold = factor_threshold
         self.segments: list[list[tuple[int, int]]] | None = None
+        self._d_grids: dict[int, torch.Tensor] = {}
         self.lamb_coeffs: list[float] = []
         """The trust ratio each parameter got in the last step (DeepSpeed's ``lamb_coeffs``)."""
 
@@ -88,34 +88,30 @@ class OneBitLamb(OneBitBase):
             return [(0, flat.numel())]
         return [(off, n) for off, n in self.segments[gi] if n > 0 or self.stage > 0]
 
-    def _scaling(self, m: torch.Tensor, pieces: list[tuple[int, int]]) -> list[float]:
-        """Per parameter, ``united / rms(momentum)``: what brings every parameter's
-        gradients to one magnitude before 1-bit compression gives them one scale (the
-        same coefficients on every rank, from norms summed across their pieces)."""
-        sums = torch.tensor([[float(m[o : o + n].double().square().sum()), float(n)]
-                             for o, n in pieces], dtype=torch.float64)  # fmt: skip
-        sums = self._across(sums)
-        rms = [math.sqrt(sq / n) if n and sq else 0.0 for sq, n in sums.tolist()]
-        live = [r for r in rms if r > 0]
-        united = sum(live) / len(live) if live else 1.0
-        return [united / r if r > 0 else 1.0 for r in rms]
-
     def reduce_scatter_local(self, grid: torch.Tensor, key: str) -> torch.Tensor:
-        """Stages 1-2: the compressed reduce-scatter of the gradient grid, each parameter's
-        columns first scaled by its ``scaling_coeff`` and unscaled after (1-bit LAMB's
-        momentum scaling, applied to the gradients that travel here instead)."""
+        """Stages 1-2 after the freeze: the compressed reduce-scatter of ``g / (sqrt(v) +
+        eps)``, multiplied back after. The variance is frozen, so every slot's denominators
+        are all-gathered once (when first needed; again after a load) and each rank can
+        precondition its whole grid: one sign scale then fits LayerNorm gains and
+        embedding rows alike (the job of stage 0's ``scaling_coeff``)."""
         gi = int(key.rsplit(".", 1)[1])
-        p = self.param_groups[gi]["params"][0]
-        coeffs = self.state[p].get("scaling_coeff") if self.state.get(p) else None
-        if coeffs is None or self.segments is None:
+        group = self.param_groups[gi]
+        p = group["params"][0]
+        st = self.state.get(p)
+        if not st or self.context is None:
             return super().reduce_scatter_local(grid, key)
-        offsets = [off for off, _ in self.segments[gi]]
-        order = sorted(range(len(offsets)), key=offsets.__getitem__)
-        ends = [offsets[j] for j in order[1:]] + [grid.shape[1]]
-        col = torch.ones(grid.shape[1], dtype=grid.dtype, device=grid.device)
-        for j, end in zip(order, ends, strict=True):  # a parameter's columns, padding included
-            col[offsets[j] : end] = coeffs[j]
-        return super().reduce_scatter_local(grid * col, key).div_(col)
+        d_grid = self._d_grids.get(gi)
+        if d_grid is None:
+            mine = st["exp_avg_sq"].sqrt().add_(group["eps"]).reshape(-1)
+            d_grid = torch.empty(self.world, mine.numel(), dtype=mine.dtype, device=mine.device)
+            what = f"all_gather(1-bit LAMB frozen variance of group {gi})"
+            self.context.comm.all_gather(d_grid.view(-1), mine, what).wait()
+            self._d_grids[gi] = d_grid
+        rank = self.context.comm.rank
+        return super().reduce_scatter_local(grid / d_grid, key).mul_(d_grid[rank])
+
+    def after_load(self) -> None:
+        self._d_grids.clear()
 
     def _across(self, sq: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """``sq`` (per-piece sums or maxima) over every rank's pieces: the identity at stage
@@ -162,8 +158,6 @@ class OneBitLamb(OneBitBase):
         v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
         if st["step"] == self.freeze_step:
             st["exp_avg_sq_fresh"].copy_(v)
-            if self.stage > 0:  # the gradients' scaling for the compressed reduce-scatter
-                st["scaling_coeff"] = self._scaling(m, pieces)
         updates = []
         sq = torch.zeros(2 * len(pieces), dtype=torch.float64)
         for j, (off, n) in enumerate(pieces):
