@@ -21,6 +21,13 @@ As in :mod:`zcomm.optim.onebit_adam`, the momentum is masked where the variance 
 exactly 0 (DeepSpeed's ``exp_avg_mask``, made automatic): 1-bit signs give such elements
 ``+-scale``, which over ``eps`` would blow the weights up.
 
+``preconditioned: true`` (zstack's key; default false, DeepSpeed's update) compresses
+``g / (sqrt(v) + eps)`` on the steps before the freeze that skip the variance, and
+multiplies the average back. DeepSpeed's raw-gradient compression gives every element one
+sign scale, so an embedding row that saw no gradient gets the largest elements' noise over
+its own tiny variance. Measured on `z train` (tiny, 600 steps, variance frozen at 120):
+validation loss +9.0% over Adam with DeepSpeed's update, +1.6% preconditioned.
+
 **ZeRO stages 1-2** (DeepSpeed refuses every stage). A rank holds the optimizer state of
 its own slot only, so it cannot take local steps on the whole model. Two facts make the
 algorithm work anyway. ZeRO all-gathers the weights after every step, so between
