@@ -45,15 +45,15 @@ from typing import Any
 class Options:
     """What every section reads; each section takes the fields it needs."""
 
-    steps: int = 240
+    steps: int = 60
     preset: str = "tiny"
-    seq_len: int = 128
+    seq_len: int = 64
     micro_batch: int = 8
     lr: float = 2e-3
     lr_scale: float = 4.0
     min_seqlen: int = 16
     curriculum_frac: float = 0.5
-    evals: int = 12
+    evals: int = 10
     stability: bool = True
     seed: int = 0
 

@@ -286,9 +286,9 @@ def bench_speculative(
 
 def bench_efficiency(
     sections: str = typer.Option("curriculum", "--sections", help="Comma-separated: curriculum."),
-    steps: int = typer.Option(240, "--steps", min=2, help="Baseline optimizer steps."),
+    steps: int = typer.Option(60, "--steps", min=2, help="Baseline optimizer steps."),
     preset: str = typer.Option("tiny", "--preset", help="`z train` GPT size."),
-    seq_len: int = typer.Option(128, "--seq-len", min=8, help="Tokens per sequence."),
+    seq_len: int = typer.Option(64, "--seq-len", min=8, help="Tokens per sequence."),
     micro_batch: int = typer.Option(8, "--micro-batch", min=1, help="Sequences per step."),
     lr: float = typer.Option(2e-3, "--lr", min=0.0, help="Peak learning rate (AdamW)."),
     lr_scale: float = typer.Option(4.0, "--lr-scale", min=1.0, help="Stability check: x lr."),
@@ -296,7 +296,7 @@ def bench_efficiency(
     curriculum_frac: float = typer.Option(
         0.5, "--curriculum-frac", min=0.01, max=1.0, help="Share of the steps the ramp takes."
     ),
-    evals: int = typer.Option(12, "--evals", min=1, help="Validation passes per run."),
+    evals: int = typer.Option(10, "--evals", min=1, help="Validation passes per run."),
     no_stability: bool = typer.Option(False, "--no-stability", help="Skip the x lr pair."),
     json_out: bool = typer.Option(False, "--json", help="Print only the JSON object."),
 ) -> None:
