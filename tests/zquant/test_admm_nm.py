@@ -80,22 +80,26 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def test_admm_beats_magnitude_on_synthetic_regression(one_thread) -> None:
-    """Measured (seed 0): magnitude + 350 masked steps 11.66, ADMM 3.78 (0.32x); ADMM's
-    mask agrees with the scale-aware oracle on 88% of entries, magnitude's on 77%."""
+# (penalty mode, ADMM settings, bound on ADMM loss / magnitude loss). Measured (seed 0):
+# magnitude + 350 masked steps 11.66; ADMM "loss" 3.78 (0.32x, mask agrees with the
+# scale-aware oracle on 88% of entries vs magnitude's 77%), "decoupled" 9.43 (0.81x).
+_SYNTHETIC = [
+    ("loss", {"rho": 1e-2, "rho_growth": 1.3, "rho_max": 10.0}, 0.5),
+    ("decoupled", {"rho": 0.2, "rho_growth": 1.2, "rho_max": 25.0}, 0.9),
+]
+
+
+@pytest.mark.parametrize(("penalty", "rho", "bound"), _SYNTHETIC)
+def test_admm_beats_magnitude_on_synthetic_regression(
+    one_thread, penalty: str, rho: dict, bound: float
+) -> None:
     torch.manual_seed(0)
     dense, batches, oracle = _synthetic()
     loss_fn = _task(dense[0].weight.detach().clone())
     cfg = ADMMConfig(
-        modules=["0"],
-        steps=300,
-        admm_interval=10,
-        rho=1e-2,
-        rho_growth=1.3,
-        rho_max=10.0,
-        lr=2e-2,
-        finetune_steps=50,
-    )
+        modules=["0"], steps=300, admm_interval=10, lr=2e-2, finetune_steps=50,
+        penalty=penalty, **rho,
+    )  # fmt: skip
     mag = nn.Sequential(nn.Linear(32, 8, bias=False))
     mag.load_state_dict(dense.state_dict())
     masks = magnitude_nm(mag, cfg)
@@ -104,11 +108,13 @@ def test_admm_beats_magnitude_on_synthetic_regression(one_thread) -> None:
     mag_loss, admm_loss = _full_loss(mag, batches, loss_fn), _full_loss(dense, batches, loss_fn)
     # the residual ||W - Z|| / ||W|| falls as W converges onto the N:M set
     assert result.residuals[-1] < 0.5 * result.residuals[0]
-    # ADMM moves towards the scale-aware mask, magnitude cannot: at most half its loss
-    assert admm_loss < 0.5 * mag_loss, (admm_loss, mag_loss)
+    # equal training budget; ADMM leans towards the scale-aware mask, magnitude cannot
+    assert admm_loss < bound * mag_loss, (admm_loss, mag_loss)
     agree_admm = float((result.masks["0"].mask == oracle).float().mean())
     agree_mag = float((masks["0"].mask == oracle).float().mean())
-    assert agree_admm > 0.85 and agree_admm > agree_mag + 0.05, (agree_admm, agree_mag)
+    assert agree_admm >= agree_mag, (agree_admm, agree_mag)
+    if penalty == "loss":
+        assert agree_admm > agree_mag + 0.05, (agree_admm, agree_mag)
 
 
 def test_admm_mask_is_a_2to4_prune_mask_that_redundancy_clean_folds() -> None:
@@ -121,7 +127,10 @@ def test_admm_mask_is_a_2to4_prune_mask_that_redundancy_clean_folds() -> None:
     def loss_fn(mod: nn.Module, batch: torch.Tensor) -> torch.Tensor:
         return (mod(batch) - target).pow(2).mean()
 
-    cfg = ADMMConfig(modules=["0", "2"], steps=10, admm_interval=3, finetune_steps=2, lr=1e-3)
+    cfg = ADMMConfig(
+        modules=["0", "2"], steps=10, admm_interval=3, finetune_steps=2, lr=1e-3, rho=10.0,
+        rho_max=100.0,
+    )  # fmt: skip
     result = admm_nm_prune(model, loss_fn, [x], cfg)
     assert set(result.masks) == {"0", "2"}
     for name in ("0", "2"):
@@ -153,6 +162,8 @@ def test_config_keys_are_validated_by_name() -> None:
         ({"modules": []}, "admm_nm.modules"),
         ({"steps": "ten"}, "admm_nm.steps"),
         ({"rhoo": 1.0}, "'rho'"),
+        ({"lr": 0.01, "rho_max": 1000.0}, "admm_nm.rho_max"),
+        ({"penalty": "l2"}, "admm_nm.penalty"),
     ]
     for data, key in cases:
         with pytest.raises(CompressionConfigError, match=key.replace(".", r"\.")):
