@@ -64,6 +64,9 @@ class OneBitAdam(OneBitBase):
     def reduce_gradients(self) -> bool:
         return not self.compressing()
 
+    def compressing_now(self) -> bool:
+        return self.completed_steps() > self.freeze_step  # the step just taken compressed
+
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
         loss = closure() if closure is not None else None

@@ -67,7 +67,6 @@ class OneBitLamb(OneBitBase):
         self.factor_min = factor_min
         self.factor_threshold = factor_threshold
         self.segments: list[list[tuple[int, int]]] | None = None
-        self._d_grids: dict[int, torch.Tensor] = {}
         self.lamb_coeffs: list[float] = []
         """The trust ratio each parameter got in the last step (DeepSpeed's ``lamb_coeffs``)."""
 
@@ -95,23 +94,14 @@ class OneBitLamb(OneBitBase):
         precondition its whole grid: one sign scale then fits LayerNorm gains and
         embedding rows alike (the job of stage 0's ``scaling_coeff``)."""
         gi = int(key.rsplit(".", 1)[1])
-        group = self.param_groups[gi]
-        p = group["params"][0]
-        st = self.state.get(p)
-        if not st or self.context is None:
+        if not self.state.get(self.param_groups[gi]["params"][0]) or self.context is None:
             return super().reduce_scatter_local(grid, key)
-        d_grid = self._d_grids.get(gi)
-        if d_grid is None:
-            mine = st["exp_avg_sq"].sqrt().add_(group["eps"]).reshape(-1)
-            d_grid = torch.empty(self.world, mine.numel(), dtype=mine.dtype, device=mine.device)
-            what = f"all_gather(1-bit LAMB frozen variance of group {gi})"
-            self.context.comm.all_gather(d_grid.view(-1), mine, what).wait()
-            self._d_grids[gi] = d_grid
+        d_grid = self.denominator_grid(gi)
         rank = self.context.comm.rank
         return super().reduce_scatter_local(grid / d_grid, key).mul_(d_grid[rank])
 
-    def after_load(self) -> None:
-        self._d_grids.clear()
+    def compressing_now(self) -> bool:
+        return self.completed_steps() > self.freeze_step  # the step just taken compressed
 
     def _across(self, sq: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """``sq`` (per-piece sums or maxima) over every rank's pieces: the identity at stage

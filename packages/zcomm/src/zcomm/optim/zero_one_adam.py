@@ -88,7 +88,8 @@ class ZeroOneAdam(OneBitBase):
         """Stages 1-2, per group: this rank's ``(A, B)`` gradient sums since the last
         synchronization, ``(world, P)`` each (see the module docstring)."""
         self._grids: dict[int, torch.Tensor] = {}
-        self._d_grids: dict[int, torch.Tensor] = {}
+        self._local_last = False
+        """Whether the step just taken had local (not fully averaged) gradients."""
 
     def _first_state(self) -> dict[str, Any]:
         for group in self.param_groups:
@@ -98,7 +99,7 @@ class ZeroOneAdam(OneBitBase):
         return {}
 
     def after_load(self) -> None:
-        self._d_grids.clear()
+        super().after_load()
         self.frozen = self.completed_steps() > self.var_freeze_step
 
     def reduce_gradients(self) -> bool:
@@ -115,29 +116,14 @@ class ZeroOneAdam(OneBitBase):
         if not self.frozen:
             if not self.preconditioned:
                 return super().reduce_scatter_local(grid, key)
-            d_grid = self._denominators(gi)
+            d_grid = self.denominator_grid(gi)
             rank = self.context.comm.rank if self.context else 0
             return super().reduce_scatter_local(grid / d_grid, key).mul_(d_grid[rank])
         self._grids[gi] = grid
         return grid[self.context.comm.rank if self.context else 0].clone()
 
-    def _denominators(self, gi: int) -> torch.Tensor:
-        """Stages 1-2, ``preconditioned``: every slot's ``sqrt(v) + eps`` as a ``(world, P)``
-        grid, all-gathered after each variance update (when first needed: every rank asks
-        at the same point of the same step), so each rank can precondition its whole grid."""
-        d_grid = self._d_grids.get(gi)
-        if d_grid is None:
-            assert self.context is not None, "bind() first"
-            group = self.param_groups[gi]
-            p = group["params"][0]
-            st = self.state.get(p)
-            mine = (st["exp_avg_sq"].sqrt().add_(group["eps"]) if st
-                    else torch.full_like(p, 1.0))  # fmt: skip
-            d_grid = torch.empty(self.world, p.numel(), dtype=mine.dtype, device=mine.device)
-            what = f"all_gather(0/1 Adam variance of group {gi})"
-            self.context.comm.all_gather(d_grid.view(-1), mine.reshape(-1), what).wait()
-            self._d_grids[gi] = d_grid
-        return d_grid
+    def compressing_now(self) -> bool:
+        return self._local_last
 
     def _sum_and_sync(self, gi: int, p: torch.Tensor, st: dict[str, Any],
                       denom: torch.Tensor, beta1: float, lr: float) -> None:  # fmt: skip
@@ -172,6 +158,7 @@ class ZeroOneAdam(OneBitBase):
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
         loss = closure() if closure is not None else None
+        self._local_last = not self.reduce_gradients()
         for gi, group in enumerate(self.param_groups):
             beta1, beta2 = group["betas"]
             lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]

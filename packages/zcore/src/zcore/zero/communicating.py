@@ -18,6 +18,15 @@ averaged slot) becomes the gradient partition. A communicating one also defines 
 while gradients arrive: False means "give me this cycle's local gradients") and
 ``comm_state_dict`` / ``load_comm_state_dict`` (per global rank; checkpoints write one
 file per rank for it). The protocol lives in zcore so that zcomm edits no engine code.
+
+At stages 1-2 the weights' all-gather after each step costs as much as the gradients'
+reduce-scatter, so compressing only the gradients saves at most half. A communicating
+optimizer may also implement :class:`CompressedGather`: while ``compress_gather()`` says
+so, each owner sends the change from what the model holds to its master slot compressed
+(``gather_delta``), and every rank, the owner too, adds the same decompressed changes to
+its parameters. What compression drops stays in ``master - model`` and goes out with the
+next change (error feedback without a buffer); each owner's copy is kept per rank
+(``note_copy``) so that a checkpoint resumes with the same model (``restored_copy``).
 """
 
 from __future__ import annotations
@@ -71,6 +80,29 @@ class CommunicatingOptimizer(BoundOptimizer, Protocol):
     def load_comm_state_dict(self, state: dict[str, Any] | None) -> None:
         """Take back :meth:`comm_state_dict`; None: the checkpoint has none for this rank
         (another world size, or saved before compression): start it afresh."""
+        ...
+
+
+@runtime_checkable
+class CompressedGather(Protocol):
+    """Optional: a communicating optimizer that compresses the stages 1-2 weight all-gather."""
+
+    def compress_gather(self) -> bool:
+        """Whether the all-gather after the step just taken sends compressed changes."""
+        ...
+
+    def gather_delta(self, delta: torch.Tensor, key: str, group: int, offset: int) -> torch.Tensor:
+        """Every rank's decompressed ``delta`` (this rank's ``(P,)`` fp32 change to columns
+        ``offset:offset+P`` of group ``group``'s slot) as a ``(world, P)`` fp32 grid, the same
+        on every rank."""
+        ...
+
+    def note_copy(self, key: str, row: torch.Tensor) -> None:
+        """Keep this rank's slot of the model as gathered (for ``comm_state_dict``)."""
+        ...
+
+    def restored_copy(self, key: str) -> torch.Tensor | None:
+        """Once after a load: this rank's saved slot of the model for ``key``, else None."""
         ...
 
 

@@ -24,7 +24,7 @@ from torch import nn
 from zcore.comm import Comm
 from zcore.zero.axes import GroupAxis
 from zcore.zero.collectives import Collectives
-from zcore.zero.communicating import CommunicatingOptimizer
+from zcore.zero.communicating import CommunicatingOptimizer, CompressedGather
 from zcore.zero.layout import GroupLayout, ParamShard, from_slots, own_slot, slot_view
 from zcore.zero.reducer import GradReducer
 from zcore.zero.stage3 import Stage3Params
@@ -360,7 +360,9 @@ class ZeroOptimizer:
                 )
             out = out[: w * inp.numel()]
             grid = out.view(w, -1)
-            if self.allgather_partitions:
+            if self._gather_through_communicator(comm, chunk, inp, grid):
+                pass
+            elif self.allgather_partitions:
                 what = f"all_gather(updated parameters, {out.numel()} elems)"
                 self.collectives.all_gather(comm, out, inp, what).wait()
             else:  # `allgather_partitions: false`: each rank broadcasts its slots
@@ -373,6 +375,34 @@ class ZeroOptimizer:
                 _, s = self.where[p]
                 p.data.copy_(from_slots(grid, col, s).view(s.shape))
                 col += s.shard_size
+
+    def _gather_through_communicator(
+        self, comm: Comm, chunk: list[nn.Parameter], inp: torch.Tensor, grid: torch.Tensor
+    ) -> bool:
+        """Stages 1-2 with a communicating optimizer that compresses the weights' all-gather
+        (:class:`~zcore.zero.communicating.CompressedGather`): fill ``grid`` with every
+        rank's slots of ``chunk`` as the parameters now hold them plus each owner's
+        decompressed change, and return True. After a checkpoint load the owners' saved
+        copies travel exactly once instead (the model then holds what the uninterrupted
+        run held). False: gather ``inp`` as usual."""
+        talker = self.communicator
+        if self.stage not in (1, 2) or not isinstance(talker, CompressedGather):
+            return False
+        g0, s0 = self.where[chunk[0]]
+        key = f"weights.{g0}.{s0.offset}"
+        restored = talker.restored_copy(key)
+        if restored is None and not talker.compress_gather():
+            return False
+        if restored is not None:
+            what = f"all_gather(saved compressed-weight copies, {grid.numel()} elems)"
+            self.collectives.all_gather(comm, grid.view(-1), restored.to(inp.dtype), what).wait()
+        else:
+            held = torch.cat([slot_view(p.data.reshape(-1), self.where[p][1], comm.size)
+                              for p in chunk], dim=1)  # fmt: skip
+            change = talker.gather_delta(inp.float() - held[comm.rank].float(), key, g0, s0.offset)
+            grid.copy_(held.float().add_(change))
+        talker.note_copy(key, grid[comm.rank])
+        return True
 
     def gather_input(self, chunk: list[nn.Parameter]) -> torch.Tensor:
         """This rank's slots of ``chunk`` in the parameters' dtype, one flat tensor.
