@@ -50,11 +50,13 @@ class OneBitAdam(OneBitBase):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0.0,
+        compressed_weight_gather: bool = False,
     ) -> None:
         if freeze_step < 0:
             raise ValueError(f"freeze_step must be >= 0, got {freeze_step}")
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps,
                                   "weight_decay": weight_decay})  # fmt: skip
+        self.compressed_weight_gather = compressed_weight_gather
         self.freeze_step = freeze_step
 
     def compressing(self) -> bool:

@@ -57,10 +57,12 @@ class OneBitLamb(OneBitBase):
         factor_max: float = 4.0,
         factor_min: float = 0.5,
         factor_threshold: float = 0.1,
+        compressed_weight_gather: bool = False,
     ) -> None:
         defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
                     "max_coeff": max_coeff, "min_coeff": min_coeff}  # fmt: skip
         super().__init__(params, defaults)
+        self.compressed_weight_gather = compressed_weight_gather
         self.freeze_step = freeze_step
         self.coeff_beta = coeff_beta
         self.factor_max = factor_max

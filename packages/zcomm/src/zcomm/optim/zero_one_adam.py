@@ -72,9 +72,11 @@ class ZeroOneAdam(OneBitBase):
         local_step_scaler: int = 32678,
         local_step_clipper: int = 16,
         preconditioned: bool = False,
+        compressed_weight_gather: bool = False,
     ) -> None:
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps,
                                   "weight_decay": weight_decay})  # fmt: skip
+        self.compressed_weight_gather = compressed_weight_gather
         self.var_freeze_step = var_freeze_step
         self.var_update_scaler = var_update_scaler
         self.local_step_scaler = local_step_scaler
