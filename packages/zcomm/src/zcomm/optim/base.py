@@ -67,23 +67,39 @@ class OneBitBase(torch.optim.Optimizer):
         assert self.scatter is not None, "bind() first"
         return self.scatter(grid, key)
 
-    def denominator_grid(self, gi: int) -> torch.Tensor:
+    def denominator_grid(self, gi: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Stages 1-2: every slot's ``sqrt(v) + eps`` of group ``gi`` as a ``(world, P)``
-        grid, all-gathered when first needed after the variance last changed (every rank
-        asks at the same point of the same step); ``1`` before any variance exists."""
-        d_grid = self._d_grids.get(gi)
-        if d_grid is None:
+        grid, and where ``v > 0``, all-gathered when first needed after the variance last
+        changed (every rank asks at the same point of the same step). Where ``v`` is still
+        0 (an element that never had a gradient) the denominator is 1 and the mask False:
+        dividing by ``eps`` there would hand one sign scale a 1e8-times larger value."""
+        cached = self._d_grids.get(gi)
+        if cached is None:
             assert self.context is not None, "bind() first"
             group = self.param_groups[gi]
             p = group["params"][0]
             st = self.state.get(p)
-            mine = (st["exp_avg_sq"].sqrt().add_(group["eps"]) if st and "exp_avg_sq" in st
-                    else torch.ones_like(p)).reshape(-1)  # fmt: skip
-            d_grid = torch.empty(self.world, mine.numel(), dtype=mine.dtype, device=mine.device)
+            if st and "exp_avg_sq" in st:
+                v = st["exp_avg_sq"].reshape(-1)
+                mine = torch.where(v > 0, v.sqrt().add_(group["eps"]), -1.0)
+            else:
+                mine = torch.full_like(p.reshape(-1), -1.0)
+            signed = torch.empty(self.world, mine.numel(), dtype=mine.dtype, device=mine.device)
             what = f"all_gather(variance denominators of group {gi})"
-            self.context.comm.all_gather(d_grid.view(-1), mine, what).wait()
-            self._d_grids[gi] = d_grid
-        return d_grid
+            self.context.comm.all_gather(signed.view(-1), mine, what).wait()
+            seen = signed > 0
+            cached = (torch.where(seen, signed, 1.0), seen)
+            self._d_grids[gi] = cached
+        return cached
+
+    def preconditioned_scatter(self, grid: torch.Tensor, key: str) -> torch.Tensor:
+        """The compressed reduce-scatter of ``grid / (sqrt(v) + eps)``, multiplied back: one
+        sign scale then fits every element (zero where ``v`` is 0, as the momentum mask)."""
+        gi = int(key.rsplit(".", 1)[1])
+        d_grid, seen = self.denominator_grid(gi)
+        rank = self.context.comm.rank if self.context else 0
+        avg = OneBitBase.reduce_scatter_local(self, (grid / d_grid).mul_(seen), key)
+        return avg.mul_(d_grid[rank]).mul_(seen[rank])
 
     # -- stages 1-2: the weights' all-gather, compressed (zcore's CompressedGather) -----------
     def compressing_now(self) -> bool:
@@ -102,7 +118,7 @@ class OneBitBase(torch.optim.Optimizer):
         preconditioned by the senders' denominators (module docstring)."""
         assert self.context is not None, "bind() first"
         comm, world, n = self.context.comm, self.world, delta.numel()
-        d_cols = self.denominator_grid(group)[:, offset : offset + n]
+        d_cols = self.denominator_grid(group)[0][:, offset : offset + n]
         blocks = -(-n // GATHER_BLOCK)
         padded = torch.zeros(blocks * GATHER_BLOCK, dtype=torch.float32, device=delta.device)
         torch.mul(delta, d_cols[comm.rank], out=padded[:n])

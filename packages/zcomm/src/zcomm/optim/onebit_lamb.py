@@ -98,9 +98,7 @@ class OneBitLamb(OneBitBase):
         gi = int(key.rsplit(".", 1)[1])
         if not self.state.get(self.param_groups[gi]["params"][0]) or self.context is None:
             return super().reduce_scatter_local(grid, key)
-        d_grid = self.denominator_grid(gi)
-        rank = self.context.comm.rank
-        return super().reduce_scatter_local(grid / d_grid, key).mul_(d_grid[rank])
+        return self.preconditioned_scatter(grid, key)
 
     def compressing_now(self) -> bool:
         return self.completed_steps() > self.freeze_step  # the step just taken compressed

@@ -118,9 +118,7 @@ class ZeroOneAdam(OneBitBase):
         if not self.frozen:
             if not self.preconditioned:
                 return super().reduce_scatter_local(grid, key)
-            d_grid = self.denominator_grid(gi)
-            rank = self.context.comm.rank if self.context else 0
-            return super().reduce_scatter_local(grid / d_grid, key).mul_(d_grid[rank])
+            return self.preconditioned_scatter(grid, key)
         self._grids[gi] = grid
         return grid[self.context.comm.rank if self.context else 0].clone()
 
@@ -188,8 +186,8 @@ class ZeroOneAdam(OneBitBase):
                         if self.stage > 0:
                             avg = g
                         elif self.preconditioned:  # compress g / sqrt(v): see the key's doc
-                            d = v.sqrt().add_(eps)
-                            avg = self.average(g / d, key).mul_(d)
+                            d, seen = v.sqrt().add_(eps), v > 0  # no 1/eps: see base
+                            avg = self.average((g / d).mul_(seen), key).mul_(d).mul_(seen)
                         else:
                             avg = self.average(g, key)
                         m.mul_(beta1).add_(avg, alpha=1 - beta1)
