@@ -1,8 +1,8 @@
 """Training efficiency against its baseline, measured in the same run on `z train`'s GPT.
 
 Each section is one function `section(o: Options, work: Path) -> dict` in `SECTIONS`; `z bench
-efficiency --sections a,b` runs the ones asked for (random-LTD, ScaLA and ADMM N:M will
-join the curriculum here).
+efficiency --sections a,b` runs the ones asked for: `curriculum` (the default) and `admm`
+(NxM sparsity by ADMM, `benchmarks/_admm_nm.py`); random-LTD and ScaLA will join them.
 
 **curriculum** (DeepSpeed's legacy `curriculum_learning`, `curriculum_type: seqlen`): on
 Shakespeare, one rank, in this process through `z train`'s own loop
@@ -190,7 +190,19 @@ def curriculum(o: Options, work: Path) -> dict[str, Any]:
     return out
 
 
-SECTIONS: dict[str, Callable[[Options, Path], dict[str, Any]]] = {"curriculum": curriculum}
+def admm(o: Options, work: Path) -> dict[str, Any]:
+    """ADMM N:M against magnitude N:M (one-shot, and with the same fine-tuning) on MiniLM
+    and SmolLM2 (`benchmarks/_admm_nm.py`); `--steps` / 2 ADMM steps. Opt-in (about ten
+    minutes on 2 CPU cores): `--sections curriculum,admm`."""
+    from zstack.bench import load
+
+    return load("_admm_nm").admm_section(max(2, o.steps // 2))
+
+
+SECTIONS: dict[str, Callable[[Options, Path], dict[str, Any]]] = {
+    "curriculum": curriculum,
+    "admm": admm,
+}
 
 
 def run(sections: str = "curriculum", **options: Any) -> dict[str, Any]:
@@ -249,5 +261,13 @@ def report(result: dict[str, Any]) -> str:
                 lines.append(
                     f"  lr {s['lr']:g}: {name:<10} val loss {x['final_val_loss']:.4f}, worst "
                     f"spike {x['max_loss_spike']:.3f}{', diverged' if x['diverged'] else ''}"
+                )
+    a = result.get("admm")
+    if a is not None:
+        for model, r in a.items():
+            if isinstance(r, dict) and "admm" in r:
+                lines.append(
+                    f"admm {model}: dense {r['dense']:.4f}, magnitude {r['magnitude']:.4f}, "
+                    f"magnitude+finetune {r['magnitude_finetune']:.4f}, admm {r['admm']:.4f}"
                 )
     return "\n".join(lines)

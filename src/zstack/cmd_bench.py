@@ -285,7 +285,11 @@ def bench_speculative(
 
 
 def bench_efficiency(
-    sections: str = typer.Option("curriculum", "--sections", help="Comma-separated: curriculum."),
+    sections: str = typer.Option(
+        "curriculum",
+        "--sections",
+        help="Comma-separated: curriculum, admm (NxM sparsity by ADMM on MiniLM and SmolLM2, about ten minutes).",
+    ),
     steps: int = typer.Option(60, "--steps", min=2, help="Baseline optimizer steps."),
     preset: str = typer.Option("tiny", "--preset", help="`z train` GPT size."),
     seq_len: int = typer.Option(64, "--seq-len", min=8, help="Tokens per sequence."),
