@@ -83,7 +83,6 @@ RUNS = [
     ("OneBitLamb", 1),
     pytest.param("OneBitLamb", 2, marks=SLOW),
     ("OneBitAdam" + GATHER, 2),
-    pytest.param("ZeroOneAdam" + GATHER, 1, marks=SLOW),
 ]
 RESUMES = [
     pytest.param("OneBitAdam", 0, marks=SLOW),
@@ -246,3 +245,10 @@ def _mics(rank: int, world: int) -> str:
 def test_mics_replicas_are_refused_naming_the_key() -> None:
     for message in run_ranks(_mics, 2, timeout=60):
         assert "mics_shard_size" in message and "optimizer.type ZeroOneAdam" in message
+
+
+@pytest.mark.parametrize("kind", ["ZeroOneAdam", "OneBitLamb"])
+def test_compressed_weight_gather_is_refused_where_it_diverged(kind: str) -> None:
+    cfg = config(2, optimizer={"type": kind, "params": {"compressed_weight_gather": True}})
+    with pytest.raises(ValueError, match=r"compressed_weight_gather is supported by OneBitAdam"):
+        zcore.initialize(make_model(), config=cfg)

@@ -8,9 +8,9 @@ parameter's place in the flat tensors (LAMB's per-parameter trust ratio needs it
 
 With ``compressed_weight_gather: true`` (zstack's key; off by default: measured on z train,
 tiny, stage 2, it took 1-bit Adam from -1.5% to +6.3% validation loss against Adam for 32x
-fewer bytes per step than an fp32 all-reduce instead of 1.9x), at ZeRO stages 1-2, once compression has begun, they
-also compress the weights' all-gather
-(zcore's :class:`~zcore.zero.communicating.CompressedGather`), which otherwise costs as
+fewer bytes per step than an fp32 all-reduce instead of 1.9x; OneBitAdam only, since 0/1 Adam
+and 1-bit LAMB diverged with it), at ZeRO stages 1-2, once compression has begun, the
+weights' all-gather is compressed too (zcore's :class:`~zcore.zero.communicating.CompressedGather`), which otherwise costs as
 much as an fp32 all-reduce's second half every step. Each owner sends the change from the
 model's copy of its slot to its master slot, multiplied by ``sqrt(v) + eps`` (the
 denominators of every slot are all-gathered once per variance update), as signs and an

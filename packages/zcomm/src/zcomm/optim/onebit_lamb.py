@@ -62,7 +62,12 @@ class OneBitLamb(OneBitBase):
         defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
                     "max_coeff": max_coeff, "min_coeff": min_coeff}  # fmt: skip
         super().__init__(params, defaults)
-        self.compressed_weight_gather = compressed_weight_gather
+        if compressed_weight_gather:
+            raise ValueError(
+                "optimizer.params.compressed_weight_gather is supported by OneBitAdam only: "
+                "with OneBitLamb it diverged on z train (tiny, stage 2, measured); remove it"
+            )
+        self.compressed_weight_gather = False
         self.freeze_step = freeze_step
         self.coeff_beta = coeff_beta
         self.factor_max = factor_max

@@ -56,7 +56,7 @@ class _OneBitCommon(OptimizerParams):
     feedback instead of fp32 (:mod:`zcomm.optim.base`): measured on z train (tiny, stage 2,
     1-bit Adam) 0.129 MiB per step after the freeze, 32x fewer than stage 0's fp32
     all-reduce (2.11 MiB, 1.9x, without it), at +6.3% validation loss against Adam instead
-    of -1.5%."""
+    of -1.5%. OneBitAdam only: with ZeroOneAdam and OneBitLamb it diverged (refused)."""
 
     @field_validator("eps_inside_sqrt", "amsgrad")
     @classmethod

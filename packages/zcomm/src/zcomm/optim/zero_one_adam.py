@@ -76,7 +76,12 @@ class ZeroOneAdam(OneBitBase):
     ) -> None:
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps,
                                   "weight_decay": weight_decay})  # fmt: skip
-        self.compressed_weight_gather = compressed_weight_gather
+        if compressed_weight_gather:
+            raise ValueError(
+                "optimizer.params.compressed_weight_gather is supported by OneBitAdam only: "
+                "with ZeroOneAdam it diverged on z train (tiny, stage 2, measured); remove it"
+            )
+        self.compressed_weight_gather = False
         self.var_freeze_step = var_freeze_step
         self.var_update_scaler = var_update_scaler
         self.local_step_scaler = local_step_scaler
