@@ -8,7 +8,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from zcore.checkpoint.files import fsync_dir
+from zcore.checkpoint.files import publish_dir
 
 
 def write_dir_atomically(out_dir: str | os.PathLike[str], fill: Callable[[Path], None]) -> Path:
@@ -21,19 +21,7 @@ def write_dir_atomically(out_dir: str | os.PathLike[str], fill: Callable[[Path],
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
     try:
         fill(tmp)
-        for f in tmp.iterdir():
-            if f.is_file():
-                with open(f, "rb") as fh:
-                    os.fsync(fh.fileno())
-        fsync_dir(tmp)
-        old = None
-        if out.exists():
-            old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".old"))
-            os.replace(out, old / out.name)
-        os.replace(tmp, out)
-        fsync_dir(out.parent)
-        if old is not None:
-            shutil.rmtree(old)
+        publish_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -27,6 +27,27 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+def publish_dir(tmp: Path, out: Path) -> None:
+    """fsync every file of the filled directory ``tmp`` (a sibling of ``out``) and rename it
+    to ``out``. An existing ``out`` is moved aside first and removed only after the rename,
+    so a crash leaves the old directory or the new one, never a half-written one."""
+    import shutil
+
+    for f in tmp.iterdir():
+        if f.is_file():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+    fsync_dir(tmp)
+    old = None
+    if out.exists():
+        old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".old"))
+        os.replace(out, old / out.name)
+    os.replace(tmp, out)
+    fsync_dir(out.parent)
+    if old is not None:
+        shutil.rmtree(old)
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside ``path`` for the caller to write; publish it on success.

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from zcore.checkpoint.files import fsync_dir
+from zcore.checkpoint.files import publish_dir
 from zcore.comm import Comm
 from zcore.hf.keys import patterns
 from zcore.hf.safetensors_io import Spec, Writer, write_order
@@ -118,7 +118,7 @@ def save_pretrained(
             writer.close()
             f.close()
             _write_side_files(model, tmp, tokenizer_from, dtype)
-            _publish(tmp, out)
+            publish_dir(tmp, out)
         except Exception as err:
             failed = err
     if f is not None and not f.closed:
@@ -157,20 +157,3 @@ def _write_side_files(
         for name in TOKENIZER_FILES:
             if (Path(source) / name).is_file():
                 shutil.copyfile(Path(source) / name, tmp / name)
-
-
-def _publish(tmp: Path, out: Path) -> None:
-    """fsync every file of ``tmp`` and rename it to ``out`` (an old ``out`` is moved aside
-    first and removed only after the rename)."""
-    for path in tmp.iterdir():
-        with open(path, "rb") as fh:
-            os.fsync(fh.fileno())
-    fsync_dir(tmp)
-    old = None
-    if out.exists():
-        old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".old"))
-        os.replace(out, old / out.name)
-    os.replace(tmp, out)
-    fsync_dir(out.parent)
-    if old is not None:
-        shutil.rmtree(old)
