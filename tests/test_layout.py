@@ -22,7 +22,17 @@ import pytest
 import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
-FIRST_PARTY = {"znative", "zcore", "zoffload", "zcomm", "zquant", "zmoe", "zserve", "zstack"}
+FIRST_PARTY = {
+    "znative",
+    "zcore",
+    "zoffload",
+    "zcomm",
+    "zquant",
+    "zmoe",
+    "zserve",
+    "zchat",
+    "zstack",
+}
 # zserve's HTTP server, the replica router's client (httpx), tokenizer and checkpoint loading
 # (ARCHITECTURE.md: OpenAI-compatible server with replicas, Hugging Face-format checkpoints).
 SERVE_STACK = {
@@ -50,6 +60,18 @@ ALLOWED: dict[str, set[str]] = {
     "zquant": {"torch", "znative", "safetensors", "transformers", "tokenizers"},
     "zmoe": {"zcore", "torch"},
     "zserve": {"torch", "znative", "zquant", *SERVE_STACK},
+    # RLHF on Hugging Face chat models (transformers builds them, tokenizers/jinja2 apply the
+    # chat template) over zcore's ZeRO-3 and zserve's runner; zquant optional.
+    "zchat": {
+        "zcore",
+        "zserve",
+        "zquant",
+        "torch",
+        "transformers",
+        "tokenizers",
+        "safetensors",
+        "jinja2",
+    },
 }
 # The `z` CLI and its recipes: the `z train` tokenizer, loss plot, progress display and
 # safetensors export.

@@ -13,6 +13,7 @@ import typer
 
 from zstack import (
     cmd_bench,
+    cmd_chat,
     cmd_doctor,
     cmd_export,
     cmd_launch,
@@ -41,6 +42,7 @@ for _module in (
     cmd_export,
     cmd_serve,
     cmd_quant,
+    cmd_chat,
 ):
     _module.register(app, bench_app)
 

@@ -1,0 +1,25 @@
+"""`z chat`: zchat's RLHF stages (`z chat sft | reward | ppo | dpo | grpo | e2e`).
+
+Imports only typer at load time. Each stage's command lives in its own `zstack.cmd_chat_*`
+module exposing `register_chat(chat_app)`; this file builds the `chat` group and calls them
+in `z chat --help` order. zchat and torch load when a command runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+# Stage command modules, in `z chat --help` order. Add a stage by adding its module here.
+STAGE_MODULES: tuple[str, ...] = ()
+
+
+def register(app: typer.Typer, bench_app: typer.Typer) -> None:
+    chat_app = typer.Typer(
+        help="RLHF a la DeepSpeed-Chat on ZeRO-3: SFT, reward model, PPO (hybrid engine), DPO, GRPO.",
+        no_args_is_help=True,
+    )
+    for name in STAGE_MODULES:
+        importlib.import_module(f"zstack.{name}").register_chat(chat_app)
+    app.add_typer(chat_app, name="chat")
