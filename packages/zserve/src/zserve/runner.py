@@ -25,7 +25,7 @@ import znative.cuda
 from zserve.kv_cache import DEFAULT_KV_CACHE_BYTES, KVCache
 from zserve.model.attention import plan_ragged_attention, ragged_paged_attention
 from zserve.model.config import LlamaConfig
-from zserve.model.llama import AttentionFn, LlamaModel, SafetensorsCheckpoint
+from zserve.model.llama import AttentionFn, LlamaModel, SafetensorsCheckpoint, TensorCheckpoint
 from zserve.model.native import ragged_paged_attention_native
 
 
@@ -59,6 +59,9 @@ class ModelRunner:
         kv_cache_bytes: KV memory budget when ``num_blocks`` is None (default 1 GiB).
         max_model_len: longest sequence accepted (default: the model's
             ``max_position_embeddings``, or Mistral's ``sliding_window`` when smaller).
+        weights: the weights by checkpoint name, already in memory (zchat's hybrid engine
+            hands over what it gathered from ZeRO-3 partitions); None reads the
+            safetensors of ``model_dir``, whose ``config.json`` is read either way.
     """
 
     def __init__(
@@ -71,6 +74,7 @@ class ModelRunner:
         device: str | torch.device = "cpu",
         kv_cache_bytes: int | None = None,
         max_model_len: int | None = None,
+        weights: dict[str, torch.Tensor] | None = None,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.config = LlamaConfig.from_dir(self.model_dir)
@@ -112,7 +116,9 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.model = LlamaModel(
             c,
-            SafetensorsCheckpoint(self.model_dir),
+            SafetensorsCheckpoint(self.model_dir)
+            if weights is None
+            else TensorCheckpoint(weights, self.model_dir),
             dtype=dtype,
             device=self.device,
             max_positions=max_model_len,

@@ -106,6 +106,38 @@ class SafetensorsCheckpoint:
         return t
 
 
+class TensorCheckpoint:
+    """Tensors already in memory, by checkpoint name, read like :class:`SafetensorsCheckpoint`.
+
+    For a caller that holds the weights itself (zchat's hybrid engine hands over the full
+    values it gathered from ZeRO-3 partitions): a tensor already in the model's dtype and
+    device and contiguous is used as it is, not copied (only the fused q/k/v and gate/up
+    matrices are built by concatenation).
+    """
+
+    def __init__(self, tensors: dict[str, torch.Tensor], model_dir: str | Path) -> None:
+        self.tensors = tensors
+        self.model_dir = Path(model_dir)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.tensors
+
+    def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """The tensor ``name``, checked to have ``shape``; :class:`WeightsMismatchError` if not."""
+        t = self.tensors.get(name)
+        if t is None:
+            raise WeightsMismatchError(
+                f"tensor `{name}` (expected shape {list(shape)}) is not among the "
+                f"{len(self.tensors)} tensors handed over; pass every weight config.json implies"
+            )
+        if tuple(t.shape) != tuple(shape):
+            raise WeightsMismatchError(
+                f"tensor `{name}` has shape {list(t.shape)}, but config.json implies "
+                f"{list(shape)}; does config.json match the weights?"
+            )
+        return t
+
+
 class FeedForward(Protocol):
     """A layer's feed-forward block: ``(T, hidden)`` normed tokens to ``(T, hidden)``."""
 
@@ -145,7 +177,10 @@ class WeightLoader:
     zquant modules (:mod:`zserve.model.quantized`, held in ``quantized``)."""
 
     def __init__(
-        self, checkpoint: SafetensorsCheckpoint, dtype: torch.dtype, device: torch.device
+        self,
+        checkpoint: SafetensorsCheckpoint | TensorCheckpoint,
+        dtype: torch.dtype,
+        device: torch.device,
     ) -> None:
         self.checkpoint = checkpoint
         self.dtype = dtype
@@ -167,8 +202,9 @@ class WeightLoader:
         return t.to(device=self.device, dtype=self.dtype).contiguous()
 
     def cat(self, names: list[str], shapes: list[tuple[int, ...]]) -> torch.Tensor:
-        """The tensors ``names`` concatenated along dim 0."""
-        return torch.cat([self(n, *s) for n, s in zip(names, shapes, strict=True)])
+        """The tensors ``names`` concatenated along dim 0 (one tensor: itself, not a copy)."""
+        parts = [self(n, *s) for n, s in zip(names, shapes, strict=True)]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def linear(
         self, prefixes: list[str], rows: list[int], cols: int, bias: bool
@@ -207,7 +243,7 @@ class LlamaModel:
     def __init__(
         self,
         config: LlamaConfig,
-        checkpoint: SafetensorsCheckpoint,
+        checkpoint: SafetensorsCheckpoint | TensorCheckpoint,
         *,
         dtype: torch.dtype,
         device: torch.device,
