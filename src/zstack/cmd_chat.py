@@ -1,7 +1,8 @@
 """`z chat`: zchat's RLHF stages (`z chat sft | reward | ppo | dpo | grpo | e2e`).
 
 Imports only typer at load time. Each stage's command lives in its own `zstack.cmd_chat_*`
-module exposing `register_chat(chat_app)`; this file builds the `chat` group and calls them
+module exposing `register_chat(chat_app)` (and `register_bench(bench_app)` for a stage's
+`z bench` entry); this file builds the `chat` group and calls them
 in `z chat --help` order. zchat and torch load when a command runs.
 """
 
@@ -12,7 +13,7 @@ import importlib
 import typer
 
 # Stage command modules, in `z chat --help` order. Add a stage by adding its module here.
-STAGE_MODULES: tuple[str, ...] = ()
+STAGE_MODULES: tuple[str, ...] = ("cmd_chat_ppo",)
 
 
 def register(app: typer.Typer, bench_app: typer.Typer) -> None:
@@ -21,5 +22,8 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         no_args_is_help=True,
     )
     for name in STAGE_MODULES:
-        importlib.import_module(f"zstack.{name}").register_chat(chat_app)
+        module = importlib.import_module(f"zstack.{name}")
+        module.register_chat(chat_app)
+        if hasattr(module, "register_bench"):  # a stage's benchmark: `z bench <name>`
+            module.register_bench(bench_app)
     app.add_typer(chat_app, name="chat")

@@ -372,6 +372,15 @@ def _bench_efficiency(w: Work) -> None:
     assert c["baseline"]["tokens"] == 2 * 2 * 16 and c["curriculum"]["tokens"] >= 64
 
 
+@smoke("bench hybrid")
+def _bench_hybrid(w: Work) -> None:
+    r = w.json("bench", "hybrid", str(w.lm), "--num-prompts", "2", "--max-tokens", "4",
+               "--no-zero3-baseline", "--json")  # fmt: skip
+    p = r["rows"]["hybrid"]["phases"]
+    assert r["generated_tokens"] == 8 and r["rows"]["hf_generate"]["tokens_per_s"] > 0
+    assert p["actor_bytes_after"] == p["actor_bytes_before"] and p["weights_bytes"] > 0
+
+
 @smoke("estimate-memory")
 def _estimate_memory(w: Work) -> None:
     r = w.json("estimate-memory", "--params", "1M", "--world-size", "2", "--stage", "3", "--json")
