@@ -118,7 +118,8 @@ _RARITY = f"{_CL}.curriculum_metrics.vocab_rarity"
         (DE, f"{_RARITY}.sample_path", "x", f"unknown key {_RARITY}.sample_path"),
         (DE, "data_efficiency.data_sampling.enabled", False,
          "data_efficiency.data_sampling.enabled = false: is false but data_sampling.curriculum_learning.enabled is true"),
-        (DE, "data_efficiency.data_routing.random_ltd.enabled", True, "random-LTD is not implemented yet"),
+        (DE, "data_efficiency.data_routing.random_ltd.enabled", True,
+         "data_efficiency.data_routing.random_ltd.random_ltd_layer_num: is required"),
         (DE, f"{_CL}.curriculum_metrics", {}, "curriculum learning is enabled but names no metric"),
     ],
 )  # fmt: skip

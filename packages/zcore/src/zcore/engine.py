@@ -24,7 +24,7 @@ from torch.utils.hooks import RemovableHandle
 from zcore.comm import mesh_for_config
 from zcore.comm.accounting import Traffic, TrafficTally
 from zcore.config import ZConfig
-from zcore.lr_schedules.attach import engine_scheduler
+from zcore.lr_schedules.attach import engine_random_ltd, engine_scheduler
 from zcore.monitor import MonitorMaster
 from zcore.optim.factory import build_inner_optimizer
 from zcore.precision import LossScaler, model_dtype
@@ -84,6 +84,7 @@ class ZEngine:
         self.stage = zc.stage
         self.dtype = model_dtype(config.fp16.enabled, config.bf16.enabled)
         self.module = model
+        self.random_ltd = engine_random_ltd(config, self)  # data_efficiency.data_routing
         self.scaler = LossScaler.from_config(config.fp16) if config.fp16.enabled else None
         self.micro_steps = 0
         self.global_steps = 0
@@ -173,7 +174,7 @@ class ZEngine:
             for p in ps:
                 self._grad_hooks.append(p.register_post_accumulate_grad_hook(self._on_grad))
                 p._z_on_edit = [self.zopt.refresh_master]  # type: ignore[attr-defined]
-        self.lr_scheduler = engine_scheduler(config, self.optimizer, lr_scheduler)
+        self.lr_scheduler = engine_scheduler(config, self.optimizer, lr_scheduler, self.random_ltd)
         self.monitor = MonitorMaster(
             config.csv_monitor.model_dump(), config.tensorboard.model_dump(), rank=self.rank
         )

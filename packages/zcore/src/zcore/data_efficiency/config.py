@@ -11,7 +11,7 @@ and ``config.py``; where zstack is stricter it says so in the field's docstring:
 - ``min_difficulty`` of a ``fixed_linear``/``fixed_root`` schedule must be a multiple of
   ``difficulty_step`` (DeepSpeed rounds every difficulty down to such a multiple, so the
   first steps would otherwise run *below* ``min_difficulty``, at 0 for a small one);
-- ``data_routing.random_ltd.enabled: true`` is refused until random-LTD is built.
+- random-LTD's own checks are in :mod:`zcore.data_efficiency.random_ltd_config`.
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ from __future__ import annotations
 from itertools import pairwise
 from typing import Any, ClassVar, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from zcore.config._base import Bool, Float, Int, ZModel, empty_block
 from zcore.config.errors import MISSING, problem_at
 from zcore.config.old_keys import OldKey
+from zcore.data_efficiency.random_ltd_config import RandomLTDConfig
 
 Number = Int | Float
 """A difficulty: an integer (sequence lengths, percentiles) or a number (metric values)."""
@@ -195,27 +196,6 @@ class DataSamplingConfig(ZModel):
     """Curriculum learning by per-sample metrics."""
 
 
-class RandomLTDConfig(ZModel):
-    """``data_efficiency.data_routing.random_ltd``: accepted only while disabled (its other
-    keys are then read as DeepSpeed's and left alone)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    enabled: Bool = False
-    """Random layer-token drop."""
-
-    @model_validator(mode="after")
-    def _not_built(self) -> RandomLTDConfig:
-        if self.enabled:
-            raise problem_at(
-                "enabled",
-                True,
-                "random-LTD is not implemented yet in zstack; set it to false or remove the "
-                "random_ltd block",
-            )
-        return self
-
-
 class DataRoutingConfig(ZModel):
     """``data_efficiency.data_routing``."""
 
@@ -256,7 +236,15 @@ class DataEfficiencyConfig(ZModel):
                 )
         if self.data_routing.random_ltd.enabled and not self.data_routing.enabled:
             raise problem_at("data_routing.enabled", False, "random_ltd needs it true")
+        if self.data_routing.random_ltd.enabled and not self.enabled:
+            raise problem_at("enabled", False, "data_routing.random_ltd needs it true")
         return self
+
+    @property
+    def random_ltd(self) -> RandomLTDConfig | None:
+        """The random-LTD block when it is on, else None."""
+        r = self.data_routing.random_ltd
+        return r if r.enabled else None
 
     @property
     def curriculum(self) -> CurriculumConfig | None:

@@ -9,10 +9,29 @@ import torch
 from zcore.lr_schedules.factory import build_scheduler
 
 
-def engine_scheduler(config: Any, optimizer: torch.optim.Optimizer, lr_scheduler: Any) -> Any:
+def engine_scheduler(
+    config: Any, optimizer: torch.optim.Optimizer, lr_scheduler: Any, random_ltd: Any = None
+) -> Any:
     """``lr_scheduler`` (an ``LRScheduler`` of another optimizer with as many groups, or a
     callable ``optimizer -> scheduler``) bound to ``optimizer``; without one, the config's
-    ``scheduler`` block; None when neither is given."""
+    ``scheduler`` block; None when neither is given. The engine's ``random_ltd`` with its
+    ``layer_token_lr_schedule`` on replaces that with its LayerToken schedule."""
+    scheduler = _bound_scheduler(config, optimizer, lr_scheduler)
+    return scheduler if random_ltd is None else random_ltd.lr_scheduler(optimizer, scheduler)
+
+
+def engine_random_ltd(config: Any, engine: Any) -> Any:
+    """The config's random-LTD on ``engine.module`` (None when off), its schedule moved to
+    ``engine.global_steps`` before each training forward."""
+    from zcore.data_efficiency.random_ltd import RandomLTD
+
+    ltd = RandomLTD.from_config(config, engine.module, engine.batch.train_batch_size)
+    if ltd is not None:
+        ltd.follow(engine)
+    return ltd
+
+
+def _bound_scheduler(config: Any, optimizer: torch.optim.Optimizer, lr_scheduler: Any) -> Any:
     if lr_scheduler is None and config.scheduler is not None:
         sc = config.scheduler
         return build_scheduler(sc.type, optimizer, sc.params.model_dump())
