@@ -3,8 +3,10 @@ on the torch ops they replace, on a tiny random LLaMA, fp32 and bf16: a ragged b
 a prompt chunk, a chunk continuing a cached prompt and decodes, then greedy decoding
 against transformers' `generate` (fp32).
 
-Tolerance: fp32 logits within 1e-4 (the kernels sum RMSNorm's squares and attention's
-products in another order); bf16 within 0.1 of logits of magnitude ~5, i.e. a few bf16
+RMSNorm is bit-identical to its torch reference (the kernel adds the squares in torch's
+order: a W8A8 model's INT8 activation codes, hence its perplexity, depend on those bits).
+Tolerance of the forward: fp32 logits within 1e-4 (decode attention sums its products in
+another order); bf16 within 0.1 of logits of magnitude ~5, i.e. a few bf16
 ulps of the hidden states after two layers (both paths round to bf16 at every op)."""
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import pytest
 import torch
 
 from tests.zserve.tiny_llama import hf_greedy, tiny_llama
+from zserve.model import llama, native
 from zserve.model.attention import ragged_paged_attention
 from zserve.runner import ModelRunner, SeqChunk
 
@@ -78,3 +81,14 @@ def test_native_greedy_matches_transformers(model_dir: Path) -> None:
         tokens.append(int(logits.argmax(-1)))
         logits = runner.forward([SeqChunk(0, [tokens[-1]], len(prompt) + step, table)])
     assert tokens == want
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_rms_norm_is_bit_identical(dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    # below one 8-lane vector (torch's scalar sum), around it, and model widths up to 8192
+    for hidden in (1, 5, 7, 8, 9, 40, 576, 1000, 2048, 4099, 8192):
+        x = (torch.randn(17, hidden) * torch.rand(17, 1) * 10).to(dtype)
+        w = (torch.rand(hidden) + 0.5).to(dtype)
+        got, want = native.rms_norm(x, w, 1e-5), llama.rms_norm(x, w, 1e-5)
+        assert torch.equal(got, want), (hidden, (got.float() - want.float()).abs().max())

@@ -9,7 +9,8 @@
 //! (`paged_attention_reference`). Elements are `f32` or bfloat16 bits; all
 //! arithmetic is f32, and where the reference rounds an intermediate to the
 //! model dtype (bf16), so does the kernel, so RMSNorm and rotary match the
-//! reference to the last bit up to the order of one sum. Errors are
+//! reference to the last bit (RMSNorm adds its squares in torch's order);
+//! attention sums in its own order. Errors are
 //! [`QuantError`]s, checked before anything is written.
 
 mod attention;

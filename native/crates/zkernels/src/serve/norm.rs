@@ -1,6 +1,8 @@
 //! RMSNorm of rows: `w * (x * rsqrt(mean(x^2) + eps))`, the product with `x`
 //! in f32 rounded to the element type before the weight multiplies it (as
-//! transformers' `LlamaRMSNorm` and `zserve.model.llama.rms_norm` do).
+//! transformers' `LlamaRMSNorm` and `zserve.model.llama.rms_norm` do). The
+//! sum of squares is added in the order of torch's CPU sum kernel, so the
+//! result is bit-identical to that torch reference (f32 and bf16).
 
 use super::{check_len, for_tasks, param, Shared};
 use crate::bf16::Elem;
@@ -30,24 +32,133 @@ pub fn rms_norm<E: Elem>(x: &[E], weight: &[E], eps: f32, out: &mut [E]) -> Resu
 
 #[inline(always)]
 fn norm_body<E: Elem>(x: &[E], w: &[E], eps: f32, out: &mut [E]) {
-    let mut lanes = [0f32; 16];
-    let h = x.len();
-    let full = h / 16 * 16;
-    for c in x[..full].chunks_exact(16) {
-        for l in 0..16 {
-            let v = c[l].to_f32();
-            lanes[l] += v * v;
-        }
-    }
-    let mut ss = lanes.iter().sum::<f32>();
-    for v in &x[full..] {
-        ss += v.to_f32() * v.to_f32();
-    }
-    let r = 1.0 / (ss / h as f32 + eps).sqrt();
+    let ss = sum_sq_torch_order(x);
+    let r = 1.0 / (ss / x.len() as f32 + eps).sqrt();
     for ((o, &v), &wv) in out.iter_mut().zip(x).zip(w) {
         let y = E::from_f32(v.to_f32() * r).to_f32();
         *o = E::from_f32(wv.to_f32() * y);
     }
+}
+
+/// Lanes of torch's CPU sum kernel: 8 f32 (`Vectorized<float>` on AVX2; measured equal on
+/// an AVX512 torch too).
+const LANES: usize = 8;
+/// Independent accumulators torch's row sum interleaves (its `ilp_factor`).
+const ILP: usize = 4;
+/// Levels of torch's cascade sum (its `num_levels`).
+const LEVELS: usize = 4;
+
+#[inline(always)]
+fn sq<E: Elem>(v: E) -> f32 {
+    let f = v.to_f32();
+    f * f
+}
+
+/// torch's `CeilLog2` (`ATen/native/cpu/utils.h`): 1 for `x <= 2`.
+fn ceil_log2(x: usize) -> usize {
+    if x <= 2 {
+        1
+    } else {
+        (usize::BITS - (x - 1).leading_zeros()) as usize
+    }
+}
+
+/// `x.float().pow(2).sum()` of one contiguous row in the order torch's CPU sum kernel adds
+/// (`ATen/native/cpu/SumKernel.cpp`: `vectorized_inner_sum` over [`LANES`]-wide vectors, or
+/// `scalar_inner_sum` for rows shorter than one vector; both a `row_sum` of [`ILP`]
+/// interleaved accumulators, each a cascade of [`LEVELS`] partial sums). The f32 result is
+/// then bit-identical to `zserve.model.llama.rms_norm`'s: a row summed in another order
+/// differs in its last bits, and in a W8A8 model those flip INT8 activation codes of the
+/// next GEMM (served perplexity moved 5e-3 from `z eval`'s on SmolLM2).
+fn sum_sq_torch_order<E: Elem>(x: &[E]) -> f32 {
+    if x.len() < LANES {
+        let p = row_sum::<E, 1>(x, x.len());
+        return p[0];
+    }
+    let vecs = x.len() / LANES;
+    let p = row_sum::<E, LANES>(x, vecs);
+    let mut acc = 0f32;
+    for &v in &x[vecs * LANES..] {
+        acc += sq(v);
+    }
+    for lane in p {
+        acc += lane;
+    }
+    acc
+}
+
+/// torch's `row_sum` of `n` groups of `G` lanes of `x` (squared): the groups dealt to
+/// [`ILP`] accumulators in turn ([`multi_row_sum`]), the leftover groups added to the first,
+/// then the others added to it.
+// Index loops: the lanes, accumulators and levels read as torch's code does.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+fn row_sum<E: Elem, const G: usize>(x: &[E], n: usize) -> [f32; G] {
+    let size = n / ILP;
+    let mut p = multi_row_sum::<E, G>(x, size);
+    for i in size * ILP..n {
+        for l in 0..G {
+            p[0][l] += sq(x[i * G + l]);
+        }
+    }
+    for k in 1..ILP {
+        for l in 0..G {
+            p[0][l] += p[k][l];
+        }
+    }
+    p[0]
+}
+
+/// torch's `multi_row_sum`: `size` steps of [`ILP`] groups, each step added to level 0;
+/// every `2^level_power` steps level `j - 1` is carried into level `j` (up to the first
+/// level whose step bits are not all zero), then all levels added into level 0.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+fn multi_row_sum<E: Elem, const G: usize>(x: &[E], size: usize) -> [[f32; G]; ILP] {
+    let level_power = (ceil_log2(size) / LEVELS).max(4);
+    let level_step = 1usize << level_power;
+    let level_mask = level_step - 1;
+    let mut acc = [[[0f32; G]; ILP]; LEVELS];
+    let add = |acc0: &mut [[f32; G]; ILP], i: usize| {
+        for (k, a) in acc0.iter_mut().enumerate() {
+            let base = (i * ILP + k) * G;
+            for (l, s) in a.iter_mut().enumerate() {
+                *s += sq(x[base + l]);
+            }
+        }
+    };
+    let mut i = 0;
+    while i + level_step <= size {
+        for _ in 0..level_step {
+            add(&mut acc[0], i);
+            i += 1;
+        }
+        for j in 1..LEVELS {
+            let (lo, hi) = acc.split_at_mut(j);
+            for k in 0..ILP {
+                for l in 0..G {
+                    hi[0][k][l] += lo[j - 1][k][l];
+                    lo[j - 1][k][l] = 0.0;
+                }
+            }
+            if i & (level_mask << (j * level_power)) != 0 {
+                break;
+            }
+        }
+    }
+    while i < size {
+        add(&mut acc[0], i);
+        i += 1;
+    }
+    let (first, rest) = acc.split_at_mut(1);
+    for level in rest.iter() {
+        for k in 0..ILP {
+            for l in 0..G {
+                first[0][k][l] += level[k][l];
+            }
+        }
+    }
+    first[0]
 }
 
 multiversion!(norm_auto => norm_body<E: Elem>(x: &[E], w: &[E], eps: f32, out: &mut [E]));
@@ -78,6 +189,27 @@ mod tests {
                 assert!((f64::from(out[r * h + i]) - want).abs() < 1e-5 * (1.0 + want.abs()));
             }
         }
+    }
+
+    #[test]
+    fn torch_order_sum_is_the_sum() {
+        for h in [1usize, 3, 7, 8, 9, 40, 576, 1000, 2048, 4099, 70_000] {
+            let x: Vec<f32> = (0..h)
+                .map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0)
+                .collect();
+            let want = x.iter().map(|v| f64::from(*v) * f64::from(*v)).sum::<f64>();
+            let got = f64::from(sum_sq_torch_order(&x));
+            assert!((got - want).abs() <= 1e-6 * want, "h {h}: {got} vs {want}");
+        }
+        // below one vector: torch's scalar row sum, ((a + e) + b) + c) + d for 5 elements
+        let x = [1e8f32, 1.0, 1.0, 1.0, 3.0];
+        let s: Vec<f32> = x.iter().map(|v| v * v).collect();
+        assert_eq!(
+            sum_sq_torch_order(&x),
+            (((s[0] + s[4]) + s[1]) + s[2]) + s[3]
+        );
+        assert_eq!(ceil_log2(2), 1);
+        assert_eq!(ceil_log2(17), 5);
     }
 
     #[test]

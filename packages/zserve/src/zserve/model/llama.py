@@ -289,11 +289,11 @@ class LlamaModel:
         self.cos = emb.cos().to(device=device, dtype=dtype)
         self.sin = emb.sin().to(device=device, dtype=dtype)
         self.scale = c.head_dim**-0.5
-        self.native = native.available(device, dtype) and self.quantization is None
+        self.native = native.available(device, dtype)
         """Whether RMSNorm, rotary + cache write and decode attention run on znative's
-        kernels (:mod:`zserve.model.native`; CPU, fp32/bf16), else on torch ops. Not for
-        a `z quantize` directory: with them its served perplexity moved 4e-4 (W8A8) and
-        2e-3 (pruned W4A8, bf16 fallback) relative from `z eval`'s, which it must equal."""
+        kernels (:mod:`zserve.model.native`; CPU, fp32/bf16), else on torch ops. RMSNorm
+        and rotary give the torch ops' bits exactly (a `z quantize` directory's INT8
+        activation codes, hence its perplexity, must not move from `z eval`'s)."""
 
     def _load_mlp(self, load: WeightLoader, prefix: str) -> FeedForward:
         """The feed-forward block of the layer whose tensors start with ``prefix``: the
