@@ -163,7 +163,7 @@ def report(result: dict[str, Any]) -> str:
         f"prompts x {result['max_tokens']} tokens, {result['threads']} thread(s)",
     ]
     for name, row in r.items():
-        extra = f"  x{result['speedup'][name]:.2f} slower" if name in result["speedup"] else ""
+        extra = f"  (hybrid {result['speedup'][name]:.2f}x)" if name in result["speedup"] else ""
         lines.append(f"  {name:18s} {row['tokens_per_s']:8.1f} tok/s{extra}")
     lines.append(
         f"  phases: gather {p['gather_s']:.2f} s ({p['weights_bytes'] / 2**20:.0f} MiB weights, "

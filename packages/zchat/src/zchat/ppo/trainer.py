@@ -1,0 +1,240 @@
+"""PPO on ZeRO-3 ranks: rollouts on the hybrid engine, experience from four models, clipped
+updates of actor and critic.
+
+Per rank and step (every rank runs this, with its own prompts):
+
+1. rollout: the actor's partitions gathered into zserve's runner, ``prompts_per_rank``
+   prompts sampled (:class:`zchat.hybrid.HybridEngine`), released;
+2. experience (no gradients): the actor's and the frozen reference's log-probabilities of
+   the sampled tokens, the critic's values, the reward model's score of each sequence;
+   per-token rewards (KL penalty + clipped score), GAE advantages and returns;
+3. ``ppo_epochs`` updates: the actor on the clipped policy loss, the critic on the clipped
+   value loss, each its own ZeRO-3 engine (AdamW).
+
+The actor and the critic are ZeRO-3 engines (the critic starts from the reward model); the
+reference and the reward model are frozen and kept whole on each rank (no optimizer state;
+at this model size that is less memory than their ZeRO-3 machinery would save).
+Metrics (means over ranks; memory and time per rank) go to ``metrics.jsonl`` every step,
+with a live progress line on rank 0; the held-out prompts are scored greedily before the
+first step and after the last (and every ``eval_every`` steps).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from zchat.hybrid import HybridEngine
+from zchat.hybrid.engine import rss_bytes
+from zchat.ppo.config import PPOConfig
+from zchat.ppo.experience import Batch, Critic, critic_values, token_logprobs
+from zchat.ppo.losses import gae, kl_penalized_rewards, masked_mean, policy_loss, value_loss
+from zserve.sampling import SamplingParams
+
+
+def _mean_over_ranks(values: dict[str, float]) -> dict[str, float]:
+    keys = sorted(values)
+    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
+    if dist.is_initialized():
+        dist.all_reduce(t)
+        t /= dist.get_world_size()
+    return dict(zip(keys, t.tolist(), strict=True))
+
+
+def _per_rank(value: Any) -> list[Any]:
+    if not dist.is_initialized():
+        return [value]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out
+
+
+class PPOTrainer:
+    """The four models of one rank and the PPO loop over them (collective: every rank
+    builds one and calls :meth:`train` together)."""
+
+    def __init__(self, cfg: PPOConfig, rank: int, world: int) -> None:
+        from transformers import AutoModelForCausalLM
+
+        import zcore
+        import zcore.hf
+        from zchat.data import build_chat_data, load_tokenizer, require_nonempty
+        from zchat.reward import check_same_tokenizer, load_reward_model
+        from zcore.zero import Init
+
+        self.cfg, self.rank, self.world = cfg, rank, world
+        self.tokenizer = load_tokenizer(cfg.actor)
+        check_same_tokenizer(cfg.reward, self.tokenizer, cfg.actor)
+        self.data = build_chat_data(
+            cfg.task, train=cfg.train_prompts, heldout=cfg.heldout_prompts, seed=cfg.data_seed
+        )
+        require_nonempty(self.data.prompts_train, "prompts_train", "raise `train_prompts`")
+        require_nonempty(self.data.prompts_heldout, "prompts_heldout", "raise `heldout_prompts`")
+        actor_cfg = cfg.zero_config(cfg.actor_lr)
+        actor = zcore.hf.from_pretrained(AutoModelForCausalLM, cfg.actor, ds_config=actor_cfg,
+                                         config=_hf_config(cfg.actor))  # fmt: skip
+        self.actor, *_ = zcore.initialize(actor, config=actor_cfg)
+        critic_cfg = cfg.zero_config(cfg.critic_lr)
+        with Init(config=critic_cfg):  # the wrapper too, so the engine finds its partitions
+            critic = Critic(load_reward_model(cfg.reward))
+        self.critic, *_ = zcore.initialize(critic, config=critic_cfg)
+        self.ref = AutoModelForCausalLM.from_pretrained(str(cfg.actor), dtype=torch.float32)
+        self.reward = load_reward_model(cfg.reward)
+        for frozen in (self.ref, self.reward):
+            frozen.eval().requires_grad_(False)
+        self.hybrid = HybridEngine(self.actor, cfg.actor)
+        self.pad_id = int(self.tokenizer.pad_token_id)
+
+    # -- one step -------------------------------------------------------------------------
+    def _prompts(self, step: int) -> list[Any]:
+        n, pool = self.cfg.prompts_per_rank, self.data.prompts_train
+        start = (step * self.world + self.rank) * n
+        return [pool[(start + k) % len(pool)] for k in range(n)]
+
+    def _prompt_ids(self, prompts: list[Any]) -> list[list[int]]:
+        from zchat.data import render_prompt
+
+        return [render_prompt(self.tokenizer, p.messages) for p in prompts]
+
+    def step(self, step: int) -> dict[str, Any]:
+        cfg = self.cfg
+        mem: dict[str, int] = {"start": rss_bytes()}
+        t0 = time.perf_counter()
+        prompt_ids = self._prompt_ids(self._prompts(step))
+        self.actor.eval()
+        seed = cfg.seed * 1_000_003 + (step * self.world + self.rank) * cfg.prompts_per_rank
+        params = SamplingParams(max_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                                seed=seed)  # fmt: skip
+        gens, rollout = self.hybrid.generate(prompt_ids, params)
+        mem |= {f"rollout_{k}": v for k, v in rollout.rss.items() if k != "start"}
+        t1 = time.perf_counter()
+        batch = Batch.build(prompt_ids, [g.token_ids for g in gens], self.pad_id)
+        with torch.no_grad():
+            old_lp = token_logprobs(self.actor, batch)
+            ref_lp = token_logprobs(self.ref, batch)
+            old_v = critic_values(self.critic, batch)
+            scores = self.reward(batch.ids, batch.attn).float()
+        rewards = kl_penalized_rewards(old_lp, ref_lp, scores, batch.mask, cfg.kl_coef,
+                                       cfg.clip_reward)  # fmt: skip
+        adv, ret = gae(rewards, old_v, batch.mask, cfg.gamma, cfg.lam)
+        mem["experience"] = rss_bytes()
+        t2 = time.perf_counter()
+        self.actor.train()
+        self.critic.train()
+        for _ in range(cfg.ppo_epochs):
+            lp = token_logprobs(self.actor, batch)
+            pg, info = policy_loss(lp, old_lp, adv, batch.mask, cfg.cliprange)
+            self.actor.backward(pg)
+            self.actor.step()
+            v = critic_values(self.critic, batch)
+            vf = value_loss(v, old_v, ret, batch.mask, cfg.cliprange_value)
+            self.critic.backward(vf)
+            self.critic.step()
+        mem["train"] = rss_bytes()
+        t3 = time.perf_counter()
+        local = {
+            "reward": float(scores.mean()),
+            "kl": float(masked_mean(old_lp - ref_lp, batch.mask)),
+            "actor_loss": float(pg.detach()),
+            "critic_loss": float(vf.detach()),
+            "clip_frac": info["clip_frac"],
+            "approx_kl": info["approx_kl"],
+            "response_tokens": float(batch.mask.sum(1).mean()),
+            "advantage": float(masked_mean(adv, batch.mask)),
+        }
+        out: dict[str, Any] = {"step": step + 1, **_mean_over_ranks(local)}
+        timing = {"rollout_s": t1 - t0, "experience_s": t2 - t1, "train_s": t3 - t2,
+                  "generate_s": rollout.generate_s, "gather_s": rollout.gather_s,
+                  "release_s": rollout.release_s, "generated": rollout.generated_tokens}  # fmt: skip
+        per_rank = _per_rank({"mem": mem, "time": timing})
+        gen_s = max(r["time"]["generate_s"] for r in per_rank)
+        out["gen_tokens_per_s"] = sum(r["time"]["generated"] for r in per_rank) / max(gen_s, 1e-9)
+        out["step_s"] = max(r["time"]["rollout_s"] + r["time"]["experience_s"]
+                            + r["time"]["train_s"] for r in per_rank)  # fmt: skip
+        out["ranks"] = per_rank
+        return out
+
+    # -- held-out score -------------------------------------------------------------------
+    def evaluate(self) -> dict[str, float]:
+        """Greedy answers to the held-out prompts (split over ranks), scored by the reward
+        model; for arithmetic also the fraction a program grades correct."""
+        from zchat.data import check_sum, operands_of
+
+        mine = self.data.prompts_heldout[self.rank :: self.world]
+        self.actor.eval()
+        ids = self._prompt_ids(mine)
+        gens, _ = self.hybrid.generate(
+            ids, SamplingParams(max_tokens=self.cfg.max_new_tokens, temperature=0)
+        )
+        batch = Batch.build(ids, [g.token_ids for g in gens], self.pad_id)
+        with torch.no_grad():
+            scores = self.reward(batch.ids, batch.attn).float()
+        correct = 0.0
+        if self.cfg.task == "arithmetic":
+            for p, g in zip(mine, gens, strict=True):
+                text = self.tokenizer.decode(g.token_ids, skip_special_tokens=True)
+                correct += check_sum(text, *operands_of(p.messages))
+        t = torch.tensor([float(scores.sum()), correct, float(len(mine))], dtype=torch.float64)
+        if dist.is_initialized():
+            dist.all_reduce(t)
+        total, right, n = t.tolist()
+        return {"heldout_reward": total / n, "heldout_accuracy": right / n, "heldout_n": n}
+
+    # -- the loop -------------------------------------------------------------------------
+    def train(self) -> dict[str, Any]:
+        import zcore.hf
+
+        cfg = self.cfg
+        lead = self.rank == 0
+        log = None
+        if lead:
+            cfg.out.mkdir(parents=True, exist_ok=True)
+            log = open(cfg.out / "metrics.jsonl", "w", encoding="utf-8")
+        try:
+            before = self.evaluate()
+            self._write(log, {"eval": "before", "step": 0, **before})
+            for step in range(cfg.steps):
+                m = self.step(step)
+                self._write(log, m)
+                if lead:
+                    print(
+                        f"\rppo step {m['step']}/{cfg.steps}  reward {m['reward']:+.3f}  "
+                        f"kl {m['kl']:.4f}  actor {m['actor_loss']:+.4f}  critic "
+                        f"{m['critic_loss']:.4f}  {m['gen_tokens_per_s']:.0f} tok/s  "
+                        f"{m['step_s']:.1f} s/step",
+                        end="", file=sys.stderr, flush=True,
+                    )  # fmt: skip
+                if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
+                    self._write(log, {"eval": "during", "step": step + 1, **self.evaluate()})
+            if lead:
+                print(file=sys.stderr)
+            after = self.evaluate()
+            self._write(log, {"eval": "after", "step": cfg.steps, **after})
+        finally:
+            if log is not None:
+                log.close()
+        zcore.hf.save_pretrained(self.actor, cfg.out / "actor", tokenizer_from=cfg.actor)
+        return {"before": before, "after": after, "out": str(cfg.out)}
+
+    def _write(self, log: Any, record: dict[str, Any]) -> None:
+        if log is not None:
+            log.write(json.dumps(record) + "\n")
+            log.flush()
+
+
+def _hf_config(path: Path) -> Any:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(path))
+
+
+def ppo_rank(rank: int, world: int, cfg: PPOConfig) -> dict[str, Any]:
+    """One rank of ``z chat ppo`` (the process group is up)."""
+    torch.manual_seed(cfg.seed)
+    return PPOTrainer(cfg, rank, world).train()
