@@ -16,16 +16,20 @@ from tests.utils.distributed import run_ranks
 from tests.zstack.tiny_lm import write_tiny_lm
 
 
-@pytest.fixture(scope="module")
-def dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def tiny_reward_model(lm: Path, out: Path) -> Path:
+    """A reward model on ``lm``'s backbone with a fresh head (seed 0), saved to ``out``."""
     from zchat.data import load_tokenizer
     from zchat.reward import build_reward_model, save_reward_model
 
+    rm = build_reward_model(lm, seed=0)
+    return save_reward_model(rm, out, tokenizer=load_tokenizer(lm), source=lm)
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("ppo")
     actor = write_tiny_lm(root / "actor")
-    rm = build_reward_model(actor, seed=0)
-    save_reward_model(rm, root / "reward", tokenizer=load_tokenizer(actor), source=actor)
-    return actor, root / "reward"
+    return actor, tiny_reward_model(actor, root / "reward")
 
 
 def config(dirs: tuple[Path, Path], out: Path, **kw: Any) -> Any:

@@ -234,6 +234,21 @@ def _hf_config(path: Path) -> Any:
     return AutoConfig.from_pretrained(str(path))
 
 
+def prepare_ppo(cfg: PPOConfig) -> None:
+    """Checks before any rank starts, each failing with the problem and the fix: the actor
+    has a chat template, the reward model is one and shares the actor's tokenizer, the
+    prompt splits are not empty."""
+    from zchat.data import build_chat_data, load_tokenizer, require_nonempty
+    from zchat.reward import check_same_tokenizer
+
+    check_same_tokenizer(cfg.reward, load_tokenizer(cfg.actor), cfg.actor)
+    data = build_chat_data(
+        cfg.task, train=cfg.train_prompts, heldout=cfg.heldout_prompts, seed=cfg.data_seed
+    )
+    require_nonempty(data.prompts_train, "prompts_train", "raise `train_prompts`")
+    require_nonempty(data.prompts_heldout, "prompts_heldout", "raise `heldout_prompts`")
+
+
 def ppo_rank(rank: int, world: int, cfg: PPOConfig) -> dict[str, Any]:
     """One rank of ``z chat ppo`` (the process group is up)."""
     torch.manual_seed(cfg.seed)
