@@ -2,7 +2,8 @@
 
 Each section is one function `section(o: Options, work: Path) -> dict` in `SECTIONS`; `z bench
 efficiency --sections a,b` runs the ones asked for: `curriculum` (the default) and `admm`
-(NxM sparsity by ADMM, `benchmarks/_admm_nm.py`); random-LTD and ScaLA will join them.
+(NxM sparsity by ADMM, `benchmarks/_admm_nm.py`), `random_ltd` (`benchmarks/_random_ltd.py`);
+ScaLA will join them.
 
 **curriculum** (DeepSpeed's legacy `curriculum_learning`, `curriculum_type: seqlen`): on
 Shakespeare, one rank, in this process through `z train`'s own loop
@@ -199,9 +200,20 @@ def admm(o: Options, work: Path) -> dict[str, Any]:
     return load("_admm_nm").admm_section(max(2, o.steps // 2))
 
 
+def random_ltd(o: Options, work: Path) -> dict[str, Any]:
+    """Random-LTD against the plain model, alternating steps in this process
+    (`benchmarks/_random_ltd.py`): wall-clock and FLOPs per step saved, and the validation
+    loss gap at equal tokens; `deep` preset at 4 x `--seq-len`. Opt-in:
+    `--sections random_ltd`."""
+    from zstack.bench import load
+
+    return load("_random_ltd").random_ltd_section(o)
+
+
 SECTIONS: dict[str, Callable[[Options, Path], dict[str, Any]]] = {
     "curriculum": curriculum,
     "admm": admm,
+    "random_ltd": random_ltd,
 }
 
 
@@ -270,4 +282,20 @@ def report(result: dict[str, Any]) -> str:
                     f"admm {model}: dense {r['dense']:.4f}, magnitude {r['magnitude']:.4f}, "
                     f"magnitude+finetune {r['magnitude_finetune']:.4f}, admm {r['admm']:.4f}"
                 )
+    r = result.get("random_ltd")
+    if r is not None:
+        med, v = r["step_s_median"], r["final_val_loss"]
+        lines.append(
+            f"random_ltd ({r['preset']}, layers {r['random_ltd_layers'][0]}-"
+            f"{r['random_ltd_layers'][-1]} of {r['n_layer']}, {r['steps']} steps x "
+            f"{r['micro_batch']}x{r['seq_len']} tokens)"
+        )
+        lines.append(
+            f"  step {med['plain']:.3f} s -> {med['random_ltd']:.3f} s "
+            f"({r['wall_clock_saved']:.1%} less wall-clock, {r['flops_saved']:.1%} fewer FLOPs)"
+        )
+        lines.append(
+            f"  val loss {v['plain']:.4f} -> {v['random_ltd']:.4f} (gap {r['val_loss_gap']:+.2%}); "
+            f"target >= 20% at gap <= 2%: {'met' if r['meets_target'] else 'not met'}"
+        )
     return "\n".join(lines)

@@ -214,7 +214,7 @@ def test_seq_batch_layout_routes_along_the_first_dim() -> None:
 
 def test_a_wrong_layer_count_and_a_model_without_layers_are_refused() -> None:
     model = _tiny_llama()
-    with pytest.raises(ValueError, match="total_layer_num = 6, but the model has 4 layers"):
+    with pytest.raises(ValueError, match="total_layer_num = 6: the model has 4 layers"):
         RandomLTD.attach(model, ltd_config(6, [1, 2], keep=4), B)
     with pytest.raises(ValueError, match="no layer list in Linear"):
         find_layers(nn.Linear(2, 2))

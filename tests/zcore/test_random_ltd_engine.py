@@ -106,7 +106,9 @@ def test_layer_token_lr_follows_layer_tokens_through_the_engine() -> None:
 
 
 def test_a_layer_count_unlike_the_model_fails_at_start_naming_the_key() -> None:
-    with pytest.raises(ValueError, match=r"random_ltd\.total_layer_num = 6, but the model has 4"):
+    with pytest.raises(
+        ValueError, match=r"random_ltd\.total_layer_num = 6: the model has 4 layers; set it to 4"
+    ):
         zcore.initialize(_model(), config=_config(0, keep=8, total_layer_num=6))
 
 

@@ -100,7 +100,9 @@ def test_bad_values_name_the_key(key: str, value: Any, expected: str) -> None:
 def test_parents_must_be_enabled() -> None:
     off = _full(LTD)
     off["data_efficiency"]["data_routing"]["enabled"] = False
-    with pytest.raises(ConfigError, match=r"data_routing\.enabled = false: random_ltd needs it true"):
+    with pytest.raises(
+        ConfigError, match=r"data_routing\.enabled = false: random_ltd needs it true"
+    ):
         ZConfig.load(off)
     off = _full(LTD)
     off["data_efficiency"]["enabled"] = False

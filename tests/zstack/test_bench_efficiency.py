@@ -50,7 +50,31 @@ def test_summary_spike_and_divergence() -> None:
 
 
 def test_bad_options_name_the_flag() -> None:
-    with pytest.raises(ValueError, match="--sections 'random_ltd': unknown"):
-        eff.run(sections="random_ltd")
+    with pytest.raises(ValueError, match="--sections 'nonesuch': unknown"):
+        eff.run(sections="nonesuch")
     with pytest.raises(ValueError, match="--min-seqlen 12: must be a multiple of 8"):
         eff.run(min_seqlen=12)
+
+
+def test_random_ltd_block_loads_and_flops_follow_the_kept_tokens() -> None:
+    from zcore.config import ZConfig
+    from zstack.recipes.gpt import GPTConfig
+
+    ltd = load("_random_ltd")
+    for seq, steps in ((256, 60), (64, 2)):
+        de = ZConfig.load({"train_batch_size": 8, "data_efficiency": ltd.ltd_block(seq, steps)})
+        block = de.extension("data_efficiency").random_ltd
+        assert block.random_ltd_layer_id == list(range(1, 11))
+        assert block.random_ltd_schedule.max_value == seq
+        assert block.random_ltd_schedule.schedule_config.require_steps == steps - 1
+    assert (
+        ltd.ltd_block(256, 60)["data_routing"]["random_ltd"]["random_ltd_schedule"]["min_value"]
+        == 32
+    )
+    cfg = GPTConfig.preset("deep", vocab_size=2048)
+    d, v = 128, 2048
+    full = 3 * 8 * (12 * (256 * 24 * d * d + 4 * 256 * 256 * d) + 2 * 256 * d * v)
+    assert ltd.step_flops(cfg, 8, 256, 256) == full
+    half = 3 * 8 * (2 * (256 * 24 * d * d + 4 * 256 * 256 * d)
+                    + 10 * (128 * 24 * d * d + 4 * 128 * 128 * d) + 2 * 256 * d * v)  # fmt: skip
+    assert ltd.step_flops(cfg, 8, 256, 128) == half

@@ -81,11 +81,13 @@ class GPTConfig:
 
 # Sizes with the default 2048-token vocabulary (counts from `GPTConfig.num_params`):
 # tiny ~1.1M for tests, small ~5.4M trains in minutes on 2 CPU cores (`z train` default),
-# medium ~26.8M matches the 27M-parameter GPT of the DeepSpeed comparison.
+# medium ~26.8M matches the 27M-parameter GPT of the DeepSpeed comparison; deep ~2.7M is
+# tiny's width at 12 layers and 512 tokens, where random-LTD's dropped middle layers pay.
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(n_layer=4, n_head=4, n_embd=128, block_size=128),
     "small": dict(n_layer=6, n_head=8, n_embd=256, block_size=256),
     "medium": dict(n_layer=8, n_head=8, n_embd=512, block_size=1024),
+    "deep": dict(n_layer=12, n_head=4, n_embd=128, block_size=512),
 }
 
 

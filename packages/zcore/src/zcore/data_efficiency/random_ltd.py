@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from zcore.config.errors import ConfigError
 from zcore.data_efficiency import token_routing as tr
 from zcore.data_efficiency.random_ltd_config import RandomLTDConfig
 from zcore.data_efficiency.random_ltd_schedule import RandomLTDScheduler
@@ -69,10 +70,11 @@ class RandomLTD:
         if not config.enabled:
             raise ValueError("RandomLTD needs an enabled random_ltd block")
         if len(layers) != config.total_layer_num:
-            raise ValueError(
-                f"data_efficiency.data_routing.random_ltd.total_layer_num = "
-                f"{config.total_layer_num}, but the model has {len(layers)} layers; set it to "
-                f"{len(layers)} (and random_ltd_layer_id within [1, {len(layers) - 2}])"
+            raise ConfigError.single(
+                "data_efficiency.data_routing.random_ltd.total_layer_num",
+                config.total_layer_num,
+                f"the model has {len(layers)} layers; set it to {len(layers)} (and "
+                f"random_ltd_layer_id within [1, {len(layers) - 2}])",
             )
         self.config = config
         self.scheduler = RandomLTDScheduler(config, global_batch_size)
