@@ -75,7 +75,7 @@ def test_labels_cover_only_the_answer(tokenizer) -> None:  # type: ignore[no-unt
         labels = batch["labels"][i]
         kept = batch["input_ids"][i][labels != IGNORE]
         # the answer and the template's end of turn, nothing of the prompt
-        assert tokenizer.decode(kept) == f"{example.answer}<|im_end|>\n"
+        assert tokenizer.decode(kept) == f"{example.answer}<|im_end|>"
         n = int(batch["attention_mask"][i].sum())
         assert (labels[n:] == IGNORE).all()  # padding carries no loss
         first = int((labels != IGNORE).nonzero()[0])

@@ -381,6 +381,17 @@ def _bench_hybrid(w: Work) -> None:
     assert p["actor_bytes_after"] == p["actor_bytes_before"] and p["weights_bytes"] > 0
 
 
+def _chat(stage: str, w: Work) -> None:  # tiny LLaMA, 1 rank, 1 step: trains, saves, plots
+    r = w.json("chat", stage, "--model", str(w.lm), "--out", str(w.dir / stage), "--nproc", "1",
+               "--steps", "1", "--micro-batch", "1", "--train-examples", "2",
+               "--heldout-examples", "2", "--json")  # fmt: skip
+    assert Path(r["plot"]).stat().st_size and r["final_loss"] > 0 and r["heldout_after"]
+
+
+for _stage in ("sft", "reward", "dpo"):
+    smoke(f"chat {_stage}")(lambda w, stage=_stage: _chat(stage, w))
+
+
 @smoke("estimate-memory")
 def _estimate_memory(w: Work) -> None:
     r = w.json("estimate-memory", "--params", "1M", "--world-size", "2", "--stage", "3", "--json")

@@ -3,7 +3,8 @@
 A conversation is rendered twice with ``tokenizer.apply_chat_template``: the prompt with the
 generation prompt (``<|im_start|>assistant\\n`` for SmolLM2) and the prompt plus the
 assistant's answer. The first must be a prefix of the second; the tokens after it (the
-answer and the template's end-of-turn) are the only ones with labels, so SFT and the
+answer and the template's end-of-turn token, where a rendering ends: generation stops
+there) are the only ones with labels, so SFT and the
 log-probabilities DPO compares cover what the model writes, never the prompt.
 Batches are right-padded: the last real token of row ``i`` is ``mask[i].sum() - 1``, which
 is where a reward model reads its score.
@@ -74,6 +75,10 @@ def render_answer(
             "answer tokens cannot be told apart; use a model whose template only appends "
             "the assistant turn (SmolLM2, LLaMA-3, Qwen2)"
         )
+    eos = tokenizer.eos_token_id
+    answer_part = full[len(prompt) :]
+    if eos in answer_part:  # end at the end-of-turn token: what generation stops on
+        full = full[: len(prompt) + len(answer_part) - answer_part[::-1].index(eos)]
     labels = [IGNORE] * len(prompt) + full[len(prompt) :]
     if max_len is not None and len(full) > max_len:
         cut = len(full) - max_len

@@ -14,6 +14,9 @@ read under their current name with an :class:`OldKeyWarning` naming it
 (:mod:`zcore.config.old_keys`). DeepSpeed features zstack does not build yet are rejected unless a package
 that builds them has called :func:`register_feature`.
 
+Other packages' own configs derive from :class:`ZModel` (unknown keys rejected, values
+checked at construction, immutable), as zchat's stage configs do.
+
 Top-level blocks other packages own (``compression_training`` with zquant
 installed) are validated by the schema the package registers
 (:func:`register_config_block`, or a ``zcore.config_blocks`` entry point) and
@@ -22,6 +25,7 @@ handed over by :meth:`ZConfig.extension`. Optimizer types come from a registry (
 model and its factory, see :class:`OptimizerSpec`.
 """
 
+from zcore.config._base import ZModel
 from zcore.config.batch import BatchSizes, resolve_batch_sizes
 from zcore.config.blocks import (
     BlockSchema,
@@ -99,6 +103,7 @@ __all__ = [
     "WarmupLRConfig",
     "WarmupLRParams",
     "ZConfig",
+    "ZModel",
     "ZeroConfig",
     "config_block",
     "optimizer_spec",

@@ -1,0 +1,47 @@
+"""The PNG of a `z chat` stage, drawn from its metrics JSONL (zchat's `Recorder` writes it).
+
+Left: the training loss against step. Right: the stage's accuracy-like numbers against
+step: the batch accuracy where the stage logs one (`acc`, `implicit_acc`) and the held-out
+metrics recorded before (step 0) and after training (`heldout_*`, as points joined by a line).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from zstack.recipes.metrics import read_jsonl
+
+_TRAIN_KEYS = ("acc", "implicit_acc")
+
+
+def plot_chat_metrics(metrics: str | os.PathLike[str], png: str | os.PathLike[str]) -> Path:
+    """Draw `png` from the JSONL `metrics`; returns its path."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    records = read_jsonl(metrics)
+    stage = next((r.get("stage") for r in records), "chat")
+    fig = Figure(figsize=(10, 4))
+    FigureCanvasAgg(fig)
+    loss_ax, metric_ax = fig.subplots(1, 2)
+    steps = [r for r in records if "loss" in r]
+    loss_ax.plot([r["step"] for r in steps], [r["loss"] for r in steps], marker=".")
+    loss_ax.set(title=f"{stage}: training loss", xlabel="step", ylabel="loss")
+    for key in _TRAIN_KEYS:
+        rows = [r for r in steps if key in r]
+        if rows:
+            metric_ax.plot([r["step"] for r in rows], [r[key] for r in rows], label=f"train {key}",
+                           alpha=0.6)  # fmt: skip
+    held = sorted({k for r in records for k in r if k.startswith("heldout_")})
+    for key in held:
+        rows = [r for r in records if key in r]
+        metric_ax.plot([r["step"] for r in rows], [r[key] for r in rows], marker="o", label=key)
+    metric_ax.set(title=f"{stage}: metrics", xlabel="step")
+    if metric_ax.get_legend_handles_labels()[0]:
+        metric_ax.legend(fontsize="small")
+    fig.tight_layout()
+    out = Path(png)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(str(out), dpi=100)
+    return out
