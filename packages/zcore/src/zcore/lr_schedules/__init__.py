@@ -25,14 +25,20 @@ do, the two are the same. ``state_dict()`` is DeepSpeed's ``{"last_batch_iterati
 parameters stay the constructor's), sets the optimizer to that position's values (what
 its restored state holds anyway) and also takes the ``last_epoch`` of older zcore
 checkpoints.
+
+``LayerTokenLR`` (random-LTD's LayerToken schedule) is not a ``"scheduler"`` type: the
+``data_efficiency.data_routing.random_ltd.layer_token_lr_schedule`` block builds it, since
+it needs the run's layer-token count (``zcore.lr_schedules.layer_token``).
 """
 
 from zcore.lr_schedules.factory import SCHEDULERS, build_scheduler
+from zcore.lr_schedules.layer_token import LayerTokenLR
 from zcore.lr_schedules.one_cycle import OneCycle
 from zcore.lr_schedules.warmup import WarmupCosineLR, WarmupDecayLR, WarmupLR
 
 __all__ = [
     "SCHEDULERS",
+    "LayerTokenLR",
     "OneCycle",
     "WarmupCosineLR",
     "WarmupDecayLR",
