@@ -2,8 +2,8 @@
 
 Each section is one function `section(o: Options, work: Path) -> dict` in `SECTIONS`; `z bench
 efficiency --sections a,b` runs the ones asked for: `curriculum` (the default) and `admm`
-(NxM sparsity by ADMM, `benchmarks/_admm_nm.py`), `random_ltd` (`benchmarks/_random_ltd.py`);
-ScaLA will join them.
+(NxM sparsity by ADMM, `benchmarks/_admm_nm.py`), `random_ltd` (`benchmarks/_random_ltd.py`)
+and `scala` (ScaLA against the same large-batch MiniLM fine-tune, `benchmarks/_scala.py`).
 
 **curriculum** (DeepSpeed's legacy `curriculum_learning`, `curriculum_type: seqlen`): on
 Shakespeare, one rank, in this process through `z train`'s own loop
@@ -210,10 +210,21 @@ def random_ltd(o: Options, work: Path) -> dict[str, Any]:
     return load("_random_ltd").random_ltd_section(o)
 
 
+def scala(o: Options, work: Path) -> dict[str, Any]:
+    """ScaLA against the same large-batch MiniLM fine-tune without it: steps to a held-out
+    accuracy on comedy-vs-tragedy Shakespeare lines over 3 seeds (`benchmarks/_scala.py`),
+    at most `--steps` / 4 steps per run, seeds from `--seed`. Opt-in (minutes: MiniLM at
+    batch 128 on CPU): `--sections curriculum,scala`."""
+    from zstack.bench import load
+
+    return load("_scala").scala_section(max_steps=max(4, o.steps // 4), seed=o.seed)
+
+
 SECTIONS: dict[str, Callable[[Options, Path], dict[str, Any]]] = {
     "curriculum": curriculum,
     "admm": admm,
     "random_ltd": random_ltd,
+    "scala": scala,
 }
 
 
@@ -298,4 +309,26 @@ def report(result: dict[str, Any]) -> str:
             f"  val loss {v['plain']:.4f} -> {v['random_ltd']:.4f} (gap {r['val_loss_gap']:+.2%}); "
             f"target >= 20% at gap <= 2%: {'met' if r['meets_target'] else 'not met'}"
         )
+    lines += _scala_lines(result.get("scala"))
     return "\n".join(lines)
+
+
+def _scala_lines(s: dict[str, Any] | None) -> list[str]:
+    if s is None:
+        return []
+    st = s["settings"]
+    lines = [
+        f"scala ({s['task']}; MiniLM at batch {st['batch']}, lr {st['lr']:g}, target accuracy "
+        f"{st['target']}, {st['seeds']} seeds, at most {st['max_steps']} steps)"
+    ]
+    for name in ("baseline", "scala"):
+        x = s[name]["steps_to_target"]
+        lines.append(
+            f"  {name:<9} steps to target: median {x['median']} (min {x['min']}, max {x['max']}; "
+            f"per seed {x['per_seed']}), {s[name]['s_per_step']:.2f} s/step"
+        )
+    lines.append(
+        f"  scala / baseline: {s['step_ratio']:.2f}x the steps, {s['time_ratio']:.2f}x the "
+        "training time"
+    )
+    return lines

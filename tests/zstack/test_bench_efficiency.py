@@ -78,3 +78,23 @@ def test_random_ltd_block_loads_and_flops_follow_the_kept_tokens() -> None:
     half = 3 * 8 * (2 * (256 * 24 * d * d + 4 * 256 * 256 * d)
                     + 10 * (128 * 24 * d * d + 4 * 128 * 128 * d) + 2 * 256 * d * v)  # fmt: skip
     assert ltd.step_flops(cfg, 8, 256, 128) == half
+
+
+def test_scala_section_is_registered_and_its_task_keeps_spoken_lines_only() -> None:
+    assert "scala" in eff.SECTIONS
+    sc = load("_scala")
+    text = (
+        "ACT I\n\nSCENE II. Athens. The palace of THESEUS.\n\nHAMLET:\n"
+        "O that this too too solid flesh would melt,\n[Exit]\nAy, my lord. [Aside] So.\n"
+        "Thaw and resolve itself into a dew!\n"
+    )
+    assert sc.spoken_lines(text, min_words=5) == [
+        "O that this too too solid flesh would melt,",
+        "Thaw and resolve itself into a dew!",
+    ]  # headings, the speaker, the direction and a 4-word line (its aside removed) go
+    assert not set(sc.COMEDIES) & set(sc.TRAGEDIES)
+
+
+def test_scala_spread_counts_a_missed_target_past_the_cap() -> None:
+    spread = load("_scala")._spread([6, None, 4], cap=10)
+    assert spread == {"per_seed": [6, None, 4], "median": 6, "min": 4, "max": 11, "reached": 2}
