@@ -137,3 +137,15 @@ def test_two_gloo_ranks_under_zero_equal_plain_at_full_tokens_and_train_with_dro
         not torch.equal(p, ranks[0]["plain"]["params"][n])
         for n, p in ranks[0]["ltd"]["params"].items()
     )
+
+
+def test_zero_stage_3_drops_the_same_tokens_as_stage_0() -> None:
+    """Stage 3's gather hooks wrap the routed forward: one process, same draws, same losses."""
+    losses = {}
+    for stage in (0, 3):
+        torch.manual_seed(0)
+        engine, *_ = zcore.initialize(_model(), config=_config(stage, keep=8))
+        torch.manual_seed(1)
+        losses[stage] = _train(engine, 3)
+        engine.destroy()
+    assert losses[0] == losses[3]

@@ -13,9 +13,13 @@ token i attends to the kept tokens at or before it, as it would in the full sequ
 :func:`gather_reference` / :func:`scatter_reference` are the readable torch definitions
 (``torch.gather`` and an out-of-place ``scatter``, differentiated by autograd).
 :func:`gather_tokens` / :func:`scatter_tokens` are what the layers call: on CPU the
-flattened ``index_select`` / ``index_copy`` (the faster torch form measured here:
-``benchmarks/_random_ltd.py`` reports both), on CUDA the ``random_ltd.cu`` kernels when
-CuPy is present; each is an autograd function whose backward is the other's copy.
+flattened ``index_select`` / ``index_copy_`` over (B*T, C) rows, on CUDA the ``random_ltd.cu``
+kernels when CuPy is present; each is an autograd function whose backward is the other's
+copy. No native CPU kernel: these are memory-bound row copies, and on a loaded 2-core box
+``torch.gather``/``scatter`` measured from 0.4x to 1.5x the time of this form depending on
+the shape (noise-level either way), a step of the bench's model costs thousands of times
+more than one gather+scatter, so a Rust copy had nothing to win (``benchmarks/_random_ltd.py``
+reports both forms at the run's shape).
 """
 
 from __future__ import annotations
