@@ -74,7 +74,9 @@ def train(
     ctx: typer.Context,
     out: Path = typer.Option(Path("runs/shakespeare"), "--out", help="Run directory."),
     nproc: int = typer.Option(2, "--nproc", min=1, help="Ranks on this machine (gloo, CPU)."),
-    preset: str = typer.Option("small", "--preset", help="GPT size: tiny, small or medium."),
+    preset: str = typer.Option(
+        "small", "--preset", help="GPT size: tiny, small, medium or deep (12 thin layers)."
+    ),
     steps: int = typer.Option(
         DEFAULT_STEPS, "--steps", min=1, help="Optimizer steps of the whole run."
     ),
