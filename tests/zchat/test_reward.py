@@ -8,6 +8,7 @@ import json
 import math
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -68,3 +69,53 @@ def test_other_tokenizer_is_refused_naming_both(tmp_path: Path) -> None:
         check_same_tokenizer(tmp_path / "rm", load_tokenizer(actor), actor)
     with pytest.raises(RewardModelError, match="not a zchat reward model"):
         load_reward_model(lm)
+
+
+def _reference_reward(cfg: Any, world: int) -> tuple[list[float], Any]:
+    """The same steps in one process: a whole RewardModel, torch AdamW, the whole batch."""
+    from zchat.reward_train import pair_batch
+    from zchat.sft import build_stage_data
+    from zchat.train_loop import global_batches, lr_factor
+
+    tok = load_tokenizer(cfg.model)
+    model = build_reward_model(cfg.model, seed=cfg.seed).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(cfg, s))
+    pairs = build_stage_data(cfg).pairs_train
+    losses = []
+    for batch in global_batches(pairs, cfg.micro_batch * world, cfg.steps, cfg.seed):
+        b = pair_batch(tok, batch, cfg.max_len)
+        scores = model(b["input_ids"], b["attention_mask"])
+        loss = pairwise_loss(scores[: len(batch)], scores[len(batch) :])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        losses.append(float(loss.detach()))
+    return losses, model.eval()
+
+
+@pytest.mark.slow
+def test_two_rank_reward_training_equals_plain_adamw(tmp_path: Path) -> None:
+    """ZeRO-3 on 2 gloo ranks against one process: losses rel 1e-5; the saved model's scores
+    against the reference model's atol 1e-4."""
+    from tests.utils.distributed import run_ranks
+    from zchat.config import load_config
+    from zchat.reward_train import RewardConfig, train_reward
+
+    lm = write_tiny_lm(tmp_path / "lm")
+    cfg = load_config(RewardConfig, model=str(lm), out=str(tmp_path / "rm"), steps=3,
+                      micro_batch=2, lr=1e-3, train_examples=16, heldout_examples=4,
+                      persistence_threshold=100)  # fmt: skip
+    results = run_ranks(train_reward, 2, args=(cfg,), timeout=600)
+    ref_losses, ref = _reference_reward(cfg, 2)
+    assert results[0]["losses"] == pytest.approx(ref_losses, rel=1e-5)
+    tok = load_tokenizer(lm)
+    pairs = build_chat_data("arithmetic", train=4, heldout=0, seed=5).pairs_train
+    b = answer_batch(tok, [(p.messages, p.chosen) for p in pairs])
+    with torch.no_grad():
+        torch.testing.assert_close(load_reward_model(cfg.out)(b["input_ids"], b["attention_mask"]),
+                                   ref(b["input_ids"], b["attention_mask"]), rtol=0, atol=1e-4)  # fmt: skip
+    meta = json.loads((Path(cfg.out) / "zchat_reward.json").read_text())
+    assert meta["heldout_accuracy"] == results[0]["heldout_after"]["accuracy"]

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from tests.utils.distributed import run_ranks
 from tests.zstack.tiny_lm import write_tiny_lm
 from zchat.config import ChatConfigError, load_config
-from zchat.data import answer_batch, load_tokenizer
+from zchat.data import EmptyDatasetError, answer_batch, load_tokenizer
 from zchat.sft import SFTConfig, build_stage_data, prepare_sft, train_sft
 from zchat.train_loop import global_batches, lr_factor
 
@@ -103,3 +103,6 @@ def test_config_errors_name_the_key(tmp_path: Path) -> None:
         load_config(SFTConfig, bad)
     with pytest.raises(FileNotFoundError, match=r"has no model\.safetensors"):
         prepare_sft(load_config(SFTConfig, model=str(tmp_path), out="o"))
+    lm = write_tiny_lm(tmp_path / "lm")
+    with pytest.raises(EmptyDatasetError, match="`sft_train` split is empty; raise `train_"):
+        prepare_sft(load_config(SFTConfig, model=str(lm), out="o", train_examples=0))
