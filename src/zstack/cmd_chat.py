@@ -13,7 +13,13 @@ import importlib
 import typer
 
 # Stage command modules, in `z chat --help` order. Add a stage by adding its module here.
-STAGE_MODULES: tuple[str, ...] = ("cmd_chat_sft", "cmd_chat_reward", "cmd_chat_ppo", "cmd_chat_dpo")
+STAGE_MODULES: tuple[str, ...] = (
+    "cmd_chat_sft",
+    "cmd_chat_reward",
+    "cmd_chat_ppo",
+    "cmd_chat_dpo",
+    "cmd_chat_grpo",
+)
 
 
 def register(app: typer.Typer, bench_app: typer.Typer) -> None:

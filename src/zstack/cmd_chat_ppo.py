@@ -6,6 +6,8 @@ Imports only typer at load time; zchat and torch load when a command runs.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 
@@ -40,8 +42,83 @@ def bench_hybrid(
     )
 
 
+def chat_ppo(
+    actor: Path | None = typer.Option(
+        None, "--actor", help="The SFT model directory (default: runs/chat/sft)."
+    ),
+    reward: Path | None = typer.Option(
+        None, "--reward", help="The reward model directory (default: runs/chat/reward)."
+    ),
+    out: Path | None = typer.Option(None, "--out", help="Output (default: runs/chat/ppo)."),
+    config: Path | None = typer.Option(None, "--config", help="PPOConfig JSON; flags win."),
+    nproc: int | None = typer.Option(None, "--nproc", min=1, help="Ranks (gloo, CPU); default 2."),
+    steps: int | None = typer.Option(None, "--steps", help="PPO steps."),
+    prompts_per_rank: int | None = typer.Option(None, "--prompts-per-rank"),
+    max_new_tokens: int | None = typer.Option(None, "--max-new-tokens"),
+    kl_coef: float | None = typer.Option(None, "--kl-coef", help="KL penalty (>= 0)."),
+    actor_lr: float | None = typer.Option(None, "--actor-lr"),
+    critic_lr: float | None = typer.Option(None, "--critic-lr"),
+    train_prompts: int | None = typer.Option(None, "--train-prompts"),
+    heldout_prompts: int | None = typer.Option(None, "--heldout-prompts"),
+    seed: int | None = typer.Option(None, "--seed", help="Rollout sampling seed."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+) -> None:
+    """PPO (DeepSpeed-Chat step 3) with the hybrid engine: held-out reward before and after."""
+    import json
+    import time
+
+    from zchat.ppo import PPOConfig
+    from zchat.ppo.trainer import ppo_rank, prepare_ppo
+    from zchat.ranks import RankFailed, run_on_ranks
+
+    flags = dict(actor=actor, reward=reward, out=out, world=nproc, steps=steps,
+                 prompts_per_rank=prompts_per_rank, max_new_tokens=max_new_tokens,
+                 kl_coef=kl_coef, actor_lr=actor_lr, critic_lr=critic_lr,
+                 train_prompts=train_prompts, heldout_prompts=heldout_prompts, seed=seed)  # fmt: skip
+    data: dict = {"actor": "runs/chat/sft", "reward": "runs/chat/reward", "out": "runs/chat/ppo"}
+    try:
+        if config is not None:
+            data.update(json.loads(config.read_text()))
+        data.update({k: str(v) if isinstance(v, Path) else v for k, v in flags.items()
+                     if v is not None})  # fmt: skip
+        cfg = PPOConfig(**data)
+        prepare_ppo(cfg)
+    except (OSError, ValueError) as err:  # pydantic's ValidationError is a ValueError
+        errors = getattr(err, "errors", None)
+        msg = (
+            "; ".join(
+                f"`{'.'.join(map(str, e['loc']))}`: {e['msg']}"
+                if e["loc"]
+                else str(e["msg"]).removeprefix("Value error, ")
+                for e in errors()
+            )
+            if callable(errors)
+            else str(err)
+        )
+        typer.echo(f"error: z chat ppo: {msg}", err=True)
+        raise typer.Exit(2) from None
+    start = time.perf_counter()
+    try:
+        results = run_on_ranks(ppo_rank, cfg.world, (cfg,), threads=cfg.threads)
+    except RankFailed as err:
+        typer.echo(f"error: z chat ppo: {err}", err=True)
+        raise typer.Exit(1) from None
+    r = results[0]
+    summary = {"stage": "ppo", "out": r["out"], "steps": cfg.steps, "ranks": cfg.world,
+               "heldout_before": r["before"], "heldout_after": r["after"],
+               "metrics": str(cfg.out / "metrics.jsonl"),
+               "wall_s": time.perf_counter() - start}  # fmt: skip
+    if as_json:
+        typer.echo(json.dumps(summary))
+    else:
+        b, a = r["before"], r["after"]
+        typer.echo(f"ppo: held-out reward {b['heldout_reward']:+.4f} -> {a['heldout_reward']:+.4f}"
+                   f", accuracy {b['heldout_accuracy']:.3f} -> {a['heldout_accuracy']:.3f}")  # fmt: skip
+        typer.echo(f"wrote `{r['out']}/actor`, `{summary['metrics']}`")
+
+
 def register_chat(chat_app: typer.Typer) -> None:
-    """`z chat ppo` (added with zchat.ppo)."""
+    chat_app.command("ppo")(chat_ppo)
 
 
 def register_bench(bench_app: typer.Typer) -> None:

@@ -34,7 +34,7 @@ def test_k3_kl_estimate() -> None:
 
 
 def test_config_refuses_negative_kl(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"kl_coef -1\.0 < 0"):
+    with pytest.raises(ValueError, match=r"`kl_coef` -1\.0 < 0"):
         GRPOConfig(actor=tmp_path, out=tmp_path, kl_coef=-1.0)
 
 

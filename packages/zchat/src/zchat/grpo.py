@@ -23,18 +23,17 @@ from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from zchat.hybrid import HybridEngine
+from zchat.ppo.config import check_ranges
 from zchat.ppo.experience import Batch, token_logprobs
 from zchat.ppo.losses import masked_mean, policy_loss
+from zcore.config import ZModel
 from zserve.sampling import SamplingParams
 
 
-class GRPOConfig(BaseModel):
+class GRPOConfig(ZModel):
     """``z chat grpo``; unknown keys are refused."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     actor: Path
     """The model to train (the SFT output); the reference is a frozen copy."""
@@ -42,29 +41,32 @@ class GRPOConfig(BaseModel):
     task: Literal["arithmetic"] = "arithmetic"
     """Only arithmetic has a program that grades an answer."""
     data_seed: int = 0
-    train_prompts: int = Field(default=256, ge=1)
-    heldout_prompts: int = Field(default=64, ge=1)
-    steps: int = Field(default=20, ge=1)
-    prompts_per_rank: int = Field(default=4, ge=1)
-    group_size: int = Field(default=4, ge=2)
+    train_prompts: int = 256
+    heldout_prompts: int = 64
+    steps: int = 20
+    prompts_per_rank: int = 4
+    group_size: int = 4
     """Samples per prompt (DeepSeekMath used 64; CPU-sized here)."""
-    max_new_tokens: int = Field(default=8, ge=1)
-    temperature: float = Field(default=1.0, gt=0.0)
+    max_new_tokens: int = 8
+    temperature: float = 1.0
     kl_coef: float = 0.04
     """Weight of the per-token KL to the reference (DeepSeekMath's beta 0.04)."""
-    cliprange: float = Field(default=0.2, gt=0.0, lt=1.0)
-    lr: float = Field(default=1e-6, gt=0.0)
+    cliprange: float = 0.2
+    lr: float = 1e-6
     """AdamW learning rate (DeepSeekMath's 1e-6)."""
     seed: int = 0
-    world: int = Field(default=2, ge=1)
-    threads: int = Field(default=1, ge=1)
+    world: int = 2
+    threads: int = 1
 
-    @field_validator("kl_coef")
-    @classmethod
-    def _kl_nonnegative(cls, v: float) -> float:
-        if v < 0:
-            raise ValueError(f"kl_coef {v} < 0; use a value >= 0 (0 turns the penalty off)")
-        return v
+    def model_post_init(self, context: Any, /) -> None:
+        check_ranges(
+            self,
+            {"train_prompts": 1, "heldout_prompts": 1, "steps": 1, "prompts_per_rank": 1,
+             "group_size": 2, "max_new_tokens": 1, "world": 1, "threads": 1},
+            ("temperature", "cliprange", "lr"),
+        )  # fmt: skip
+        if self.kl_coef < 0:
+            raise ValueError(f"`kl_coef` {self.kl_coef} < 0; use a value >= 0 (0 turns it off)")
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4) -> torch.Tensor:

@@ -11,16 +11,24 @@ the SFT actor. Sizes are ours (CPU-sized): 8 prompts per rank per step (theirs 1
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from zcore.config import ZModel  # the shared strict base (extra="forbid", frozen)
 
 
-class PPOConfig(BaseModel):
+def check_ranges(cfg: ZModel, at_least: dict[str, float], positive: tuple[str, ...] = ()) -> None:
+    """ValueError naming the key when ``cfg.<key>`` is below its bound or not > 0."""
+    for key, low in at_least.items():
+        if getattr(cfg, key) < low:
+            raise ValueError(f"`{key}` must be >= {low:g}, got {getattr(cfg, key)}")
+    for key in positive:
+        if not getattr(cfg, key) > 0:
+            raise ValueError(f"`{key}` must be > 0, got {getattr(cfg, key)}")
+
+
+class PPOConfig(ZModel):
     """What ``z chat ppo`` trains, on what, and how. Unknown keys are refused (a typo such
     as ``kl_cof`` fails instead of keeping the default)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     actor: Path
     """The SFT model directory: the actor starts from it and the reference is a frozen copy."""
@@ -28,60 +36,68 @@ class PPOConfig(BaseModel):
     """The reward model directory (`z chat reward`); the critic starts from it too."""
     out: Path
     """Where the trained actor and ``metrics.jsonl`` go."""
-    task: Literal["arithmetic", "shakespeare"] = "arithmetic"
-    """zchat.data task whose ``prompts_train`` are rolled out and ``prompts_heldout`` scored."""
+    task: Literal["arithmetic"] = "arithmetic"
+    """zchat.data task whose ``prompts_train`` are rolled out and ``prompts_heldout`` scored
+    (Shakespeare needs zstack's plays handed in; not wired for PPO yet)."""
     data_seed: int = 0
-    train_prompts: int = Field(default=256, ge=1)
-    heldout_prompts: int = Field(default=64, ge=1)
-    steps: int = Field(default=20, ge=1)
+    train_prompts: int = 256
+    heldout_prompts: int = 64
+    steps: int = 20
     """PPO steps (one rollout + ``ppo_epochs`` updates each)."""
-    prompts_per_rank: int = Field(default=8, ge=1)
+    prompts_per_rank: int = 8
     """Prompts each rank rolls out per step (DeepSpeed-Chat's per-device generation batch)."""
-    max_new_tokens: int = Field(default=16, ge=1)
-    temperature: float = Field(default=1.0, gt=0.0)
+    max_new_tokens: int = 16
+    temperature: float = 1.0
     """Sampling temperature of the rollouts (held-out scoring is greedy)."""
     kl_coef: float = 0.1
     """Weight of the per-token KL(actor || reference) penalty in the reward (DeepSpeed-Chat's
     ``kl_ctl``); 0 turns it off."""
-    clip_reward: float = Field(default=5.0, gt=0.0)
+    clip_reward: float = 5.0
     """The reward model's score is clipped to [-clip_reward, clip_reward]."""
-    cliprange: float = Field(default=0.2, gt=0.0, lt=1.0)
-    cliprange_value: float = Field(default=0.2, gt=0.0)
-    gamma: float = Field(default=1.0, ge=0.0, le=1.0)
-    lam: float = Field(default=0.95, ge=0.0, le=1.0)
-    actor_lr: float = Field(default=9.65e-6, gt=0.0)
-    critic_lr: float = Field(default=5e-6, gt=0.0)
-    ppo_epochs: int = Field(default=1, ge=1)
-    gradient_clipping: float = Field(default=1.0, gt=0.0)
+    cliprange: float = 0.2
+    cliprange_value: float = 0.2
+    gamma: float = 1.0
+    lam: float = 0.95
+    actor_lr: float = 9.65e-6
+    critic_lr: float = 5e-6
+    ppo_epochs: int = 1
+    gradient_clipping: float = 1.0
     seed: int = 0
     """Seed of the rollouts' sampling (each rank and step draws its own stream from it)."""
-    world: int = Field(default=2, ge=1)
+    world: int = 2
     """Ranks (processes, gloo on CPU)."""
-    threads: int = Field(default=1, ge=1)
+    threads: int = 1
     """torch threads per rank."""
-    eval_every: int = Field(default=0, ge=0)
+    eval_every: int = 0
     """Score the held-out prompts every this many steps too (0: only before and after)."""
 
-    @field_validator("kl_coef")
-    @classmethod
-    def _kl_nonnegative(cls, v: float) -> float:
-        if v < 0:
+    def model_post_init(self, context: Any, /) -> None:
+        check_ranges(
+            self,
+            {"train_prompts": 1, "heldout_prompts": 1, "steps": 1, "prompts_per_rank": 1,
+             "max_new_tokens": 1, "gamma": 0, "lam": 0, "ppo_epochs": 1, "world": 1,
+             "threads": 1, "eval_every": 0},
+            ("temperature", "clip_reward", "cliprange", "cliprange_value", "actor_lr",
+             "critic_lr", "gradient_clipping"),
+        )  # fmt: skip
+        if self.kl_coef < 0:
             raise ValueError(
-                f"kl_coef {v} < 0 would reward moving away from the reference model; use a "
-                "value >= 0 (DeepSpeed-Chat's kl_ctl is 0.1; 0 turns the penalty off)"
+                f"`kl_coef` {self.kl_coef} < 0 would reward moving away from the reference "
+                "model; use a value >= 0 (DeepSpeed-Chat's kl_ctl is 0.1; 0 turns it off)"
             )
-        return v
-
-    @model_validator(mode="after")
-    def _dirs(self) -> PPOConfig:
+        if self.cliprange >= 1 or self.gamma > 1 or self.lam > 1:
+            raise ValueError(
+                f"`cliprange` {self.cliprange} must be < 1, `gamma` {self.gamma} and `lam` "
+                f"{self.lam} <= 1"
+            )
         for key in ("actor", "reward"):
             path = getattr(self, key)
             if not (path / "config.json").is_file():
+                what = "the SFT output of `z chat sft`" if key == "actor" else "`z chat reward`'s"
                 raise ValueError(
-                    f"{key} `{path}` is not a model directory (no config.json); pass the "
-                    f"{'SFT output of `z chat sft`' if key == 'actor' else 'output of `z chat reward`'}"
+                    f"`{key}` `{path}` is not a model directory (no config.json); pass {what}"
+                    + (" output" if key == "reward" else "")
                 )
-        return self
 
     def zero_config(self, lr: float) -> dict:
         """The ZeRO-3 config of the actor or the critic (AdamW, betas as DeepSpeed-Chat's)."""
