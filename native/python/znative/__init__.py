@@ -27,8 +27,8 @@ Compressed-collective kernels for zcomm (:func:`pack_signs`, :func:`unpack_signs
 ``zcomm.signs`` and ``zcomm.blockquant`` (their torch references).
 
 zserve's CPU forward kernels (:func:`rms_norm`, :func:`rotary_kv_write`,
-:func:`paged_decode_attention`) take float32 or bfloat16 (int16 view) arrays in the
-layouts of ``zserve.model`` (their torch references: ``llama.rms_norm``,
+:func:`paged_decode_attention`, :func:`linear_rows`) take float32 or bfloat16 (int16
+view) arrays in the layouts of ``zserve.model`` (their torch references: ``llama.rms_norm``,
 ``llama.apply_rotary`` + ``KVCache.write``, ``attention.paged_attention_reference``).
 """
 
@@ -60,6 +60,7 @@ from znative._native import (
     int8_linear,
     int8_vnni_available,
     io_backend_probe,
+    linear_rows,
     lion_step,
     num_threads,
     pack_signs,
@@ -98,6 +99,7 @@ __all__ = [
     "int8_linear",
     "int8_vnni_available",
     "io_backend_probe",
+    "linear_rows",
     "lion_step",
     "num_threads",
     "pack_signs",

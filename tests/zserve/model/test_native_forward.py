@@ -92,3 +92,17 @@ def test_native_rms_norm_is_bit_identical(dtype: torch.dtype) -> None:
         w = (torch.rand(hidden) + 0.5).to(dtype)
         got, want = native.rms_norm(x, w, 1e-5), llama.rms_norm(x, w, 1e-5)
         assert torch.equal(got, want), (hidden, (got.float() - want.float()).abs().max())
+
+
+def test_native_lm_head_matches_linear() -> None:
+    """bf16 decode rows through znative.linear_rows vs F.linear: both accumulate in f32 and
+    round once to bf16, in another order, so within 2 bf16 ulps (rtol 2 * 2^-8)."""
+    torch.manual_seed(0)
+    w = torch.randn(1000, 576).bfloat16()
+    for rows in (1, 3, native.LM_HEAD_MAX_ROWS, native.LM_HEAD_MAX_ROWS + 1):
+        x = torch.randn(rows, 576).bfloat16()
+        got, want = native.lm_head(x, w), torch.nn.functional.linear(x, w)
+        assert got.dtype == torch.bfloat16 and got.shape == (rows, 1000)
+        torch.testing.assert_close(got.float(), want.float(), rtol=2 * 2**-8, atol=1e-2)
+    x32 = torch.randn(2, 576)
+    assert torch.equal(native.lm_head(x32, w.float()), torch.nn.functional.linear(x32, w.float()))

@@ -65,6 +65,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(comm::quantize_blocks, m)?)?;
     m.add_function(wrap_pyfunction!(comm::dequantize_blocks, m)?)?;
     m.add_function(wrap_pyfunction!(serve::rms_norm, m)?)?;
+    m.add_function(wrap_pyfunction!(serve::linear_rows, m)?)?;
     m.add_function(wrap_pyfunction!(serve::rotary_kv_write, m)?)?;
     m.add_function(wrap_pyfunction!(serve::paged_decode_attention, m)?)?;
     errors::register_aio(m)?;

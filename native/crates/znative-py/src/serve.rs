@@ -60,6 +60,38 @@ pub fn rms_norm(
     .map_err(to_py)
 }
 
+/// `out = x W^T` for the few rows of a decode step: `x` `(M, K)`, `weight`
+/// `(N, K)`, `out` `(M, N)`, f32 accumulation rounded once to the dtype.
+#[pyfunction]
+#[pyo3(signature = (x, weight, out))]
+pub fn linear_rows(
+    py: Python<'_>,
+    x: &Bound<'_, PyAny>,
+    weight: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    let rows = shape(x)?.first().copied().unwrap_or(0);
+    let (rx, rw) = (
+        arrays::ro("x", x, true)?,
+        arrays::ro("weight", weight, true)?,
+    );
+    let mut ro_out = arrays::rw("out", out, true)?;
+    match (
+        rx.slice("x")?,
+        rw.slice("weight")?,
+        ro_out.slice_mut("out")?,
+    ) {
+        (Slice::F32(a), Slice::F32(w), SliceMut::F32(o)) => {
+            py.detach(|| serve::linear_rows(a, w, rows, o))
+        }
+        (Slice::Bf16(a), Slice::Bf16(w), SliceMut::Bf16(o)) => {
+            py.detach(|| serve::linear_rows(a, w, rows, o))
+        }
+        _ => return Err(mixed("linear_rows")),
+    }
+    .map_err(to_py)
+}
+
 /// Rotates the q and k heads of `qkv` `(T, (H + 2 KV) * D)` in place by the
 /// `cos`/`sin` rows `(max_positions, D)` at `positions` (int64, T), then writes
 /// each token's k and v heads to `k_cache`/`v_cache` `(slots, KV, D)` at

@@ -14,10 +14,12 @@
 //! [`QuantError`]s, checked before anything is written.
 
 mod attention;
+mod linear;
 mod norm;
 mod rotary;
 
 pub use attention::{paged_decode_attention, AttnDims};
+pub use linear::linear_rows;
 pub use norm::rms_norm;
 pub use rotary::{rotary_kv_write, RotaryDims};
 

@@ -375,4 +375,5 @@ class LlamaModel:
             x = x + w.mlp(norm(x, w.post_norm, c.rms_norm_eps))
         # Only the rows whose logits are wanted go through the final norm and the LM head.
         x = norm(x.index_select(0, logit_rows), self.norm, c.rms_norm_eps)
-        return F.linear(x, self.lm_head).float()
+        head = native.lm_head if self.native else F.linear
+        return head(x, self.lm_head).float()
