@@ -18,7 +18,8 @@ their context reset), greedy, EOS ignored, the same token ids:
   :mod:`_llamacpp` for why).
 
 One warm-up round, then ``repeats`` rounds interleaved (ours, theirs, ours, ...) so both see
-the same machine load; medians reported, and same-run ratios ours/theirs. Targets (issue
+the same machine load; medians reported (each round's values under ``rounds``), and same-run
+ratios ours/theirs. Targets (issue
 20): concurrent ratio >= 1, batch-1 decode ratio >= 1/1.5.
 """
 
@@ -184,6 +185,10 @@ def run_compare(
         }
         for side, ms in samples.items():
             row[side] = {k: round(statistics.median(v), 2) for k, v in ms.items()}
+        row["rounds"] = {  # every timed round, in order, for the note
+            side: {k: [round(x, 2) for x in v] for k, v in ms.items()}
+            for side, ms in samples.items()
+        }
         if "llama.cpp" in row:
             row["ratio"] = {k: round(row["zserve"][k] / row["llama.cpp"][k], 3) for k in METRICS}
             row["targets"] = {
