@@ -212,6 +212,11 @@ def _run(
             "s_per_step": round(train_s / step, 3)}  # fmt: skip
 
 
+def first_step(curve: list[dict[str, Any]], level: float) -> int | None:
+    """The first evaluated step whose accuracy reaches `level` (None: never)."""
+    return next((p["step"] for p in curve if p["accuracy"] >= level), None)
+
+
 def _spread(values: list[int | None], cap: int) -> dict[str, Any]:
     """Median / min / max steps; a run that never reached the target counts as `cap` + 1."""
     v = [cap + 1 if x is None else x for x in values]
@@ -240,9 +245,12 @@ def scala_section(
     stop_at_target: bool = True,
     torch_threads: int = 1,
     progress: bool = False,
+    levels: tuple[float, ...] = (0.55, 0.58, 0.6),
 ) -> dict[str, Any]:
     """Baseline and ScaLA fine-tunes of MiniLM at batch `batch` for each of `seeds` seeds:
-    steps to `target` held-out accuracy, their spread and ratio, and the costs."""
+    steps to `target` held-out accuracy, their spread and ratio, and the costs; also the steps
+    to each of the lower accuracies `levels` (read off the same curves, all of them reported,
+    so no one threshold is picked after the fact)."""
     from zquant.hf import load_tokenizer
 
     settings = {k: v for k, v in locals().items() if k != "load_tokenizer"}
@@ -281,6 +289,10 @@ def scala_section(
     for name, rs in runs.items():
         out[name] = {
             "steps_to_target": _spread([r["steps_to_target"] for r in rs], max_steps),
+            "steps_to_level": {
+                str(lv): _spread([first_step(r["curve"], lv) for r in rs], max_steps)
+                for lv in levels
+            },
             "s_per_step": statistics.median(r["s_per_step"] for r in rs),
             "runs": rs,
         }

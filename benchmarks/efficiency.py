@@ -331,4 +331,10 @@ def _scala_lines(s: dict[str, Any] | None) -> list[str]:
         f"  scala / baseline: {s['step_ratio']:.2f}x the steps, {s['time_ratio']:.2f}x the "
         "training time"
     )
+    for level, b in s["baseline"].get("steps_to_level", {}).items():
+        a = s["scala"]["steps_to_level"][level]
+        lines.append(
+            f"  to accuracy {level}: baseline median {b['median']} {b['per_seed']}, "
+            f"scala median {a['median']} {a['per_seed']}"
+        )
     return lines

@@ -98,3 +98,14 @@ def test_scala_section_is_registered_and_its_task_keeps_spoken_lines_only() -> N
 def test_scala_spread_counts_a_missed_target_past_the_cap() -> None:
     spread = load("_scala")._spread([6, None, 4], cap=10)
     assert spread == {"per_seed": [6, None, 4], "median": 6, "min": 4, "max": 11, "reached": 2}
+    curve = [
+        {"step": 2, "accuracy": 0.5},
+        {"step": 4, "accuracy": 0.6},
+        {"step": 6, "accuracy": 0.58},
+    ]
+    assert [load("_scala").first_step(curve, lv) for lv in (0.5, 0.58, 0.6, 0.61)] == [
+        2,
+        4,
+        4,
+        None,
+    ]
