@@ -213,11 +213,11 @@ def random_ltd(o: Options, work: Path) -> dict[str, Any]:
 def scala(o: Options, work: Path) -> dict[str, Any]:
     """ScaLA against the same large-batch MiniLM fine-tune without it: steps to a held-out
     accuracy on comedy-vs-tragedy Shakespeare lines over 3 seeds (`benchmarks/_scala.py`),
-    at most `--steps` / 4 steps per run, seeds from `--seed`. Opt-in (minutes: MiniLM at
-    batch 128 on CPU): `--sections curriculum,scala`."""
+    at most 16 steps per run at the default `--steps` 60 (scaled with it). Opt-in (about 6 CPU
+    minutes on one thread, 45 at load 15-20): `--sections curriculum,scala`."""
     from zstack.bench import load
 
-    return load("_scala").scala_section(max_steps=max(4, o.steps // 4), seed=o.seed)
+    return load("_scala").scala_section(max_steps=max(4, 16 * o.steps // 60), seed=o.seed)
 
 
 SECTIONS: dict[str, Callable[[Options, Path], dict[str, Any]]] = {
