@@ -319,7 +319,8 @@ def _scala_lines(s: dict[str, Any] | None) -> list[str]:
     st = s["settings"]
     lines = [
         f"scala ({s['task']}; MiniLM at batch {st['batch']}, lr {st['lr']:g}, target accuracy "
-        f"{st['target']}, {st['seeds']} seeds, at most {st['max_steps']} steps)"
+        f"{st['target']}, {st['seeds']} seeds, at most {st['max_steps']} steps; a missed "
+        f"target is None and counts as {st['max_steps'] + 1})"
     ]
     for name in ("baseline", "scala"):
         x = s[name]["steps_to_target"]
