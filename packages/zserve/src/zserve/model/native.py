@@ -73,10 +73,10 @@ LM_HEAD_MAX_ROWS = 4
 
 def lm_head(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``F.linear(x, weight)`` of a bfloat16 ``x (M, K)``; on ``znative.linear_rows`` when
-    ``M <= LM_HEAD_MAX_ROWS`` (a decode step's rows), else torch's (a GEMM it does well)."""
+    ``0 < M <= LM_HEAD_MAX_ROWS`` (a decode step's rows), else torch's (a GEMM it does well)."""
     if (
         x.dtype != torch.bfloat16
-        or x.shape[0] > LM_HEAD_MAX_ROWS
+        or not 0 < x.shape[0] <= LM_HEAD_MAX_ROWS  # no rows: a chunk without logits
         or not hasattr(znative, "linear_rows")
     ):
         return torch.nn.functional.linear(x, weight)
