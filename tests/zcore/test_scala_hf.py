@@ -161,7 +161,7 @@ def reference(scala: dict[str, Any]) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", [0, 1, 2])
 def test_scala_on_two_ranks_matches_plain_step_and_reference(stage: int) -> None:
-    results = run_ranks(_rank_bound0, WORLD, args=(stage,), timeout=240)
+    results = run_ranks(_rank_bound0, WORLD, args=(stage,), timeout=480)
     ref = reference(SCALA)
     for rank, r in enumerate(results):
         plain, zero, real = r["plain"], r["zero"], r["real"]
@@ -191,7 +191,7 @@ def _rank_decoder(rank: int, world: int) -> dict:
 
 @pytest.mark.slow
 def test_scala_on_a_causal_decoder_stage2() -> None:
-    for r in run_ranks(_rank_decoder, WORLD, timeout=240):
+    for r in run_ranks(_rank_decoder, WORLD, timeout=480):
         assert r["zero"]["losses"] == r["plain"]["losses"]
         for name, value in r["plain"]["params"].items():
             assert torch.equal(r["zero"]["params"][name], value), name
