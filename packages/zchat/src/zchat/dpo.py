@@ -15,6 +15,12 @@ chosen answer the policy gives more log-probability than the rejected one (for a
 prefers the correct sum); ``exact_match``, teacher-forced greedy correctness of the chosen
 answer (program-checkable: every answer token is the argmax); and after training the
 implicit-reward accuracy (``z > 0``) and mean margin ``z`` (both 0 before by construction).
+
+Measured (SmolLM2-135M-Instruct after 12 SFT steps, arithmetic, 64 held-out pairs, 2 gloo
+ranks ZeRO-3, 10 steps of 4 pairs, lr 5e-6, beta 0.1; seeds 2 and 3, load ~15 on 2 cores):
+exact_match 0.203 -> 0.281 / 0.250 (gain +0.062 mean, seed spread 0.031); implicit accuracy
+0 -> 0.984 / 0.906; margin 0 -> 0.365 / 0.334; pref_accuracy 0.984 -> 1.0 / 0.969 (at its
+ceiling already). About 15 min per run (reference pass 254 s, 10 steps 235 s).
 """
 
 from __future__ import annotations

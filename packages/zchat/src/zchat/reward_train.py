@@ -8,6 +8,11 @@ rendered with the chat template in one right-padded batch, scored at their last 
 rank holds the same number of pairs, so the per-rank mean averaged by ZeRO is the global
 mean. The held-out metric is the fraction of held-out pairs the model ranks as the task's
 rule does (``r_chosen > r_rejected``) and the mean margin.
+
+Measured (the SFT model above, arithmetic, 2 gloo ranks ZeRO-3, 20 steps of 4 pairs, lr
+5e-5 cosine, 64 held-out pairs): accuracy 0.516 -> 0.594, margin 0.010 -> 0.073 in 841 s;
+weak (1.5 standard errors above 0.5), although the SFT LM itself ranks 98% of these pairs
+right by log-probability: a head read at the end-of-turn token needs more steps than this.
 """
 
 from __future__ import annotations
