@@ -6,19 +6,9 @@ zcore calls :meth:`OneBitBase.bind` once (:mod:`zcore.zero.communicating`), whic
 data-parallel :class:`~zcore.comm.Comm` the compressed all-reduce runs over, and each
 parameter's place in the flat tensors (LAMB's per-parameter trust ratio needs it).
 
-With ``compressed_weight_gather: true`` (zstack's key; off by default: measured on z train,
-tiny, stage 2, it took 1-bit Adam from -1.5% to +6.3% validation loss against Adam for 32x
-fewer bytes per step than an fp32 all-reduce instead of 1.9x; OneBitAdam only, since 0/1 Adam
-and 1-bit LAMB diverged with it), at ZeRO stages 1-2, once compression has begun, the
-weights' all-gather is compressed too (zcore's :class:`~zcore.zero.communicating.CompressedGather`), which otherwise costs as
-much as an fp32 all-reduce's second half every step. Each owner sends the change from the
-model's copy of its slot to its master slot, multiplied by ``sqrt(v) + eps`` (the
-denominators of every slot are all-gathered once per variance update), as signs and an
-fp32 scale per 2048 elements; receivers divide by the sender's denominators. Adam-family
-changes are ``lr * m / (sqrt(v) + eps)``: times the denominator they are as smooth as the
-momentum, where raw they carry the 1/sqrt(v) spikes of rarely seen embedding rows that
-one sign scale per block cannot (measured: without it z train diverged after the freeze).
-What the signs drop stays in ``master - copy`` and goes out with the next change.
+At ZeRO stages 1-2 an optimizer may also compress the weights' all-gather (zcore's
+:class:`~zcore.zero.communicating.CompressedGather`); 1-bit Adam does (:mod:`zcomm.optim.
+onebit_adam`), from the denominators :meth:`OneBitBase.denominator_grid` all-gathers.
 """
 
 from __future__ import annotations
@@ -29,11 +19,7 @@ import torch
 
 from zcomm.compressed import CompressedAllReduce
 from zcomm.compressed_scatter import CompressedReduceScatter
-from zcomm.kernels import pack_signs, unpack_signs
 from zcore.zero.communicating import OptimizerContext
-
-GATHER_BLOCK = 2048
-"""Elements per scale in the compressed weight all-gather (4 bytes per 2048: +1.6% bytes)."""
 
 
 class OneBitBase(torch.optim.Optimizer):
@@ -44,11 +30,7 @@ class OneBitBase(torch.optim.Optimizer):
         self.context: OptimizerContext | None = None
         self.allreduce: CompressedAllReduce | None = None
         self.scatter: CompressedReduceScatter | None = None
-        self._d_grids: dict[int, torch.Tensor] = {}
-        self.copies: dict[str, torch.Tensor] = {}
-        """Stages 1-2: this rank's slots of the model as last gathered compressed."""
-        self._restored: dict[str, torch.Tensor] = {}
-        self._exact_next = False
+        self._d_grids: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.gather_bytes = 0
 
     def bind(self, context: OptimizerContext) -> None:
@@ -101,50 +83,6 @@ class OneBitBase(torch.optim.Optimizer):
         avg = OneBitBase.reduce_scatter_local(self, (grid / d_grid).mul_(seen), key)
         return avg.mul_(d_grid[rank]).mul_(seen[rank])
 
-    # -- stages 1-2: the weights' all-gather, compressed (zcore's CompressedGather) -----------
-    def compressing_now(self) -> bool:
-        """Whether the step just taken was a compressed one (a subclass's phase)."""
-        return False
-
-    def compress_gather(self) -> bool:
-        if self._exact_next:  # loaded without saved copies: the model must match the masters
-            self._exact_next = False
-            return False
-        on = getattr(self, "compressed_weight_gather", False)
-        return on and self.stage in (1, 2) and self.world > 1 and self.compressing_now()
-
-    def gather_delta(self, delta: torch.Tensor, key: str, group: int, offset: int) -> torch.Tensor:
-        """Every rank's ``delta`` through signs and per-block scales, ``(world, P)`` fp32,
-        preconditioned by the senders' denominators (module docstring)."""
-        assert self.context is not None, "bind() first"
-        comm, world, n = self.context.comm, self.world, delta.numel()
-        d_cols = self.denominator_grid(group)[0][:, offset : offset + n]
-        blocks = -(-n // GATHER_BLOCK)
-        padded = torch.zeros(blocks * GATHER_BLOCK, dtype=torch.float32, device=delta.device)
-        torch.mul(delta, d_cols[comm.rank], out=padded[:n])
-        scales = padded.view(blocks, GATHER_BLOCK).square().mean(1).sqrt()
-        tail = padded[(blocks - 1) * GATHER_BLOCK : n]  # the last block's real elements
-        scales[-1] = tail.square().mean().sqrt()
-        send = torch.cat([pack_signs(padded[:n]), scales.view(torch.uint8)])
-        recv = torch.empty(world * send.numel(), dtype=torch.uint8, device=delta.device)
-        comm.all_gather(recv, send, f"all_gather(compressed weight changes `{key}`)").wait()
-        rows = recv.view(world, -1)
-        sign_bytes = send.numel() - 4 * blocks
-        out = torch.empty(world, blocks * GATHER_BLOCK, dtype=torch.float32, device=delta.device)
-        got = torch.empty(4 * blocks, dtype=torch.uint8, device=delta.device)
-        for r in range(world):
-            got.copy_(rows[r, sign_bytes:])  # aligned for the fp32 view
-            out[r, :n] = unpack_signs(rows[r, :sign_bytes], n)
-            out[r].view(blocks, GATHER_BLOCK).mul_(got.view(torch.float32).view(blocks, 1))
-        self.gather_bytes += send.numel()
-        return out[:, :n].div_(d_cols)
-
-    def note_copy(self, key: str, row: torch.Tensor) -> None:
-        self.copies[key] = row.detach().clone()
-
-    def restored_copy(self, key: str) -> torch.Tensor | None:
-        return self._restored.pop(key, None)
-
     @property
     def world(self) -> int:
         return 1 if self.context is None else self.context.comm.size
@@ -178,13 +116,9 @@ class OneBitBase(torch.optim.Optimizer):
         return {
             "allreduce": None if self.allreduce is None else self.allreduce.state_dict(),
             "scatter": None if self.scatter is None else self.scatter.state_dict(),
-            "copies": {k: c.clone() for k, c in self.copies.items()},
         }
 
     def load_comm_state_dict(self, state: dict[str, Any] | None) -> None:
-        self.copies.clear()
-        self._restored = {} if state is None else dict(state.get("copies", {}))
-        self._exact_next = not self._restored
         if self.allreduce is None:
             return
         if state is None or state.get("allreduce") is None:

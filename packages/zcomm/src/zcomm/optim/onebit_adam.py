@@ -11,8 +11,13 @@ step: ``m / (sqrt(v) + eps) + weight_decay * p``, scaled by ``lr``, no bias corr
 At ZeRO stages 1-2 (DeepSpeed refuses every stage) each rank owns a slot of the momentum,
 so nobody needs the whole averaged momentum: after the freeze the gradients go through a
 1-bit compressed reduce-scatter instead (:mod:`zcomm.compressed_scatter`, worker error
-feedback) and the owner folds its averaged slot into its momentum exactly. One compression
-instead of two; the weights are then all-gathered as ZeRO always does. During compression
+feedback) and the owner folds its averaged slot into its momentum. With
+``compressed_weight_gather`` (on by default; zstack's key) the owner then compresses its
+momentum 1-bit with error feedback (the "server" half of stage 0's all-reduce) and the
+weights' all-gather sends those signs and block scales instead of fp32 weights: every rank
+replays each owner's update bit for bit (:mod:`zcomm.optim.momentum_gather`), so a step
+costs about 1/32 of an fp32 all-reduce at stages 1-2 as at stage 0. Off, or with
+non-fp32 parameters, the weights are all-gathered as ZeRO always does. During compression
 each rank keeps a model-sized fp32 gradient grid until the step (stage 2's gradient
 partitioning gives way to it, as in stage 1).
 
@@ -34,10 +39,12 @@ from typing import Any
 
 import torch
 
+from zcomm.optim import momentum_gather as mg
 from zcomm.optim.base import OneBitBase
+from zcomm.optim.momentum_gather import ReplayedGather
 
 
-class OneBitAdam(OneBitBase):
+class OneBitAdam(ReplayedGather, OneBitBase):
     """DeepSpeed's 1-bit Adam over zcore's flat master tensors (ZeRO stages 0-2)."""
 
     zero_stages = (0, 1, 2)
@@ -50,7 +57,7 @@ class OneBitAdam(OneBitBase):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0.0,
-        compressed_weight_gather: bool = False,
+        compressed_weight_gather: bool = True,
     ) -> None:
         if freeze_step < 0:
             raise ValueError(f"freeze_step must be >= 0, got {freeze_step}")
@@ -58,6 +65,7 @@ class OneBitAdam(OneBitBase):
                                   "weight_decay": weight_decay})  # fmt: skip
         self.compressed_weight_gather = compressed_weight_gather
         self.freeze_step = freeze_step
+        self.init_replay()
 
     def compressing(self) -> bool:
         """Whether the next step averages the momentum compressed (the variance is frozen)."""
@@ -66,13 +74,19 @@ class OneBitAdam(OneBitBase):
     def reduce_gradients(self) -> bool:
         return not self.compressing()
 
-    def compressing_now(self) -> bool:
-        return self.completed_steps() > self.freeze_step  # the step just taken compressed
+    def replaying(self) -> bool:
+        """Whether compressed steps replay the owners' updates on every rank (stages 1-2)."""
+        return self.compressed_weight_gather and self.stage in (1, 2) and self.world > 1
+
+    def compress_gather(self) -> bool:
+        """zcore's :class:`~zcore.zero.communicating.CompressedGather`: after a compressed step."""
+        return self.replaying() and self.completed_steps() > self.freeze_step
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
         loss = closure() if closure is not None else None
         frozen = self.compressing()
+        self.begin_step()
         for gi, group in enumerate(self.param_groups):
             beta1, beta2 = group["betas"]
             for pi, p in enumerate(group["params"]):
@@ -93,8 +107,21 @@ class OneBitAdam(OneBitBase):
                         m.copy_(self.average(m, f"exp_avg.{gi}.{pi}"))
                     # (stages 1-2: g is this slot's compressed average already)
                     m.mul_(v > 0)  # see the module docstring: where v is 0, no update
+                    if self.replaying():  # the server half of stage 0's all-reduce
+                        self.compress_momentum(gi, m, v > 0)
+                        self.note_step(gi, group["lr"], group["weight_decay"])
+                        p.copy_(mg.replay(p, m, v.sqrt() + group["eps"], group["lr"],
+                                          group["weight_decay"]))  # fmt: skip
+                        continue
                 update = m / (v.sqrt() + group["eps"])
                 if group["weight_decay"] > 0:
                     update.add_(p, alpha=group["weight_decay"])
                 p.add_(update, alpha=-group["lr"])
         return loss
+
+    def comm_state_dict(self) -> dict[str, Any]:
+        return {**super().comm_state_dict(), "replay": self.replay_state()}
+
+    def load_comm_state_dict(self, state: dict[str, Any] | None) -> None:
+        super().load_comm_state_dict(state)
+        self.load_replay_state(state)

@@ -64,8 +64,9 @@ class OneBitLamb(OneBitBase):
         super().__init__(params, defaults)
         if compressed_weight_gather:
             raise ValueError(
-                "optimizer.params.compressed_weight_gather is supported by OneBitAdam only: "
-                "with OneBitLamb it diverged on z train (tiny, stage 2, measured); remove it"
+                "optimizer.params.compressed_weight_gather is supported by OneBitAdam and "
+                "ZeroOneAdam only: OneBitLamb's per-parameter trust ratios are not part of the "
+                "update every rank replays; remove it"
             )
         self.compressed_weight_gather = False
         self.freeze_step = freeze_step
@@ -104,9 +105,6 @@ class OneBitLamb(OneBitBase):
         if not self.state.get(self.param_groups[gi]["params"][0]) or self.context is None:
             return super().reduce_scatter_local(grid, key)
         return self.preconditioned_scatter(grid, key)
-
-    def compressing_now(self) -> bool:
-        return self.completed_steps() > self.freeze_step  # the step just taken compressed
 
     def _across(self, sq: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """``sq`` (per-piece sums or maxima) over every rank's pieces: the identity at stage

@@ -51,12 +51,8 @@ class _OneBitCommon(OptimizerParams):
     comm_backend_name: Literal["nccl", "mpi", "hccl", "compressed", "gloo"] = "nccl"
     """DeepSpeed's transport name; accepted, the job's torch.distributed backend is used."""
     compressed_weight_gather: Bool = False
-    """zstack's own key (DeepSpeed runs no ZeRO stage with these optimizers). At ZeRO stages
-    1-2, after the freeze, all-gather the updated weights as 1-bit changes with error
-    feedback instead of fp32 (:mod:`zcomm.optim.base`): measured on z train (tiny, stage 2,
-    1-bit Adam) 0.129 MiB per step after the freeze, 32x fewer than stage 0's fp32
-    all-reduce (2.11 MiB, 1.9x, without it), at +6.3% validation loss against Adam instead
-    of -1.5%. OneBitAdam only: with ZeroOneAdam and OneBitLamb it diverged (refused)."""
+    """zstack's own key (DeepSpeed runs no ZeRO stage with these optimizers); OneBitAdam's
+    (on there, below): ZeroOneAdam and OneBitLamb refuse it."""
 
     @field_validator("eps_inside_sqrt", "amsgrad")
     @classmethod
@@ -86,6 +82,12 @@ class OneBitAdamParams(_OneBitCommon):
     freeze_step: Int = Field(100000, ge=0)
     """Steps of plain Adam (full-precision gradient averaging, variance learned) before the
     variance is frozen and the momentum is averaged 1-bit compressed."""
+    compressed_weight_gather: Bool = True
+    """zstack's own key. At ZeRO stages 1-2 with fp32 parameters, after the freeze, each
+    owner's momentum is compressed 1-bit (error feedback) and the weights' all-gather sends
+    its signs and block scales; every rank replays the owners' updates bit for bit
+    (:mod:`zcomm.optim.momentum_gather`): about 32x fewer bytes per step than an fp32
+    all-reduce instead of 1.9x. False: the fp32 weight all-gather."""
 
 
 class ZeroOneAdamParams(_OneBitCommon):

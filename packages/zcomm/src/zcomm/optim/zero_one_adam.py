@@ -79,7 +79,8 @@ class ZeroOneAdam(OneBitBase):
         if compressed_weight_gather:
             raise ValueError(
                 "optimizer.params.compressed_weight_gather is supported by OneBitAdam only: "
-                "with ZeroOneAdam it diverged on z train (tiny, stage 2, measured); remove it"
+                "replaying 0/1 Adam's 1-bit updates diverged on z train after the variance "
+                "froze (tiny, stage 2, measured); remove it"
             )
         self.compressed_weight_gather = False
         self.var_freeze_step = var_freeze_step
@@ -95,8 +96,6 @@ class ZeroOneAdam(OneBitBase):
         """Stages 1-2, per group: this rank's ``(A, B)`` gradient sums since the last
         synchronization, ``(world, P)`` each (see the module docstring)."""
         self._grids: dict[int, torch.Tensor] = {}
-        self._local_last = False
-        """Whether the step just taken had local (not fully averaged) gradients."""
 
     def _first_state(self) -> dict[str, Any]:
         for group in self.param_groups:
@@ -126,9 +125,6 @@ class ZeroOneAdam(OneBitBase):
             return self.preconditioned_scatter(grid, key)
         self._grids[gi] = grid
         return grid[self.context.comm.rank if self.context else 0].clone()
-
-    def compressing_now(self) -> bool:
-        return self._local_last
 
     def _sum_and_sync(self, gi: int, p: torch.Tensor, st: dict[str, Any],
                       denom: torch.Tensor, beta1: float, lr: float) -> None:  # fmt: skip
@@ -163,7 +159,6 @@ class ZeroOneAdam(OneBitBase):
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
         loss = closure() if closure is not None else None
-        self._local_last = not self.reduce_gradients()
         for gi, group in enumerate(self.param_groups):
             beta1, beta2 = group["betas"]
             lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]

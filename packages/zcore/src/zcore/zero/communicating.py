@@ -22,11 +22,12 @@ file per rank for it). The protocol lives in zcore so that zcomm edits no engine
 At stages 1-2 the weights' all-gather after each step costs as much as the gradients'
 reduce-scatter, so compressing only the gradients saves at most half. A communicating
 optimizer may also implement :class:`CompressedGather`: while ``compress_gather()`` says
-so, each owner sends the change from what the model holds to its master slot compressed
-(``gather_delta``), and every rank, the owner too, adds the same decompressed changes to
-its parameters. What compression drops stays in ``master - model`` and goes out with the
-next change (error feedback without a buffer); each owner's copy is kept per rank
-(``note_copy``) so that a checkpoint resumes with the same model (``restored_copy``).
+so, each owner sends what its update was made from, compressed (1-bit Adam: the signs and
+block scales of its compressed momentum), and every rank replays every owner's update on
+the slots it holds (``gather_slots``); the owner sets its master slot to the same replay,
+so model and master stay equal bit for bit and nothing is approximated beyond what the
+optimizer's own update already was. Only for fp32 parameters (a bf16 model cannot hold
+the master's values to replay from); other dtypes are gathered as usual.
 """
 
 from __future__ import annotations
@@ -88,21 +89,14 @@ class CompressedGather(Protocol):
     """Optional: a communicating optimizer that compresses the stages 1-2 weight all-gather."""
 
     def compress_gather(self) -> bool:
-        """Whether the all-gather after the step just taken sends compressed changes."""
+        """Whether the all-gather after the step just taken sends compressed updates."""
         ...
 
-    def gather_delta(self, delta: torch.Tensor, key: str, group: int, offset: int) -> torch.Tensor:
-        """Every rank's decompressed ``delta`` (this rank's ``(P,)`` fp32 change to columns
-        ``offset:offset+P`` of group ``group``'s slot) as a ``(world, P)`` fp32 grid, the same
-        on every rank."""
-        ...
-
-    def note_copy(self, key: str, row: torch.Tensor) -> None:
-        """Keep this rank's slot of the model as gathered (for ``comm_state_dict``)."""
-        ...
-
-    def restored_copy(self, key: str) -> torch.Tensor | None:
-        """Once after a load: this rank's saved slot of the model for ``key``, else None."""
+    def gather_slots(self, held: torch.Tensor, key: str, group: int, offset: int) -> torch.Tensor:
+        """Every rank's slot of columns ``offset:offset+P`` of group ``group`` after the step
+        just taken, as a ``(world, P)`` fp32 grid equal on every rank: each owner's update
+        replayed on ``held`` (the model's slots before the step, equal to the masters),
+        the owner's master slot set to its own row."""
         ...
 
 

@@ -119,6 +119,8 @@ class ZeroOptimizer:
         self.communicator: CommunicatingOptimizer | None = None
         """The inner optimizer when it averages across ranks itself (1-bit Adam; see
         :mod:`zcore.zero.communicating`): while it says so, gradients stay local."""
+        self._stepped = False
+        """True while the publish after a step runs (only it may replay compressed updates)."""
 
     def group_world(self, g: int) -> int:
         """Ranks group ``g`` is cut across (1 at stage 0)."""
@@ -291,7 +293,11 @@ class ZeroOptimizer:
         if clip > 0 and norm > clip:
             coef *= clip / (norm + 1e-6)
         self.update(coef)
-        self.publish()
+        self._stepped = True  # this publish may replay the step (CompressedGather)
+        try:
+            self.publish()
+        finally:
+            self._stepped = False
         self.last_grad_norm = norm
         return norm
 
@@ -380,28 +386,24 @@ class ZeroOptimizer:
         self, comm: Comm, chunk: list[nn.Parameter], inp: torch.Tensor, grid: torch.Tensor
     ) -> bool:
         """Stages 1-2 with a communicating optimizer that compresses the weights' all-gather
-        (:class:`~zcore.zero.communicating.CompressedGather`): fill ``grid`` with every
-        rank's slots of ``chunk`` as the parameters now hold them plus each owner's
-        decompressed change, and return True. After a checkpoint load the owners' saved
-        copies travel exactly once instead (the model then holds what the uninterrupted
-        run held). False: gather ``inp`` as usual."""
+        (:class:`~zcore.zero.communicating.CompressedGather`) on fp32 parameters: fill
+        ``grid`` with every rank's slots of ``chunk`` replayed from the owners' compressed
+        updates, and return True. False: gather ``inp`` as usual."""
         talker = self.communicator
         if self.stage not in (1, 2) or not isinstance(talker, CompressedGather):
             return False
-        g0, s0 = self.where[chunk[0]]
-        key = f"weights.{g0}.{s0.offset}"
-        restored = talker.restored_copy(key)
-        if restored is None and not talker.compress_gather():
-            return False
-        if restored is not None:
-            what = f"all_gather(saved compressed-weight copies, {grid.numel()} elems)"
-            self.collectives.all_gather(comm, grid.view(-1), restored.to(inp.dtype), what).wait()
-        else:
-            held = torch.cat([slot_view(p.data.reshape(-1), self.where[p][1], comm.size)
-                              for p in chunk], dim=1)  # fmt: skip
-            change = talker.gather_delta(inp.float() - held[comm.rank].float(), key, g0, s0.offset)
-            grid.copy_(held.float().add_(change))
-        talker.note_copy(key, grid[comm.rank])
+        if not self._stepped or inp.dtype != torch.float32 or not talker.compress_gather():
+            return False  # a publish after a load, or a model that cannot hold the master
+        held = torch.cat([slot_view(p.data.reshape(-1), self.where[p][1], comm.size)
+                          for p in chunk], dim=1)  # fmt: skip
+        col = 0  # one call per run of parameters adjacent in one group's master slot
+        for run in _adjacent_runs([self.where[p] for p in chunk]):
+            g, first = run[0]
+            width = sum(s.shard_size for _, s in run)
+            cols = slice(col, col + width)
+            key = f"weights.{g}.{first.offset}"
+            grid[:, cols] = talker.gather_slots(held[:, cols], key, g, first.offset)
+            col += width
         return True
 
     def gather_input(self, chunk: list[nn.Parameter]) -> torch.Tensor:
@@ -458,3 +460,16 @@ class ZeroOptimizer:
     def grad_bytes(self) -> int:
         """Memory bytes of this rank's gradient partitions."""
         return self.store.grad_bytes()
+
+
+def _adjacent_runs(at: list[tuple[int, ParamShard]]) -> list[list[tuple[int, ParamShard]]]:
+    """``(group, shard)`` pairs cut into runs that sit next to each other in one group's
+    flat master slot, in order."""
+    runs: list[list[tuple[int, ParamShard]]] = []
+    for g, s in at:
+        last = runs[-1][-1] if runs else None
+        if last is not None and last[0] == g and s.offset == last[1].offset + last[1].shard_size:
+            runs[-1].append((g, s))
+        else:
+            runs.append([(g, s)])
+    return runs
