@@ -288,7 +288,7 @@ def bench_efficiency(
     sections: str = typer.Option(
         "curriculum",
         "--sections",
-        help="Comma-separated: curriculum, admm (NxM sparsity by ADMM on MiniLM and SmolLM2, about ten minutes).",
+        help="Comma-separated: curriculum, random_ltd (deep GPT, plain vs random-LTD), admm (NxM sparsity by ADMM on MiniLM and SmolLM2, about ten minutes), scala (MiniLM comedy-vs-tragedy at batch 128, 3 seeds; tens of minutes).",
     ),
     steps: int = typer.Option(60, "--steps", min=2, help="Baseline optimizer steps."),
     preset: str = typer.Option("tiny", "--preset", help="`z train` GPT size."),

@@ -37,6 +37,7 @@ _schemas: dict[str, BlockSchema] = {}
 _ZCORE_BLOCKS: dict[str, str] = {
     "data_efficiency": "zcore.data_efficiency.config:DataEfficiencyConfig",
     "curriculum_learning": "zcore.data_efficiency.config:LegacyCurriculumConfig",
+    "scala": "zcore.scala.config:ScalaConfig",
 }
 
 
