@@ -79,7 +79,8 @@ def test_two_rank_dpo_starts_at_ln2_with_a_frozen_reference(tmp_path: Path) -> N
     results: list[dict[str, Any]] = run_ranks(train_dpo, 2, args=(cfg,), timeout=600)
     r = results[0]
     assert r["losses"][0] == pytest.approx(math.log(2), abs=1e-6)
-    assert r["losses"][-1] < r["losses"][0]  # the training pairs' loss falls
+    # (each step sees other pairs, so three losses need not fall; the policy moving away
+    # from the reference is checked on the held-out pairs below)
     assert r["heldout_before"]["margin"] == 0.0
     # the saved policy moved, and the reference it was measured against is the start model
     tok = load_tokenizer(lm)
