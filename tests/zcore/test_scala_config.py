@@ -71,7 +71,9 @@ class NoEmbeddingsAccessor(nn.Module):
 def test_embedding_by_name_or_accessor() -> None:
     model = NoEmbeddingsAccessor()
     assert find_embedding(model, "emb") == ("emb", model.emb)
-    with pytest.raises(ConfigError, match=r"scala\.embedding = .embed.: is not a module.*\['emb'\]"):
+    with pytest.raises(
+        ConfigError, match=r"scala\.embedding = .embed.: is not a module.*\['emb'\]"
+    ):
         find_embedding(model, "embed")
     with pytest.raises(ConfigError, match=r"scala\.embedding.*set scala\.embedding.*\['emb'\]"):
         find_embedding(model, None)
