@@ -31,6 +31,7 @@ def chat_grpo(
     import json
     import time
 
+    from zchat.config import load_config
     from zchat.data import load_tokenizer
     from zchat.grpo import GRPOConfig, grpo_rank
     from zchat.ranks import RankFailed, run_on_ranks
@@ -41,21 +42,10 @@ def chat_grpo(
     data: dict = {"actor": "runs/chat/sft", "out": "runs/chat/grpo"}
     data.update({k: v for k, v in flags.items() if v is not None})
     try:
-        cfg = GRPOConfig(**data)
+        cfg = load_config(GRPOConfig, data)
         load_tokenizer(cfg.actor)  # a model without a chat template fails here, naming it
-    except (OSError, ValueError) as err:  # pydantic's ValidationError is a ValueError
-        errors = getattr(err, "errors", None)
-        msg = (
-            "; ".join(
-                f"`{'.'.join(map(str, e['loc']))}`: {e['msg']}"
-                if e["loc"]
-                else str(e["msg"]).removeprefix("Value error, ")
-                for e in errors()
-            )
-            if callable(errors)
-            else str(err)
-        )
-        typer.echo(f"error: z chat grpo: {msg}", err=True)
+    except (OSError, ValueError) as err:  # ChatConfigError names each key; JSON errors too
+        typer.echo(f"error: z chat grpo: {err}", err=True)
         raise typer.Exit(2) from None
     start = time.perf_counter()
     try:

@@ -67,6 +67,7 @@ def chat_ppo(
     import json
     import time
 
+    from zchat.config import load_config
     from zchat.ppo import PPOConfig
     from zchat.ppo.trainer import ppo_rank, prepare_ppo
     from zchat.ranks import RankFailed, run_on_ranks
@@ -81,21 +82,10 @@ def chat_ppo(
             data.update(json.loads(config.read_text()))
         data.update({k: str(v) if isinstance(v, Path) else v for k, v in flags.items()
                      if v is not None})  # fmt: skip
-        cfg = PPOConfig(**data)
+        cfg = load_config(PPOConfig, data)
         prepare_ppo(cfg)
-    except (OSError, ValueError) as err:  # pydantic's ValidationError is a ValueError
-        errors = getattr(err, "errors", None)
-        msg = (
-            "; ".join(
-                f"`{'.'.join(map(str, e['loc']))}`: {e['msg']}"
-                if e["loc"]
-                else str(e["msg"]).removeprefix("Value error, ")
-                for e in errors()
-            )
-            if callable(errors)
-            else str(err)
-        )
-        typer.echo(f"error: z chat ppo: {msg}", err=True)
+    except (OSError, ValueError) as err:  # ChatConfigError names each key; JSON errors too
+        typer.echo(f"error: z chat ppo: {err}", err=True)
         raise typer.Exit(2) from None
     start = time.perf_counter()
     try:

@@ -17,7 +17,7 @@ from typing import Any, Literal, TypeVar
 
 from zcore.config import ZModel  # the shared strict base (extra="forbid", frozen)
 
-C = TypeVar("C", bound="StageConfig")
+C = TypeVar("C", bound=ZModel)
 
 
 class ChatConfigError(ValueError):
