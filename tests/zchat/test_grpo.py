@@ -49,3 +49,58 @@ def test_one_process_step(tmp_path: Path) -> None:
     step = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])
     assert step["step"] == 1 and step["gen_tokens_per_s"] > 0 and step["kl"] >= 0.0
     assert (tmp_path / "out" / "actor" / "config.json").is_file()
+
+
+def _sgd_engine(lm: Path, accum: int) -> object:
+    from transformers import AutoModelForCausalLM
+
+    import zcore
+
+    model = AutoModelForCausalLM.from_pretrained(str(lm), dtype=torch.float32)
+    ds = {"train_micro_batch_size_per_gpu": 4 // accum, "gradient_accumulation_steps": accum,
+          "zero_optimization": {"stage": 0}, "optimizer": {"type": "SGD", "params": {"lr": 1.0}}}  # fmt: skip
+    return zcore.initialize(model, config=ds)[0]
+
+
+def test_micro_batches_give_the_whole_rollout_step(tmp_path: Path) -> None:
+    """grpo_backward over 2 micro-batches of unequal token counts == over the whole rollout ==
+    plain SGD on the readable loss ``mean_tokens(-adv * logp + beta * k3)`` (the clipped
+    surrogate's gradient at ratio 1)."""
+    from transformers import AutoModelForCausalLM
+
+    from zchat.grpo import grpo_backward
+    from zchat.ppo.experience import Batch, token_logprobs
+
+    lm = write_tiny_lm(tmp_path / "lm")
+    ref = AutoModelForCausalLM.from_pretrained(str(lm), dtype=torch.float32).requires_grad_(False)
+    with torch.no_grad():  # a reference that differs, so the KL term has a gradient
+        ref.lm_head.weight.mul_(0.9)
+    prompts = [[1, 5, 9], [1, 7], [1, 4, 4, 8], [1, 3]]
+    responses = [[11], [12, 13, 14], [15, 16], [17, 18, 19, 20, 21]]  # halves: 4 vs 7 tokens
+    batch = Batch.build(prompts, responses, pad_id=0)
+    adv = torch.tensor([1.0, -0.5, 0.25, -1.0])[:, None] * batch.mask
+    whole, split = _sgd_engine(lm, 1), _sgd_engine(lm, 2)
+    plain = AutoModelForCausalLM.from_pretrained(str(lm), dtype=torch.float32)
+    start = {k: v.clone() for k, v in plain.state_dict().items()}
+    got_whole = grpo_backward(whole, ref, batch, adv, 4, kl_coef=0.5, clip=0.2)
+    got_split = grpo_backward(split, ref, batch, adv, 2, kl_coef=0.5, clip=0.2)
+    lp = token_logprobs(plain, batch)
+    with torch.no_grad():
+        ref_lp = token_logprobs(ref, batch)
+    readable = ((-adv * lp + 0.5 * kl_k3(lp, ref_lp)) * batch.mask).sum() / batch.mask.sum()
+    readable.backward()
+    with torch.no_grad():
+        for p in plain.parameters():
+            p -= p.grad
+    want = plain.state_dict()
+    moved = max(float((want[k] - start[k]).abs().max()) for k in want)
+    assert moved > 1e-3  # the step is not trivially zero
+    for engine in (whole, split):
+        for k, v in engine.module.state_dict().items():
+            torch.testing.assert_close(v, want[k], atol=2e-6, rtol=1e-5)
+    assert got_split == pytest.approx(got_whole, abs=1e-6)
+
+
+def test_config_refuses_a_micro_batch_that_does_not_divide(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"`micro_batch` 3 must be 0 or divide"):
+        GRPOConfig(actor=tmp_path, out=tmp_path, prompts_per_rank=2, group_size=4, micro_batch=3)

@@ -48,6 +48,10 @@ class GRPOConfig(ZModel):
     group_size: int = 4
     """Samples per prompt (DeepSeekMath used 64; CPU-sized here)."""
     max_new_tokens: int = 8
+    micro_batch: int = 0
+    """Sequences per actor forward/backward; a rank's rollout (``prompts_per_rank *
+    group_size``) is split into micro-batches whose gradients accumulate (same loss, less
+    activation memory). 0: the whole rollout at once."""
     temperature: float = 1.0
     kl_coef: float = 0.04
     """Weight of the per-token KL to the reference (DeepSeekMath's beta 0.04)."""
@@ -65,6 +69,12 @@ class GRPOConfig(ZModel):
              "group_size": 2, "max_new_tokens": 1, "world": 1, "threads": 1},
             ("temperature", "cliprange", "lr"),
         )  # fmt: skip
+        rollout = self.prompts_per_rank * self.group_size
+        if self.micro_batch < 0 or (self.micro_batch and rollout % self.micro_batch):
+            raise ValueError(
+                f"`micro_batch` {self.micro_batch} must be 0 or divide prompts_per_rank * "
+                f"group_size = {rollout}; pick a divisor of {rollout}"
+            )
         if self.kl_coef < 0:
             raise ValueError(f"`kl_coef` {self.kl_coef} < 0; use a value >= 0 (0 turns it off)")
 
@@ -80,6 +90,40 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """Per-token ``KL(actor || ref)`` estimate ``exp(ref - logp) - (ref - logp) - 1`` (>= 0)."""
     d = ref_logprobs - logprobs
     return torch.exp(d) - d - 1
+
+
+def rows(batch: Batch, sl: slice) -> Batch:
+    """The rows ``sl`` of a rollout batch."""
+    return Batch(batch.ids[sl], batch.attn[sl], batch.index[sl], batch.mask[sl], batch.targets[sl])
+
+
+def grpo_backward(actor: Any, ref: Any, batch: Batch, adv: torch.Tensor, micro: int,
+                  kl_coef: float, clip: float) -> tuple[float, float, float]:  # fmt: skip
+    """Backward of GRPO's loss over a rank's rollout, ``micro`` rows per forward, each
+    followed by ``actor.step()`` (a ZeRO engine configured with ``len(batch.ids) // micro``
+    accumulation steps, so the optimizer steps once, after the last). Each micro-batch's
+    loss is weighted by its share of the rollout's response tokens, so the accumulated
+    gradient is that of the token mean over the whole rollout. Returns (loss, KL, clip
+    fraction) over the rollout."""
+    n, total = len(batch.ids), float(batch.mask.sum().clamp(min=1.0))
+    accum = n // micro
+    loss_sum = kl_sum = clip_sum = 0.0
+    for start in range(0, n, micro):
+        part = rows(batch, slice(start, start + micro))
+        with torch.no_grad():
+            ref_lp = token_logprobs(ref, part)
+        lp = token_logprobs(actor, part)
+        # One update per rollout: the rollout policy is the current one, so its log-probs
+        # are ``lp.detach()`` (no dropout in these models): no second actor forward.
+        pg, info = policy_loss(lp, lp.detach(), adv[start : start + micro], part.mask, clip)
+        kl = masked_mean(kl_k3(lp, ref_lp), part.mask)
+        share = float(part.mask.sum()) / total
+        actor.backward((pg + kl_coef * kl) * (share * accum))
+        actor.step()
+        loss_sum += float((pg + kl_coef * kl).detach()) * share
+        kl_sum += float(kl.detach()) * share
+        clip_sum += info["clip_frac"] * share
+    return loss_sum, kl_sum, clip_sum
 
 
 def _grade(tokenizer: Any, prompt: Any, token_ids: list[int]) -> float:
@@ -101,7 +145,9 @@ def grpo_rank(rank: int, world: int, cfg: GRPOConfig) -> dict[str, Any]:
     tok = load_tokenizer(cfg.actor)
     data = build_chat_data(cfg.task, train=cfg.train_prompts, heldout=cfg.heldout_prompts,
                            seed=cfg.data_seed)  # fmt: skip
-    ds = {"train_micro_batch_size_per_gpu": cfg.prompts_per_rank * cfg.group_size,
+    rollout = cfg.prompts_per_rank * cfg.group_size
+    micro = cfg.micro_batch or rollout
+    ds = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": rollout // micro,
           "gradient_clipping": 1.0, "zero_optimization": {"stage": 3}, "comm_timeout_s": 600,
           "optimizer": {"type": "AdamW", "params": {"lr": cfg.lr, "weight_decay": 0.0}}}  # fmt: skip
     model = zcore.hf.from_pretrained(AutoModelForCausalLM, cfg.actor, ds_config=ds,
@@ -143,23 +189,16 @@ def grpo_rank(rank: int, world: int, cfg: GRPOConfig) -> dict[str, Any]:
         )
         batch = Batch.build(ids, [g.token_ids for g in gens], int(tok.pad_token_id))
         adv = group_advantages(rewards, cfg.group_size)[:, None] * batch.mask
-        with torch.no_grad():
-            old_lp = token_logprobs(actor, batch)
-            ref_lp = token_logprobs(ref, batch)
         actor.train()
-        lp = token_logprobs(actor, batch)
-        pg, info = policy_loss(lp, old_lp, adv, batch.mask, cfg.cliprange)
-        kl = masked_mean(kl_k3(lp, ref_lp), batch.mask)
-        loss = pg + cfg.kl_coef * kl
-        actor.backward(loss)
-        actor.step()
-        t = torch.tensor([float(rewards.mean()), float(kl.detach()), float(loss.detach()),
+        loss, kl, clip_frac = grpo_backward(actor, ref, batch, adv, micro, cfg.kl_coef,
+                                            cfg.cliprange)  # fmt: skip
+        t = torch.tensor([float(rewards.mean()), kl, loss,
                           float(roll.generated_tokens), roll.generate_s], dtype=torch.float64)  # fmt: skip
         if dist.is_initialized():
             dist.all_reduce(t)
         m = {"step": step + 1, "reward": float(t[0]) / world, "kl": float(t[1]) / world,
              "loss": float(t[2]) / world, "gen_tokens_per_s": float(t[3] / t[4]) * world,
-             "clip_frac": info["clip_frac"], "step_s": time.perf_counter() - t0}  # fmt: skip
+             "clip_frac": clip_frac, "step_s": time.perf_counter() - t0}  # fmt: skip
         if log is not None:
             log.write(json.dumps(m) + "\n")
             log.flush()
