@@ -20,6 +20,9 @@ def chat_grpo(
     prompts_per_rank: int | None = typer.Option(None, "--prompts-per-rank"),
     group_size: int | None = typer.Option(None, "--group-size", help="Samples per prompt."),
     max_new_tokens: int | None = typer.Option(None, "--max-new-tokens"),
+    micro_batch: int | None = typer.Option(
+        None, "--micro-batch", help="Rollout rows per forward/backward (0: all at once)."
+    ),
     kl_coef: float | None = typer.Option(None, "--kl-coef", help="KL penalty (>= 0)."),
     lr: float | None = typer.Option(None, "--lr"),
     train_prompts: int | None = typer.Option(None, "--train-prompts"),
@@ -37,7 +40,7 @@ def chat_grpo(
     from zchat.ranks import RankFailed, run_on_ranks
 
     flags = dict(actor=actor, out=out, world=nproc, steps=steps, prompts_per_rank=prompts_per_rank,
-                 group_size=group_size, max_new_tokens=max_new_tokens, kl_coef=kl_coef, lr=lr,
+                 group_size=group_size, max_new_tokens=max_new_tokens, micro_batch=micro_batch, kl_coef=kl_coef, lr=lr,
                  train_prompts=train_prompts, heldout_prompts=heldout_prompts, seed=seed)  # fmt: skip
     data: dict = {"actor": "runs/chat/sft", "out": "runs/chat/grpo"}
     data.update({k: v for k, v in flags.items() if v is not None})
