@@ -12,6 +12,10 @@ tensor is a view that keeps a larger gather buffer alive.
 
 Parameters at most the persistence threshold stay gathered in ZeRO-3 and are aliased too;
 an actor that is not partitioned at all (one process, stage < 3) is aliased whole.
+
+A LoRA actor (:mod:`zchat.lora`) is served merged: each LoRA layer's weight, right and left
+matrices are gathered together and ``W + s (R L)^T`` is a new tensor under the weight's name
+(the LoRA matrices themselves are not served), so zserve sees the plain architecture.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from zchat.lora import lora_modules, merged_weight
 from zcore.zero.init import GatheredParameters
 
 
@@ -31,8 +36,17 @@ def gather_full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
     tensors are detached, alias no live parameter storage of a partitioned weight, and
     stay valid after the partitions are released; drop them to free the memory."""
     out: dict[str, torch.Tensor] = {}
+    lora = {id(m.weight): m for m in lora_modules(model).values()}
     with torch.no_grad():
         for name, p in model.named_parameters():
+            if name.endswith(("lora_right_weight", "lora_left_weight")):
+                continue
+            layer = lora.get(id(p))
+            if layer is not None:  # merged into a fresh tensor: nothing live is aliased
+                parts = [p, layer.lora_right_weight, layer.lora_left_weight]
+                with GatheredParameters(parts):
+                    out[name] = merged_weight(layer)
+                continue
             # one parameter per gather: a multi-parameter gather's values may be views of
             # one buffer, which aliasing one of them would keep whole
             with GatheredParameters([p]):

@@ -6,6 +6,15 @@ Defaults are DeepSpeed-Chat's step-3 ones where it has one: ``kl_coef`` 0.1 (its
 weight decay 0, the critic initialised from the reward model, the reference a frozen copy of
 the SFT actor. Sizes are ours (CPU-sized): 8 prompts per rank per step (theirs 16 per GPU),
 ``max_new_tokens`` 16 (theirs 256).
+
+LoRA keys are DeepSpeed-Chat's, with their defaults and meaning (:mod:`zchat.lora`):
+``actor_lora_dim`` / ``critic_lora_dim`` 0 (off), ``actor_lora_module_name`` /
+``critic_lora_module_name`` ``"decoder.layers."`` (OPT's layer names: LLaMA-family models
+need ``"layers."``, and a name that matches no linear layer fails at start saying so),
+``only_optimize_lora`` false, ``actor_lora_learning_rate`` / ``critic_lora_learning_rate``
+5e-4 (the LoRA parameters' rate; the others keep ``actor_lr`` / ``critic_lr``). One
+difference: with ``only_optimize_lora`` the critic's value head stays trainable too (576
+numbers on SmolLM2), since PPO's value targets are not the reward model's scores.
 """
 
 from __future__ import annotations
@@ -62,6 +71,17 @@ class PPOConfig(ZModel):
     critic_lr: float = 5e-6
     ppo_epochs: int = 1
     gradient_clipping: float = 1.0
+    actor_lora_dim: int = 0
+    """LoRA rank of the actor's matched linear layers (0: no LoRA)."""
+    actor_lora_module_name: str = "decoder.layers."
+    """Comma-separated name parts: a linear layer whose name contains one gets LoRA."""
+    critic_lora_dim: int = 0
+    critic_lora_module_name: str = "decoder.layers."
+    only_optimize_lora: bool = False
+    """In each model with LoRA, train only the LoRA matrices (and the critic's value head);
+    the rest is frozen and has no gradients and no optimizer state."""
+    actor_lora_learning_rate: float = 5e-4
+    critic_lora_learning_rate: float = 5e-4
     seed: int = 0
     """Seed of the rollouts' sampling (each rank and step draws its own stream from it)."""
     world: int = 2
@@ -76,9 +96,10 @@ class PPOConfig(ZModel):
             self,
             {"train_prompts": 1, "heldout_prompts": 1, "steps": 1, "prompts_per_rank": 1,
              "max_new_tokens": 1, "gamma": 0, "lam": 0, "ppo_epochs": 1, "world": 1,
-             "threads": 1, "eval_every": 0},
+             "threads": 1, "eval_every": 0, "actor_lora_dim": 0, "critic_lora_dim": 0},
             ("temperature", "clip_reward", "cliprange", "cliprange_value", "actor_lr",
-             "critic_lr", "gradient_clipping"),
+             "critic_lr", "gradient_clipping", "actor_lora_learning_rate",
+             "critic_lora_learning_rate"),
         )  # fmt: skip
         if self.kl_coef < 0:
             raise ValueError(
@@ -90,6 +111,11 @@ class PPOConfig(ZModel):
                 f"`cliprange` {self.cliprange} must be < 1, `gamma` {self.gamma} and `lam` "
                 f"{self.lam} <= 1"
             )
+        if self.only_optimize_lora and not (self.actor_lora_dim or self.critic_lora_dim):
+            raise ValueError(
+                "`only_optimize_lora` needs LoRA: set `actor_lora_dim` and/or `critic_lora_dim`"
+                " > 0 (a model without LoRA trains whole), or turn `only_optimize_lora` off"
+            )
         for key in ("actor", "reward"):
             path = getattr(self, key)
             if not (path / "config.json").is_file():
@@ -100,7 +126,8 @@ class PPOConfig(ZModel):
                 )
 
     def zero_config(self, lr: float) -> dict:
-        """The ZeRO-3 config of the actor or the critic (AdamW, betas as DeepSpeed-Chat's)."""
+        """The ZeRO-3 config of the actor or the critic (AdamW, betas as DeepSpeed-Chat's;
+        a param group's own ``lr`` wins for its parameters)."""
         return {
             "train_micro_batch_size_per_gpu": self.prompts_per_rank,
             "gradient_accumulation_steps": 1,
@@ -109,6 +136,9 @@ class PPOConfig(ZModel):
                 "type": "AdamW",
                 "params": {"lr": lr, "betas": [0.9, 0.95], "weight_decay": 0.0},
             },
-            "zero_optimization": {"stage": 3},
+            # a parameter is re-gathered for the backward instead of kept from the forward:
+            # with two trained models and a frozen one on each rank the kept copies were the
+            # largest part of the training phase's peak
+            "zero_optimization": {"stage": 3, "stage3_max_reuse_distance": 0},
             "comm_timeout_s": 600,
         }

@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,10 +31,23 @@ import torch.distributed as dist
 
 from zchat.hybrid import HybridEngine
 from zchat.hybrid.engine import rss_bytes
+from zchat.lora import lora_disabled, merge_lora_
 from zchat.ppo.config import PPOConfig
-from zchat.ppo.experience import Batch, Critic, critic_values, token_logprobs
+from zchat.ppo.experience import Batch, critic_values, token_logprobs
 from zchat.ppo.losses import gae, kl_penalized_rewards, masked_mean, policy_loss, value_loss
+from zchat.ppo.models import build_actor, build_critic
 from zserve.sampling import SamplingParams
+
+
+def trim_malloc() -> None:
+    """Hand the heap's free pages back to the OS (glibc ``malloc_trim``; a no-op elsewhere):
+    the backward's freed buffers otherwise stay in this process's resident set."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _mean_over_ranks(values: dict[str, float]) -> dict[str, float]:
@@ -62,11 +74,8 @@ class PPOTrainer:
     def __init__(self, cfg: PPOConfig, rank: int, world: int) -> None:
         from transformers import AutoModelForCausalLM
 
-        import zcore
-        import zcore.hf
         from zchat.data import build_chat_data, load_tokenizer, require_nonempty
         from zchat.reward import check_same_tokenizer, load_reward_model
-        from zcore.zero import Init
 
         self.cfg, self.rank, self.world = cfg, rank, world
         self.tokenizer = load_tokenizer(cfg.actor)
@@ -76,19 +85,17 @@ class PPOTrainer:
         )
         require_nonempty(self.data.prompts_train, "prompts_train", "raise `train_prompts`")
         require_nonempty(self.data.prompts_heldout, "prompts_heldout", "raise `heldout_prompts`")
-        actor_cfg = cfg.zero_config(cfg.actor_lr)
-        actor = zcore.hf.from_pretrained(AutoModelForCausalLM, cfg.actor, ds_config=actor_cfg,
-                                         config=_hf_config(cfg.actor))  # fmt: skip
-        self.actor, *_ = zcore.initialize(actor, config=actor_cfg)
-        critic_cfg = cfg.zero_config(cfg.critic_lr)
-        with Init(config=critic_cfg):  # the wrapper too, so the engine finds its partitions
-            critic = Critic(load_reward_model(cfg.reward))
-        self.critic, *_ = zcore.initialize(critic, config=critic_cfg)
-        self.ref = AutoModelForCausalLM.from_pretrained(str(cfg.actor), dtype=torch.float32)
+        self.actor = build_actor(cfg)
+        self.critic = build_critic(cfg)
+        # a LoRA-only actor is the reference with its LoRA layers off: no second copy
+        self.ref: torch.nn.Module | None = None
+        if not (cfg.only_optimize_lora and cfg.actor_lora_dim):
+            self.ref = AutoModelForCausalLM.from_pretrained(str(cfg.actor), dtype=torch.float32)
+            self.ref.eval().requires_grad_(False)
         self.reward = load_reward_model(cfg.reward)
-        for frozen in (self.ref, self.reward):
-            frozen.eval().requires_grad_(False)
+        self.reward.eval().requires_grad_(False)
         self.hybrid = HybridEngine(self.actor, cfg.actor)
+        trim_malloc()  # what loading freed
         self.pad_id = int(self.tokenizer.pad_token_id)
 
     # -- one step -------------------------------------------------------------------------
@@ -112,17 +119,23 @@ class PPOTrainer:
         params = SamplingParams(max_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                                 seed=seed)  # fmt: skip
         gens, rollout = self.hybrid.generate(prompt_ids, params)
+        trim_malloc()
         mem |= {f"rollout_{k}": v for k, v in rollout.rss.items() if k != "start"}
         t1 = time.perf_counter()
         batch = Batch.build(prompt_ids, [g.token_ids for g in gens], self.pad_id)
         with torch.no_grad():
             old_lp = token_logprobs(self.actor, batch)
-            ref_lp = token_logprobs(self.ref, batch)
+            if self.ref is None:
+                with lora_disabled(self.actor.module):
+                    ref_lp = token_logprobs(self.actor, batch)
+            else:
+                ref_lp = token_logprobs(self.ref, batch)
             old_v = critic_values(self.critic, batch)
             scores = self.reward(batch.ids, batch.attn).float()
         rewards = kl_penalized_rewards(old_lp, ref_lp, scores, batch.mask, cfg.kl_coef,
                                        cfg.clip_reward)  # fmt: skip
         adv, ret = gae(rewards, old_v, batch.mask, cfg.gamma, cfg.lam)
+        trim_malloc()
         mem["experience"] = rss_bytes()
         t2 = time.perf_counter()
         self.actor.train()
@@ -137,6 +150,7 @@ class PPOTrainer:
             self.critic.backward(vf)
             self.critic.step()
         mem["train"] = rss_bytes()
+        trim_malloc()
         t3 = time.perf_counter()
         local = {
             "reward": float(scores.mean()),
@@ -219,6 +233,7 @@ class PPOTrainer:
         finally:
             if log is not None:
                 log.close()
+        merge_lora_(self.actor.module)  # a LoRA actor saves as the plain architecture
         zcore.hf.save_pretrained(self.actor, cfg.out / "actor", tokenizer_from=cfg.actor)
         return {"before": before, "after": after, "out": str(cfg.out)}
 
@@ -226,12 +241,6 @@ class PPOTrainer:
         if log is not None:
             log.write(json.dumps(record) + "\n")
             log.flush()
-
-
-def _hf_config(path: Path) -> Any:
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(str(path))
 
 
 def prepare_ppo(cfg: PPOConfig) -> None:
