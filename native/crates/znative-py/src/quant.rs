@@ -142,9 +142,11 @@ pub fn quantize_tokenwise(
         .map_err(to_py)
 }
 
-/// W8A8 linear: `out (m, n) = int8(x) · w (n, k) int8ᵀ · a_scale · w_scale + bias`.
+/// W8A8 linear: `out (m, n) = int8(x) · w (n, k) int8ᵀ · a_scale · w_scale + bias`;
+/// with `outliers` > 0, that many input channels (the largest over the rows) stay float32.
 #[pyfunction]
-#[pyo3(signature = (x, w, w_scale, bias, out))]
+#[pyo3(signature = (x, w, w_scale, bias, out, *, outliers=0))]
+#[allow(clippy::too_many_arguments)]
 pub fn int8_linear(
     py: Python<'_>,
     x: &Bound<'_, PyAny>,
@@ -152,6 +154,7 @@ pub fn int8_linear(
     w_scale: &Bound<'_, PyAny>,
     bias: Option<&Bound<'_, PyAny>>,
     out: &Bound<'_, PyAny>,
+    outliers: usize,
 ) -> PyResult<()> {
     let ((m, k), (n, _)) = (dims2("x", x)?, dims2("w", w)?);
     let (rx, rw_) = (ro::<f32>("x", x, "float32")?, ro::<i8>("w", w, "int8")?);
@@ -161,7 +164,7 @@ pub fn int8_linear(
     let (sx, sw, ss) = (slice("x", &rx)?, slice("w", &rw_)?, slice("w_scale", &rs)?);
     let sb = rb.as_ref().map(|b| slice("bias", b)).transpose()?;
     let so = slice_mut("out", &mut ro_out)?;
-    py.detach(|| quant::int8_linear(sx, sw, ss, sb, so, m, n, k))
+    py.detach(|| quant::int8_linear_outliers(sx, sw, ss, sb, so, m, n, k, outliers))
         .map_err(to_py)
 }
 

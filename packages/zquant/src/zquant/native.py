@@ -36,14 +36,24 @@ def quantize_tokenwise(x: Tensor, bits: int = 8) -> tuple[Tensor, Tensor]:
     return q.reshape(x.shape), scale.reshape(*x.shape[:-1], 1)
 
 
-def int8_linear(x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None = None) -> Tensor:
+def int8_linear(
+    x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None = None, *, outliers: int = 0
+) -> Tensor:
     """W8A8 linear in one native call: ``x (m, k) float32``, ``w (n, k) int8``,
-    ``w_scale (n,)`` or ``(1,)``; returns float32 ``(m, n)``."""
+    ``w_scale (n,)`` or ``(1,)``; returns float32 ``(m, n)``. With ``outliers`` > 0 the
+    ``outliers`` input channels of largest magnitude over the rows stay in float32
+    (:class:`zquant.nn.OutlierQuantLinear`'s split, its reference), added in the GEMM's
+    epilogue."""
     x2 = _c(x, torch.float32)
     out = torch.empty(x2.shape[0], w.shape[0], dtype=torch.float32)
     b = None if bias is None else _c(bias, torch.float32).numpy()
     znative.int8_linear(
-        x2.numpy(), _c(w, torch.int8).numpy(), _c(w_scale, torch.float32).numpy(), b, out.numpy()
+        x2.numpy(),
+        _c(w, torch.int8).numpy(),
+        _c(w_scale, torch.float32).numpy(),
+        b,
+        out.numpy(),
+        outliers=outliers,
     )
     return out
 

@@ -200,6 +200,13 @@ class QuantLinear(nn.Module):
         )
 
 
+#: Calls of at most this many rows (decode steps) run :class:`OutlierQuantLinear`'s W8A8 split
+#: as one native call (``backend="native"``): at batch 1 its ~10 torch ops cost as much as the
+#: GEMM. Its float32 outlier term sums in another order than torch's matmul (last bits), so
+#: larger calls (prompts, perplexity) keep the torch ops and stay bit-identical to ``z eval``.
+FUSED_OUTLIER_MAX_ROWS = 16
+
+
 class OutlierQuantLinear(QuantLinear):
     """A `QuantLinear` whose token-wise activation quantization leaves the `act_outliers`
     largest input channels in full precision (LLM.int8()'s decomposition, data-free).
@@ -242,6 +249,16 @@ class OutlierQuantLinear(QuantLinear):
             return super().forward(x)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features).to(torch.float32)  # (tokens, in)
+        if (
+            self.path == "w8a8"
+            and self.backend == "native"
+            and x2.shape[0] <= FUSED_OUTLIER_MAX_ROWS
+            and x.shape[-1] == self.in_features
+            and self._native_ok(x2, fused=True)
+        ):
+            # The whole split in one kernel call (a decode step's few rows).
+            y = native.int8_linear(x2, self.qdata, self.qscale.reshape(-1), self.bias, outliers=k)
+            return y.reshape(*lead, self.out_features).to(x.dtype)
         cols = x2.abs().amax(0).topk(k).indices  # (k,)
         # index_select, not x2[:, cols]: advanced indexing's parallel kernel stalls for
         # milliseconds per call on a busy CPU (measured 15 ms for 8 columns while serving)

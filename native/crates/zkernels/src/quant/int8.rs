@@ -35,7 +35,7 @@ pub fn vnni_available() -> bool {
 }
 
 /// Where the int32 dot products go.
-trait Epilogue: Sync {
+pub(super) trait Epilogue: Sync {
     fn write(&self, i: usize, j: usize, acc: i32);
 }
 
@@ -119,23 +119,32 @@ mod vnni {
     use super::{clamped, Epilogue, MR, NR};
     use std::arch::x86_64::*;
 
-    /// One MR×NR tile of `Σ (a+128)·b` over the whole k.
+    /// One R×NR tile of `Σ (a+128)·b - 128·Σ b` over the whole k. The correction
+    /// `128·Σ_k b[j, k]` is summed in the same pass (`vpdpbusd` of 0x80 bytes with the
+    /// weight vector already in registers), so the weight is read once per call.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
-    unsafe fn tile(
+    unsafe fn tile<const R: usize>(
         a: *const u8,
         b: *const i8,
         k: usize,
-        rows: [usize; MR],
+        rows: [usize; R],
         cols: [usize; NR],
-    ) -> [[i32; NR]; MR] {
-        let mut acc = [[_mm512_setzero_si512(); NR]; MR];
+    ) -> [[i32; NR]; R] {
+        let mut acc = [[_mm512_setzero_si512(); NR]; R];
+        let mut comp = [_mm512_setzero_si512(); NR];
+        let bias = _mm512_set1_epi8(-128);
         let full = k / 64;
         for t in 0..full {
             let off = t * 64;
-            let bv: [__m512i; NR] =
-                std::array::from_fn(|c| _mm512_loadu_si512(b.add(cols[c] * k + off).cast()));
-            for r in 0..MR {
+            // Plain loops, not `array::from_fn`: a closure does not inherit the target
+            // features, so its intrinsics would become calls with vectors in memory.
+            let mut bv = [_mm512_setzero_si512(); NR];
+            for c in 0..NR {
+                bv[c] = _mm512_loadu_si512(b.add(cols[c] * k + off).cast());
+                comp[c] = _mm512_dpbusd_epi32(comp[c], bias, bv[c]);
+            }
+            for r in 0..R {
                 let av = _mm512_loadu_si512(a.add(rows[r] * k + off).cast());
                 for c in 0..NR {
                     acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], av, bv[c]);
@@ -146,54 +155,65 @@ mod vnni {
         if rem > 0 {
             let off = full * 64;
             let mask: __mmask64 = (1u64 << rem) - 1;
-            let bv: [__m512i; NR] = std::array::from_fn(|c| {
-                _mm512_maskz_loadu_epi8(mask, b.add(cols[c] * k + off).cast())
-            });
-            for r in 0..MR {
+            let mut bv = [_mm512_setzero_si512(); NR];
+            for c in 0..NR {
+                bv[c] = _mm512_maskz_loadu_epi8(mask, b.add(cols[c] * k + off).cast());
+                comp[c] = _mm512_dpbusd_epi32(comp[c], bias, bv[c]);
+            }
+            for r in 0..R {
                 let av = _mm512_maskz_loadu_epi8(mask, a.add(rows[r] * k + off).cast());
                 for c in 0..NR {
                     acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], av, bv[c]);
                 }
             }
         }
-        let mut out = [[0i32; NR]; MR];
-        for r in 0..MR {
-            for c in 0..NR {
-                out[r][c] = _mm512_reduce_add_epi32(acc[r][c]);
+        let mut out = [[0i32; NR]; R];
+        for c in 0..NR {
+            let comp = _mm512_reduce_add_epi32(comp[c]);
+            for r in 0..R {
+                out[r][c] = _mm512_reduce_add_epi32(acc[r][c]) - comp;
             }
         }
         out
     }
 
-    /// Weight rows `j0..j1` against every activation row; `comp[j] = 128 · Σ_k b[j, k]`.
+    /// Weight rows `j0..j1` against every activation row: MR rows per tile while
+    /// MR remain, then one row per tile (a decode step's single token computes each
+    /// dot product once, not MR times).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
-    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn block<E: Epilogue>(
         a_u8: &[u8],
         b: &[i8],
-        comp: &[i32],
         m: usize,
         k: usize,
         j0: usize,
         j1: usize,
         epi: &E,
     ) {
-        for i0 in (0..m).step_by(MR) {
-            let rows = clamped::<MR>(i0, m);
-            for jt in (j0..j1).step_by(NR) {
-                let cols = clamped::<NR>(jt, j1);
-                let acc = tile(a_u8.as_ptr(), b.as_ptr(), k, rows, cols);
-                for r in 0..MR.min(m - i0) {
-                    for c in 0..NR.min(j1 - jt) {
-                        epi.write(rows[r], cols[c], acc[r][c] - comp[cols[c]]);
+        let whole = m / MR * MR;
+        for jt in (j0..j1).step_by(NR) {
+            let cols = clamped::<NR>(jt, j1);
+            let ncols = NR.min(j1 - jt);
+            for i0 in (0..whole).step_by(MR) {
+                let rows = clamped::<MR>(i0, m);
+                let acc = tile::<MR>(a_u8.as_ptr(), b.as_ptr(), k, rows, cols);
+                for r in 0..MR {
+                    for c in 0..ncols {
+                        epi.write(rows[r], cols[c], acc[r][c]);
                     }
+                }
+            }
+            for i in whole..m {
+                let acc = tile::<1>(a_u8.as_ptr(), b.as_ptr(), k, [i], cols);
+                for c in 0..ncols {
+                    epi.write(i, cols[c], acc[0][c]);
                 }
             }
         }
     }
 }
 
-fn gemm<E: Epilogue>(a: &[i8], b: &[i8], m: usize, n: usize, k: usize, epi: &E) {
+pub(super) fn gemm<E: Epilogue>(a: &[i8], b: &[i8], m: usize, n: usize, k: usize, epi: &E) {
     if m == 0 || n == 0 {
         return;
     }
@@ -205,15 +225,11 @@ fn gemm<E: Epilogue>(a: &[i8], b: &[i8], m: usize, n: usize, k: usize, epi: &E) 
     #[cfg(target_arch = "x86_64")]
     if vnni_available() {
         let a_u8: Vec<u8> = a.iter().map(|&v| (v as u8) ^ 0x80).collect();
-        let comp: Vec<i32> = b
-            .chunks_exact(k)
-            .map(|row| 128 * row.iter().map(|&v| i32::from(v)).sum::<i32>())
-            .collect();
         for_blocks(blocks, |blk| {
             let (j0, j1) = (blk * NB, ((blk + 1) * NB).min(n));
             // SAFETY: `vnni_available()` checked that the CPU has every enabled feature;
             // the tile reads stay inside a (m·k) and b (n·k) because rows/cols are clamped.
-            unsafe { vnni::block(&a_u8, b, &comp, m, k, j0, j1, epi) }
+            unsafe { vnni::block(&a_u8, b, m, k, j0, j1, epi) }
         });
         return;
     }
@@ -373,6 +389,9 @@ mod tests {
             (17, 70, 130),
             (5, 131, 576),
             (16, 64, 1),
+            (1, 200, 1536),
+            (2, 9, 65),
+            (6, 33, 64),
         ] {
             let a: Vec<i8> = (0..m * k)
                 .map(|_| (lcg(&mut seed) % 256) as u8 as i8)

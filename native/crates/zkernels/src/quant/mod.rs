@@ -9,10 +9,12 @@
 mod dequant;
 mod error;
 mod int8;
+mod int8_outliers;
 
 pub use dequant::{dequant_linear, dequantize, PackedWeight, WeightFormat};
 pub use error::QuantError;
 pub use int8::{int8_gemm, int8_linear, quantize_tokenwise, vnni_available};
+pub use int8_outliers::int8_linear_outliers;
 
 /// Runs `f(block_index)` for `blocks` blocks on the kernels' thread pool
 /// (inline when there is one block or one thread).

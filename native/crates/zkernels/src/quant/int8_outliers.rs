@@ -1,0 +1,226 @@
+//! W8A8 linear with LLM.int8()'s outlier split fused into one call: the `t`
+//! input channels with the largest magnitude over the call's rows stay in
+//! float32, the rest go through the INT8 GEMM.
+//!
+//! `zquant.nn.OutlierQuantLinear` (its torch reference) runs it as ~10 torch
+//! ops per layer (abs, amax, topk, index_select, index_fill, the INT8 linear,
+//! a gather of the weight's columns, a small matmul, an add). At batch 1 those
+//! cost as much as the GEMM itself; here the outlier term is added in the
+//! GEMM's epilogue while the weight row is still in cache, so the weight is
+//! read once:
+//!
+//! ```text
+//! C    = the t channels of largest max_i |x[i, c]| (ties: lower index first)
+//! y    = Q(x with C zeroed) · W_qᵀ · a_scale · w_scale + bias
+//! y   += Σ_{c in C} x[i, c] · (W_q[j, c] · w_scale[j])
+//! ```
+//!
+//! Same INT8 codes and int32 sums as the reference; the float32 outlier term
+//! sums its `t` products in order, so it matches torch's matmul to rounding.
+
+use super::error::{check_len, QuantError};
+use super::int8::{gemm, quantize_tokenwise, Epilogue};
+use super::SharedOut;
+
+struct OutlierOut<'a> {
+    out: SharedOut<f32>,
+    n: usize,
+    k: usize,
+    a_scale: &'a [f32],
+    w_scale: &'a [f32],
+    bias: Option<&'a [f32]>,
+    w: &'a [i8],
+    cols: &'a [usize],
+    /// `x[i, cols[t]]` at `i * cols.len() + t`.
+    xo: &'a [f32],
+}
+
+impl Epilogue for OutlierOut<'_> {
+    #[inline(always)]
+    fn write(&self, i: usize, j: usize, acc: i32) {
+        let ws = if self.w_scale.len() == 1 {
+            self.w_scale[0]
+        } else {
+            self.w_scale[j]
+        };
+        let mut y = acc as f32 * (self.a_scale[i] * ws);
+        if let Some(b) = self.bias {
+            y += b[j];
+        }
+        let t = self.cols.len();
+        let row = &self.w[j * self.k..(j + 1) * self.k];
+        let xo = &self.xo[i * t..(i + 1) * t];
+        let mut corr = 0f32;
+        for (&c, &v) in self.cols.iter().zip(xo) {
+            corr += v * (f32::from(row[c]) * ws);
+        }
+        // SAFETY: (i, j) is inside the (m, n) output and owned by this block.
+        unsafe { *self.out.get().add(i * self.n + j) = y + corr }
+    }
+}
+
+/// The `t` channels of `x (m, k)` with the largest `max_i |x[i, c]|`, largest first
+/// (ties: lower index first), as `torch.topk` of the column maxima.
+pub fn outlier_channels(x: &[f32], m: usize, k: usize, t: usize) -> Vec<usize> {
+    let mut colmax = vec![0f32; k];
+    for row in x.chunks_exact(k).take(m) {
+        for (c, &v) in colmax.iter_mut().zip(row) {
+            *c = c.max(v.abs());
+        }
+    }
+    let mut idx: Vec<usize> = (0..k).collect();
+    let by_max = |a: &usize, b: &usize| colmax[*b].total_cmp(&colmax[*a]).then(a.cmp(b));
+    if t < k {
+        idx.select_nth_unstable_by(t, by_max);
+        idx.truncate(t);
+    }
+    idx.sort_by(by_max);
+    idx
+}
+
+/// W8A8 linear of `x (m, k)` by the INT8 weight `w (n, k)` with the `outliers` largest input
+/// channels kept in float32; see the module docs. `outliers = 0` is [`super::int8_linear`].
+#[allow(clippy::too_many_arguments)]
+pub fn int8_linear_outliers(
+    x: &[f32],
+    w: &[i8],
+    w_scale: &[f32],
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    m: usize,
+    n: usize,
+    k: usize,
+    outliers: usize,
+) -> Result<(), QuantError> {
+    if outliers == 0 {
+        return super::int8_linear(x, w, w_scale, bias, out, m, n, k);
+    }
+    if outliers > k {
+        return Err(QuantError::Param {
+            name: "outliers",
+            value: outliers as i64,
+            expected: "0..=in_features",
+        });
+    }
+    check_len("x", x.len(), m * k, || format!("m·k = {m}·{k}"))?;
+    check_len("w", w.len(), n * k, || format!("n·k = {n}·{k}"))?;
+    if w_scale.len() != 1 {
+        check_len("w_scale", w_scale.len(), n, || format!("n = {n} (or 1)"))?;
+    }
+    if let Some(b) = bias {
+        check_len("bias", b.len(), n, || format!("n = {n}"))?;
+    }
+    check_len("out", out.len(), m * n, || format!("m·n = {m}·{n}"))?;
+    let cols = outlier_channels(x, m, k, outliers);
+    let mut rest = x.to_vec();
+    let mut xo = vec![0f32; m * outliers];
+    for (row, o) in rest.chunks_exact_mut(k).zip(xo.chunks_exact_mut(outliers)) {
+        for (&c, v) in cols.iter().zip(o.iter_mut()) {
+            *v = row[c];
+            row[c] = 0.0;
+        }
+    }
+    let mut q = vec![0i8; m * k];
+    let mut a_scale = vec![1f32; m];
+    quantize_tokenwise(&rest, m, k, 8, &mut q, &mut a_scale)?;
+    let epi = OutlierOut {
+        out: SharedOut(out.as_mut_ptr()),
+        n,
+        k,
+        a_scale: &a_scale,
+        w_scale,
+        bias,
+        w,
+        cols: &cols,
+        xo: &xo,
+    };
+    gemm(&q, w, m, n, k, &epi);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::simd::{detected, set_override, SimdLevel};
+
+    /// The definition in f64 (INT8 part exact, outlier term in f64).
+    #[allow(clippy::too_many_arguments)]
+    fn reference(
+        x: &[f32],
+        w: &[i8],
+        ws: &[f32],
+        m: usize,
+        n: usize,
+        k: usize,
+        cols: &[usize],
+    ) -> Vec<f64> {
+        let mut rest = x.to_vec();
+        for row in rest.chunks_exact_mut(k) {
+            cols.iter().for_each(|&c| row[c] = 0.0);
+        }
+        let mut q = vec![0i8; m * k];
+        let mut s = vec![0f32; m];
+        quantize_tokenwise(&rest, m, k, 8, &mut q, &mut s).unwrap();
+        let mut out = vec![0f64; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                let acc: i32 = (0..k)
+                    .map(|t| i32::from(q[i * k + t]) * i32::from(w[j * k + t]))
+                    .sum();
+                let corr: f64 = cols
+                    .iter()
+                    .map(|&c| f64::from(x[i * k + c]) * f64::from(w[j * k + c]) * f64::from(ws[j]))
+                    .sum();
+                out[i * n + j] = f64::from(acc) * f64::from(s[i]) * f64::from(ws[j]) + corr;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn matches_the_definition_at_every_level() {
+        for &(m, n, k, t) in &[
+            (1, 70, 130, 8),
+            (5, 33, 576, 8),
+            (4, 9, 64, 1),
+            (2, 5, 7, 7),
+        ] {
+            let mut x: Vec<f32> = (0..m * k)
+                .map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.1)
+                .collect();
+            x[k / 2] = 40.0; // an outlier channel
+            let w: Vec<i8> = (0..n * k)
+                .map(|i| ((i * 7 % 255) as i32 - 127) as i8)
+                .collect();
+            let ws: Vec<f32> = (0..n).map(|j| 0.001 * (j + 1) as f32).collect();
+            let cols = outlier_channels(&x, m, k, t);
+            assert_eq!(cols[0], k / 2);
+            let want = reference(&x, &w, &ws, m, n, k, &cols);
+            for &level in [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512]
+                .iter()
+                .filter(|&&l| l <= detected())
+            {
+                set_override(Some(level)).unwrap();
+                let mut out = vec![0f32; m * n];
+                int8_linear_outliers(&x, &w, &ws, None, &mut out, m, n, k, t).unwrap();
+                for (g, r) in out.iter().zip(&want) {
+                    assert!(
+                        (f64::from(*g) - r).abs() <= 1e-5 * (1.0 + r.abs()),
+                        "{g} {r}"
+                    );
+                }
+            }
+            set_override(None).unwrap();
+        }
+    }
+
+    #[test]
+    fn channels_are_topk_of_column_maxima() {
+        let x = [1.0, -5.0, 2.0, 0.5, /* row 2 */ -3.0, 0.0, 2.0, 4.0];
+        assert_eq!(outlier_channels(&x, 2, 4, 2), vec![1, 3]);
+        assert_eq!(outlier_channels(&x, 2, 4, 4), vec![1, 3, 0, 2]);
+        let mut out = [0f32; 2];
+        let w = [1i8; 4];
+        assert!(int8_linear_outliers(&x, &w, &[1.0], None, &mut out, 2, 1, 4, 5).is_err());
+    }
+}
