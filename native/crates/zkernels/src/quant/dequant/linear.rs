@@ -157,6 +157,12 @@ pub fn dequant_linear(
         }
         return Ok(());
     }
+    #[cfg(target_arch = "x86_64")]
+    if super::gemv::applies(w, m) {
+        // A decode step's few rows: INT4 codes widened in registers (see `gemv`).
+        super::gemv::int4_rows(x, w, bias, out, m);
+        return Ok(());
+    }
     let job = LinearJob {
         x,
         w,

@@ -13,6 +13,7 @@
 //! [`weight`] holds the packed weight, its validation and the plain dequantize;
 //! [`linear`] the fused dequantize-and-multiply built on its row decoder.
 
+mod gemv;
 mod linear;
 mod weight;
 
