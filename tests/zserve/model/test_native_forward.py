@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from tests.zserve.tiny_llama import hf_greedy, tiny_llama
 from zserve.model import llama, native
@@ -94,15 +95,21 @@ def test_native_rms_norm_is_bit_identical(dtype: torch.dtype) -> None:
         assert torch.equal(got, want), (hidden, (got.float() - want.float()).abs().max())
 
 
-def test_native_lm_head_matches_linear() -> None:
-    """bf16 decode rows through znative.linear_rows vs F.linear: both accumulate in f32 and
-    round once to bf16, in another order, so within 2 bf16 ulps (rtol 2 * 2^-8)."""
+def test_native_linear_matches_f_linear() -> None:
+    """Decode rows through znative.linear_rows vs F.linear: both accumulate in f32 (bf16
+    rounded once), in another order, so within 2 bf16 ulps (rtol 2 * 2^-8) and fp32 within
+    1e-5; more rows, a bias or a module weight go to torch / the module as they are."""
     torch.manual_seed(0)
     w = torch.randn(1000, 576).bfloat16()
-    for rows in (0, 1, 3, native.LM_HEAD_MAX_ROWS, native.LM_HEAD_MAX_ROWS + 1):
+    for rows in (0, 1, 3, native.LINEAR_MAX_ROWS, native.LINEAR_MAX_ROWS + 1):
         x = torch.randn(rows, 576).bfloat16()
         got, want = native.lm_head(x, w), torch.nn.functional.linear(x, w)
         assert got.dtype == torch.bfloat16 and got.shape == (rows, 1000)
         torch.testing.assert_close(got.float(), want.float(), rtol=2 * 2**-8, atol=1e-2)
-    x32 = torch.randn(2, 576)
-    assert torch.equal(native.lm_head(x32, w.float()), torch.nn.functional.linear(x32, w.float()))
+        x32, w32 = x.float(), w.float()
+        got32 = native.linear(x32, w32)
+        assert got32.dtype == torch.float32 and got32.shape == (rows, 1000)
+        torch.testing.assert_close(got32, F.linear(x32, w32), rtol=1e-5, atol=1e-4)
+    x32, bias = torch.randn(2, 576), torch.randn(1000)
+    assert torch.equal(native.linear(x32, w.float(), bias), F.linear(x32, w.float(), bias))
+    assert torch.equal(native.linear(x32, lambda t: t * 2), x32 * 2)

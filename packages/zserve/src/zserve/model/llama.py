@@ -152,10 +152,12 @@ class DenseMLP:
     gate_up_bias: torch.Tensor | None
     down: Linear
     down_bias: torch.Tensor | None
+    project: Callable[[torch.Tensor, Linear, torch.Tensor | None], torch.Tensor] = linear
+    """How ``x`` goes through a projection: :func:`linear`, or :func:`native.linear`."""
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = linear(x, self.gate_up, self.gate_up_bias).chunk(2, dim=-1)
-        return linear(F.silu(gate) * up, self.down, self.down_bias)
+        gate, up = self.project(x, self.gate_up, self.gate_up_bias).chunk(2, dim=-1)
+        return self.project(F.silu(gate) * up, self.down, self.down_bias)
 
 
 @dataclass
@@ -294,6 +296,11 @@ class LlamaModel:
         kernels (:mod:`zserve.model.native`; CPU, fp32/bf16), else on torch ops. RMSNorm
         and rotary give the torch ops' bits exactly (a `z quantize` directory's INT8
         activation codes, hence its perplexity, must not move from `z eval`'s)."""
+        self.project = native.linear if self.native else linear
+        """Plain projections over a decode step's few rows on ``znative.linear_rows``."""
+        for layer in self.layers:
+            if isinstance(layer.mlp, DenseMLP):
+                layer.mlp.project = self.project
 
     def _load_mlp(self, load: WeightLoader, prefix: str) -> FeedForward:
         """The feed-forward block of the layer whose tensors start with ``prefix``: the
@@ -354,7 +361,7 @@ class LlamaModel:
             sin = self.sin.index_select(0, plan.positions).unsqueeze(1)
         for i, w in enumerate(self.layers):
             h = norm(x, w.input_norm, c.rms_norm_eps)
-            qkv = linear(h, w.qkv, w.qkv_bias)  # (T, q + 2 kv)
+            qkv = self.project(h, w.qkv, w.qkv_bias)  # (T, q + 2 kv)
             k_cache, v_cache = kv_cache.keys[i], kv_cache.values[i]
             if self.native:  # rotary in place and the cache write, one kernel call
                 qkv = qkv.contiguous()
@@ -371,7 +378,7 @@ class LlamaModel:
             if not self.native:
                 kv_cache.write(i, plan.slots, k, v)
             o = attention(q, k, v, k_cache, v_cache, plan, self.scale)
-            x = x + linear(o.reshape(t, c.q_size), w.o, w.o_bias)
+            x = x + self.project(o.reshape(t, c.q_size), w.o, w.o_bias)
             x = x + w.mlp(norm(x, w.post_norm, c.rms_norm_eps))
         # Only the rows whose logits are wanted go through the final norm and the LM head.
         x = norm(x.index_select(0, logit_rows), self.norm, c.rms_norm_eps)
