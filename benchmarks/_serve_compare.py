@@ -136,6 +136,9 @@ def run_compare(
     lcpp = load("_llamacpp")
     serve_quant = load("serve_quant")
     torch.set_num_threads(threads)
+    # znative's pool (our kernels) is sized once, at its first use, from this variable;
+    # without it our side ran the native kernels on every core while the peer had `threads`.
+    os.environ["ZNATIVE_NUM_THREADS"] = str(threads)
     peer_status: dict[str, Any] = lcpp.status()
     if peer_status["available"] and model_dir.name != PEER_MODEL:
         peer_status = {
@@ -210,6 +213,7 @@ def run_compare(
             "token_budget": token_budget,
             "repeats": repeats,
             "threads": threads,
+            "znative_threads": _znative_threads(),
         },
         "machine": {
             "cpu": platform.processor() or platform.machine(),
@@ -218,6 +222,15 @@ def run_compare(
         },
         "rows": rows,
     }
+
+
+def _znative_threads() -> int | None:
+    """Threads of znative's kernel pool (the pool exists once a kernel has run)."""
+    try:
+        import znative
+    except ImportError:
+        return None
+    return int(znative.num_threads())
 
 
 def report(result: dict[str, Any]) -> str:
