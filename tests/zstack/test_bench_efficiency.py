@@ -109,3 +109,42 @@ def test_scala_spread_counts_a_missed_target_past_the_cap() -> None:
         4,
         None,
     ]
+
+
+def test_scala_play_task_is_balanced_and_held_out_lines_come_from_the_play_ends() -> None:
+    sc = load("_scala")
+    assert [label for label, _ in sc.task_classes("play")] == list(sc.PLAYS)
+    task = sc.build_task(per_class_train=40, per_class_eval=10, task="play")
+    assert task.labels == sc.PLAYS
+    assert [task.train_labels.count(k) for k in range(6)] == [40] * 6
+    assert [task.eval_labels.count(k) for k in range(6)] == [10] * 6
+    assert not set(task.train) & set(task.eval)  # train: first 80% of a play, eval: last 20%
+    with pytest.raises(ValueError, match="task 'plays' is not one of"):
+        sc.task_classes("plays")
+    with pytest.raises(ValueError, match="arms 'both'"):
+        sc.scala_section(arms="both")
+
+
+def test_scala_target_is_a_fraction_of_the_baseline_median_final_accuracy() -> None:
+    sc = load("_scala")
+    assert sc.target_accuracy([0.5, 0.42, 0.46], 0.95) == round(0.95 * 0.46, 4)
+    curve = [{"step": 4, "accuracy": 0.3}, {"step": 8, "accuracy": 0.44}]
+    assert sc.first_step(curve, sc.target_accuracy([0.46], 0.95)) == 8  # 0.437 <= 0.44
+
+
+def test_scala_report_lines_state_both_arms_and_the_ratios() -> None:
+    sc = load("_scala")
+    arm = {
+        "steps_to_target": sc._spread([8, None, 12], cap=16),
+        "final_accuracy": sc._acc_spread([0.4, 0.38, 0.41]),
+        "s_per_step": 2.0,
+    }
+    settings = {"batch": 128, "lr": 1e-3, "scala_lr": 3e-3, "adv_max_norm": 0.1,
+                "adv_steps": 1, "adv_start_step": 0, "seeds": 3, "max_steps": 16}  # fmt: skip
+    result = {"task": "t", "settings": settings, "line_embedding_norm": 4.1, "target": 0.38,
+              "target_from": "0.95 x", "baseline": arm, "scala": arm, "step_ratio": 1.0,
+              "s_per_step_ratio": 1.5, "time_ratio": 1.5, "fewer_steps": False}  # fmt: skip
+    lines = eff._scala_lines(result)
+    assert "counts as 17" in lines[0] and "scala lr 0.003" in lines[0]
+    assert "median 12 (min 8, max 17; per seed [8, None, 12])" in lines[1]
+    assert lines[-1].endswith("fewer steps: no") and "1.50x the time per step" in lines[-1]
