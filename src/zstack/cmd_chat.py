@@ -19,6 +19,7 @@ STAGE_MODULES: tuple[str, ...] = (
     "cmd_chat_ppo",
     "cmd_chat_dpo",
     "cmd_chat_grpo",
+    "cmd_chat_e2e",
 )
 
 

@@ -65,12 +65,10 @@ def chat_ppo(
 ) -> None:
     """PPO (DeepSpeed-Chat step 3) with the hybrid engine: held-out reward before and after."""
     import json
-    import time
 
     from zchat.config import load_config
     from zchat.ppo import PPOConfig
-    from zchat.ppo.trainer import ppo_rank, prepare_ppo
-    from zchat.ranks import RankFailed, run_on_ranks
+    from zchat.ppo.trainer import prepare_ppo
 
     flags = dict(actor=actor, reward=reward, out=out, world=nproc, steps=steps,
                  prompts_per_rank=prompts_per_rank, max_new_tokens=max_new_tokens,
@@ -87,16 +85,30 @@ def chat_ppo(
     except (OSError, ValueError) as err:  # ChatConfigError names each key; JSON errors too
         typer.echo(f"error: z chat ppo: {err}", err=True)
         raise typer.Exit(2) from None
+    run_ppo(cfg, as_json)
+
+
+def run_ppo(cfg: object, as_json: bool) -> dict:
+    """Run a checked ``PPOConfig`` on its ranks, draw the PNG, print and return the summary
+    (`z chat ppo` and the last stage of `z chat e2e`)."""
+    import json
+    import time
+
+    from zchat.ppo.trainer import ppo_rank
+    from zchat.ranks import RankFailed, run_on_ranks
+
     start = time.perf_counter()
     try:
-        results = run_on_ranks(ppo_rank, cfg.world, (cfg,), threads=cfg.threads)
+        results = run_on_ranks(ppo_rank, cfg.world, (cfg,), threads=cfg.threads)  # type: ignore[attr-defined]
     except RankFailed as err:
         typer.echo(f"error: z chat ppo: {err}", err=True)
         raise typer.Exit(1) from None
     r = results[0]
-    summary = {"stage": "ppo", "out": r["out"], "steps": cfg.steps, "ranks": cfg.world,
+    metrics = cfg.out / "metrics.jsonl"  # type: ignore[attr-defined]
+    png = plot_ppo_metrics(metrics, metrics.with_suffix(".png"))
+    summary = {"stage": "ppo", "out": r["out"], "steps": cfg.steps, "ranks": cfg.world,  # type: ignore[attr-defined]
                "heldout_before": r["before"], "heldout_after": r["after"],
-               "metrics": str(cfg.out / "metrics.jsonl"),
+               "metrics": str(metrics), "plot": str(png),
                "wall_s": time.perf_counter() - start}  # fmt: skip
     if as_json:
         typer.echo(json.dumps(summary))
@@ -104,7 +116,38 @@ def chat_ppo(
         b, a = r["before"], r["after"]
         typer.echo(f"ppo: held-out reward {b['heldout_reward']:+.4f} -> {a['heldout_reward']:+.4f}"
                    f", accuracy {b['heldout_accuracy']:.3f} -> {a['heldout_accuracy']:.3f}")  # fmt: skip
-        typer.echo(f"wrote `{r['out']}/actor`, `{summary['metrics']}`")
+        typer.echo(f"wrote `{r['out']}/actor`, `{metrics}`, `{png}`")
+    return summary
+
+
+def plot_ppo_metrics(metrics: Path, png: Path) -> Path:
+    """PPO's PNG: reward and KL against step (left), the held-out reward and exact match
+    before, during and after (right)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from zstack.recipes.metrics import read_jsonl
+
+    records = read_jsonl(metrics)
+    steps = [r for r in records if "reward" in r and "eval" not in r]
+    held = [r for r in records if "eval" in r]
+    fig = Figure(figsize=(10, 4))
+    FigureCanvasAgg(fig)
+    left, right = fig.subplots(1, 2)
+    x = [r["step"] for r in steps]
+    left.plot(x, [r["reward"] for r in steps], marker=".", label="rollout reward")
+    kl_ax = left.twinx()
+    kl_ax.plot(x, [r["kl"] for r in steps], marker=".", color="tab:red", label="KL to reference")
+    left.set(title="ppo: reward and KL", xlabel="step", ylabel="reward")
+    kl_ax.set(ylabel="KL (per token)")
+    for key in ("heldout_reward", "heldout_accuracy"):
+        right.plot([r["step"] for r in held], [r[key] for r in held], marker="o", label=key)
+    right.set(title="ppo: held-out (greedy)", xlabel="step")
+    right.legend(fontsize="small")
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(str(png), dpi=100)
+    return png
 
 
 def register_chat(chat_app: typer.Typer) -> None:

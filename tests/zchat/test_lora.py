@@ -79,7 +79,7 @@ def test_convert_merge_and_the_rollout_gather_on_a_llama(tmp_path: Path) -> None
 def _lora_train(rank: int, world: int, lm: Path, zero: bool) -> tuple[list[float], dict]:
     """4 steps of LoRA-only training (rank 4, lr 1e-2) of ``lm`` on a fixed batch: ZeRO-3 on
     ``world`` ranks (each rank half the batch) or one process with torch's AdamW."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     import zcore
     import zcore.hf
@@ -93,7 +93,8 @@ def _lora_train(rank: int, world: int, lm: Path, zero: bool) -> tuple[list[float
                                                     "weight_decay": 0.0}},
           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}  # fmt: skip
     if zero:
-        model = zcore.hf.from_pretrained(AutoModelForCausalLM, lm, ds_config=ds)
+        hf = AutoConfig.from_pretrained(lm)
+        model = zcore.hf.from_pretrained(AutoModelForCausalLM, lm, ds_config=ds, config=hf)
     else:
         model = AutoModelForCausalLM.from_pretrained(lm, dtype=torch.float32)
     groups = lora_param_groups(model, 4, "layers.", "k", True, 1e-2)
@@ -105,12 +106,10 @@ def _lora_train(rank: int, world: int, lm: Path, zero: bool) -> tuple[list[float
     losses = []
     for _ in range(4):
         if zero:
-            loss = engine(input_ids=mine, labels=mine).loss
+            loss = engine(input_ids=mine, labels=mine).loss  # this rank's half
             engine.backward(loss)
             engine.step()
-            t = loss.detach().clone()
-            torch.distributed.all_reduce(t)
-            losses.append(float(t) / world)
+            losses.append(float(loss.detach()))
         else:
             loss = model(input_ids=ids, labels=ids).loss
             opt.zero_grad()
@@ -122,14 +121,14 @@ def _lora_train(rank: int, world: int, lm: Path, zero: bool) -> tuple[list[float
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_lora_only_zero3_two_ranks_equals_one_process_adamw(tmp_path: Path) -> None:
     lm = write_tiny_lm(tmp_path / "lm")
     ref_losses, ref_w = _lora_train(0, 1, lm, zero=False)
-    (a_losses, a_w), (b_losses, _) = run_ranks(_lora_train, 2, args=(lm, True), timeout=300)
-    # the mean over ranks of per-half mean losses is the full batch's mean (equal lengths)
-    assert a_losses == b_losses
-    torch.testing.assert_close(torch.tensor(a_losses), torch.tensor(ref_losses), rtol=1e-5,
-                               atol=1e-5)  # fmt: skip
+    (a_losses, a_w), (b_losses, _) = run_ranks(_lora_train, 2, args=(lm, True), timeout=600)
+    # the mean of the two halves' mean losses is the full batch's mean (equal lengths)
+    both = (torch.tensor(a_losses) + torch.tensor(b_losses)) / 2
+    torch.testing.assert_close(both, torch.tensor(ref_losses), rtol=1e-5, atol=1e-5)
     assert ref_losses[-1] < ref_losses[0]
     for name, w in ref_w.items():  # the served (merged) weights after 4 steps
         torch.testing.assert_close(a_w[name], w, rtol=1e-4, atol=1e-5, msg=name)

@@ -96,3 +96,55 @@ def test_two_ranks_agree_on_the_step_metrics(dirs: tuple[Path, Path], tmp_path: 
             assert ma[key] == mb[key], key  # means over ranks: the same on both
         assert len(ma["ranks"]) == 2
     assert abs(a[0]["kl"]) < 1e-5 and a[1]["kl"] != 0.0  # moved after the first update
+
+
+LORA = dict(actor_lora_dim=2, critic_lora_dim=2, actor_lora_module_name="layers.",
+            critic_lora_module_name="layers.", only_optimize_lora=True,
+            actor_lora_learning_rate=1e-2, critic_lora_learning_rate=1e-2)  # fmt: skip
+
+
+def test_lora_keys_are_checked_before_the_ranks_start(
+    dirs: tuple[Path, Path], tmp_path: Path
+) -> None:
+    from zchat.ppo.trainer import prepare_ppo
+
+    with pytest.raises(ValueError, match=r"`only_optimize_lora` needs LoRA"):
+        config(dirs, tmp_path, only_optimize_lora=True)
+    with pytest.raises(ValueError, match=r"`actor_lora_dim` must be >= 0"):
+        config(dirs, tmp_path, actor_lora_dim=-1)
+    bad = config(dirs, tmp_path, **(LORA | {"critic_lora_module_name": "decoder.layers."}))
+    with pytest.raises(ValueError, match=r"`critic_lora_module_name` 'decoder.layers.' matches "
+                       r"no nn.Linear.*use 'layers.'"):  # fmt: skip
+        prepare_ppo(bad)
+    prepare_ppo(config(dirs, tmp_path, **LORA))
+
+
+def test_one_process_lora_step_uses_the_actor_as_reference_and_saves_merged(
+    dirs: tuple[Path, Path], tmp_path: Path
+) -> None:
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    from zchat.ppo.trainer import PPOTrainer
+
+    cfg = config(dirs, tmp_path / "out", world=1, steps=2, **LORA)
+    trainer = PPOTrainer(cfg, 0, 1)
+    assert trainer.ref is None  # LoRA off is the reference
+    trainable = [n for n, p in trainer.actor.module.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    critic = [n for n, p in trainer.critic.module.named_parameters() if p.requires_grad]
+    assert "rm.v_head.weight" in critic and all("lora_" in n or "v_head" in n for n in critic)
+    trainer.train()
+    lines = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    steps = [x for x in lines if "eval" not in x]
+    assert steps[0]["kl"] == 0.0  # the LoRA left matrices start at zero: actor == reference
+    assert steps[1]["kl"] != 0.0  # and moved after the first update
+    saved = tmp_path / "out" / "actor"
+    with safe_open(str(saved / "model.safetensors"), "pt") as f:
+        assert not any("lora_" in k for k in f.keys())  # merged back to plain linears
+    after = AutoModelForCausalLM.from_pretrained(saved, dtype=torch.float32).state_dict()
+    start = AutoModelForCausalLM.from_pretrained(dirs[0], dtype=torch.float32).state_dict()
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert float((after[q] - start[q]).abs().max()) > 1e-6
+    emb = "model.embed_tokens.weight"  # frozen: not a LoRA layer, unchanged
+    assert torch.equal(after[emb], start[emb])

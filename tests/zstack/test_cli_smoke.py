@@ -402,6 +402,7 @@ def _rl(stage: str, w: Work) -> None:  # tiny LLaMA, 2 ranks, 1 step of 1 prompt
 
 for _stage in ("ppo", "grpo"):
     smoke(f"chat {_stage}")(lambda w, stage=_stage: _rl(stage, w))
+import tests.zstack.test_cli_smoke_chat  # noqa: E402, F401  (registers `z chat e2e`'s case)
 
 
 @smoke("estimate-memory")

@@ -75,3 +75,21 @@ def build_critic(cfg: PPOConfig) -> Any:
                                cfg.critic_lora_learning_rate, keep_trainable=("v_head.weight",))  # fmt: skip
     engine, *_ = zcore.initialize(critic, model_parameters=groups, config=ds)
     return engine
+
+
+def check_lora_names(cfg: PPOConfig) -> None:
+    """Fail before any rank starts when a ``*_lora_module_name`` matches no linear layer of
+    its model (built on the meta device from ``config.json``: no weights read)."""
+    import torch
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+    for dim, path, names, key, cls in (
+        (cfg.actor_lora_dim, cfg.actor, cfg.actor_lora_module_name, "actor_lora_module_name",
+         AutoModelForCausalLM),
+        (cfg.critic_lora_dim, cfg.reward, cfg.critic_lora_module_name,
+         "critic_lora_module_name", AutoModel),
+    ):  # fmt: skip
+        if dim > 0:
+            with torch.device("meta"):
+                skeleton = cls.from_config(AutoConfig.from_pretrained(str(path)))
+            convert_to_lora(skeleton, names, dim, key=key)

@@ -35,7 +35,7 @@ from zchat.lora import lora_disabled, merge_lora_
 from zchat.ppo.config import PPOConfig
 from zchat.ppo.experience import Batch, critic_values, token_logprobs
 from zchat.ppo.losses import gae, kl_penalized_rewards, masked_mean, policy_loss, value_loss
-from zchat.ppo.models import build_actor, build_critic
+from zchat.ppo.models import build_actor, build_critic, check_lora_names
 from zserve.sampling import SamplingParams
 
 
@@ -245,12 +245,13 @@ class PPOTrainer:
 
 def prepare_ppo(cfg: PPOConfig) -> None:
     """Checks before any rank starts, each failing with the problem and the fix: the actor
-    has a chat template, the reward model is one and shares the actor's tokenizer, the
-    prompt splits are not empty."""
+    has a chat template, the reward model is one and shares the actor's tokenizer, each
+    LoRA module name matches a linear layer, the prompt splits are not empty."""
     from zchat.data import build_chat_data, load_tokenizer, require_nonempty
     from zchat.reward import check_same_tokenizer
 
     check_same_tokenizer(cfg.reward, load_tokenizer(cfg.actor), cfg.actor)
+    check_lora_names(cfg)
     data = build_chat_data(
         cfg.task, train=cfg.train_prompts, heldout=cfg.heldout_prompts, seed=cfg.data_seed
     )

@@ -1,0 +1,108 @@
+"""``z chat e2e``: DeepSpeed-Chat's three steps in one run, SFT -> reward model -> PPO, each
+stage's output directory the next one's input.
+
+:class:`E2EConfig` is one JSON file (or flags): the base chat model, the output root, the
+ranks, the task, and one block of keys per stage (``sft``, ``reward``, ``ppo``: any key of
+:class:`~zchat.sft.SFTConfig`, :class:`~zchat.reward_train.RewardConfig`,
+:class:`~zchat.ppo.PPOConfig` except the wiring ones, which the e2e sets). Every stage's
+config is built and checked at start, before the first rank runs, so a typo in the PPO
+block fails in a second, not after the SFT hour. Layout under ``out``: ``sft/`` (the SFT
+model), ``reward/`` (the reward model), ``ppo/`` (the PPO actor and ``metrics.jsonl``);
+SFT's and the reward stage's metrics sit beside their directories as ``*.metrics.jsonl``.
+
+The defaults below (:data:`STAGE_DEFAULTS`) are the sizes measured on SmolLM2-135M-Instruct
+with 2 CPU ranks on the arithmetic task (see :mod:`zchat.ppo.trainer`): PPO trains LoRA
+only (rank 8 on every linear layer of the decoder blocks, DeepSpeed-Chat's keys), 8 new
+tokens per rollout (the answers are a few tokens).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from zcore.config import ZModel
+
+STAGE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "sft": {"steps": 12, "micro_batch": 4, "heldout_examples": 64},
+    "reward": {"steps": 20, "micro_batch": 2, "heldout_examples": 64},
+    "ppo": {"steps": 20, "prompts_per_rank": 8, "max_new_tokens": 8, "heldout_prompts": 64,
+            "actor_lora_dim": 8, "critic_lora_dim": 8, "actor_lora_module_name": "layers.",
+            "critic_lora_module_name": "layers.", "only_optimize_lora": True},
+}  # fmt: skip
+"""What each stage runs with unless the config's block says otherwise."""
+
+WIRED: dict[str, tuple[str, ...]] = {
+    "sft": ("model", "out", "task", "data_seed"),
+    "reward": ("model", "out", "task", "data_seed"),
+    "ppo": ("actor", "reward", "out", "task", "data_seed", "world"),
+}
+"""Keys the e2e sets itself (the stage chain and the shared task); a block may not set them."""
+
+
+class E2EConfig(ZModel):
+    """What ``z chat e2e`` runs. Unknown keys are refused."""
+
+    model: Path
+    """The base chat model directory (SFT starts from it)."""
+    out: Path = Path("runs/chat/e2e")
+    """Root of the three stages' outputs."""
+    world: int = 2
+    """Ranks of every stage (gloo on CPU)."""
+    task: Literal["arithmetic"] = "arithmetic"
+    """The zchat.data task of every stage (PPO grades arithmetic only)."""
+    data_seed: int = 0
+    """Which examples are built: the same train / held-out split in every stage."""
+    # pydantic copies a mutable default per instance
+    sft: dict[str, Any] = {}  # noqa: RUF012
+    """Keys of the SFT stage's config (``zchat.sft.SFTConfig``)."""
+    reward: dict[str, Any] = {}  # noqa: RUF012
+    """Keys of the reward stage's config (``zchat.reward_train.RewardConfig``)."""
+    ppo: dict[str, Any] = {}  # noqa: RUF012
+    """Keys of the PPO stage's config (``zchat.ppo.PPOConfig``)."""
+
+    def model_post_init(self, context: Any, /) -> None:
+        if self.world < 1:
+            raise ValueError(f"`world` must be >= 1, got {self.world}")
+        for stage, keys in WIRED.items():
+            taken = sorted(set(getattr(self, stage)) & set(keys))
+            if taken:
+                raise ValueError(
+                    f"`{stage}.{taken[0]}` is set by the e2e chain (each stage reads the one "
+                    f"before); remove it from the `{stage}` block (top-level keys: model, out, "
+                    "world, task, data_seed)"
+                )
+
+    def stage_dict(self, stage: str) -> dict[str, Any]:
+        """The keys of ``stage``'s config: its defaults, the block, then the wiring."""
+        out = self.out
+        wiring: dict[str, Any] = {"task": self.task, "data_seed": self.data_seed,
+                                  "out": str(out / stage)}  # fmt: skip
+        if stage == "sft":
+            wiring["model"] = str(self.model)
+        elif stage == "reward":
+            wiring["model"] = str(out / "sft")
+        else:
+            wiring |= {"actor": str(out / "sft"), "reward": str(out / "reward"),
+                       "world": self.world}  # fmt: skip
+        return STAGE_DEFAULTS[stage] | getattr(self, stage) | wiring
+
+    def check_stages(self) -> None:
+        """Build each stage's config now (the later stages' inputs do not exist yet: they are
+        checked against the base model's directory), raising ChatConfigError naming the
+        stage and key."""
+        from zchat.config import ChatConfigError, load_config
+        from zchat.ppo import PPOConfig
+        from zchat.reward_train import RewardConfig
+        from zchat.sft import SFTConfig
+
+        classes = {"sft": SFTConfig, "reward": RewardConfig, "ppo": PPOConfig}
+        for stage, cls in classes.items():
+            data = self.stage_dict(stage)
+            for key in ("model", "actor", "reward"):
+                if key in data and stage != "sft":
+                    data[key] = str(self.model)
+            try:
+                load_config(cls, data)
+            except ChatConfigError as err:
+                raise ChatConfigError(f"e2e block `{stage}`: {err}") from None
