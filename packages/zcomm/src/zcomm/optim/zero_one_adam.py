@@ -28,22 +28,25 @@ sign scale, so an embedding row that saw no gradient gets the largest elements' 
 its own tiny variance. Measured on `z train` (tiny, 600 steps, variance frozen at 120):
 validation loss +9.0% over Adam with DeepSpeed's update, +1.6% preconditioned.
 
-**ZeRO stages 1-2** (DeepSpeed refuses every stage). A rank holds the optimizer state of
-its own slot only, so it cannot take local steps on the whole model. Two facts make the
-algorithm work anyway. ZeRO all-gathers the weights after every step, so between
-synchronizations every rank runs the same model, and each slot is stepped by its owner
-with the owner's own local gradient. And once the variance is frozen, the momentum and
-the weights are *linear* in the gradients. So each rank keeps two running sums of its
-local gradient grid, ``A = beta1 * A + g`` and ``B = B + lr * A``. At a synchronization
-both go through the 1-bit compressed reduce-scatter, and the owner adds
+**ZeRO stages 1-2** (DeepSpeed refuses every stage). With fp32 parameters (`z train`'s
+default) the stage 0 algorithm runs on ``(world, P)`` grids and the weights' all-gather is
+computed, not sent (:mod:`zcomm.optim.zero_one_replica`): stage 0's bytes, with the
+master weights partitioned and the momentum and variance held whole, as at stage 0.
+
+With bf16/fp16 parameters the model cannot hold the master's values, so ZeRO's weight
+all-gather stays and every rank runs the same model; each slot is stepped by its owner
+with the owner's own local gradient. Once the variance is frozen, the momentum and the
+weights are *linear* in the gradients, so each rank keeps two running sums of its local
+gradient grid, ``A = beta1 * A + g`` and ``B = B + lr * A``. At a synchronization both go
+through the 1-bit compressed reduce-scatter, and the owner adds
 ``(1 - beta1) * (mean(A) - A_own)`` to its momentum and subtracts
 ``(1 - beta1) * (mean(B) - B_own) / (sqrt(v) + eps)`` from its weights. That lands both
 exactly where momentum steps on the rank-averaged gradients would have put them (weight
 decay aside). DeepSpeed's synchronization restores the same weights and approximates the
 momentum; here the momentum is exact too. The cost: two compressed reduce-scatters per
-interval instead of one per step, and two model-sized fp32 grids per rank, saved in
-checkpoints with the error buffers. Before the freeze, stages 1-2 run like 1-bit Adam's:
-the non-variance steps reduce-scatter the gradients 1-bit compressed.
+interval, the fp32 weight all-gather every step, and two model-sized fp32 grids per rank,
+saved in checkpoints with the error buffers. Before the freeze the non-variance steps
+reduce-scatter the gradients 1-bit compressed.
 """
 
 from __future__ import annotations
@@ -53,9 +56,10 @@ from typing import Any
 import torch
 
 from zcomm.optim.base import OneBitBase
+from zcomm.optim.zero_one_replica import ReplicatedLocalSteps
 
 
-class ZeroOneAdam(OneBitBase):
+class ZeroOneAdam(ReplicatedLocalSteps, OneBitBase):
     """DeepSpeed's 0/1 Adam over zcore's flat master tensors (ZeRO stages 0-2)."""
 
     zero_stages = (0, 1, 2)
@@ -96,6 +100,7 @@ class ZeroOneAdam(OneBitBase):
         """Stages 1-2, per group: this rank's ``(A, B)`` gradient sums since the last
         synchronization, ``(world, P)`` each (see the module docstring)."""
         self._grids: dict[int, torch.Tensor] = {}
+        self.init_replica()
 
     def _first_state(self) -> dict[str, Any]:
         for group in self.param_groups:
@@ -119,6 +124,8 @@ class ZeroOneAdam(OneBitBase):
         communication here; this rank's own row (a local step) and the grid kept for
         :meth:`_sum_and_sync` in the step, which sees the gradient's final scale."""
         gi = int(key.rsplit(".", 1)[1])
+        if self.replicated():
+            return self.replica_scatter(grid, gi, key)
         if not self.frozen:
             if not self.preconditioned:
                 return super().reduce_scatter_local(grid, key)
@@ -156,6 +163,29 @@ class ZeroOneAdam(OneBitBase):
         """Whether local steps have happened since the last synchronization."""
         return any(float(self.state[p].get("lrs", 0.0)) != 0.0 for p in self.accumulator)
 
+    def _update(self, gi: int, p: torch.Tensor, st: dict[str, Any], acc: torch.Tensor | None,
+                beta1: float, lr: float, eps: float, wd: float, key: str) -> None:  # fmt: skip
+        """Stage 0, and stages 1-2 with non-fp32 parameters: the update of master ``p``."""
+        m, v = st["exp_avg"], st["exp_avg_sq"]
+        denom = v.sqrt().add_(eps)
+        update = m / denom
+        if wd > 0:
+            update.add_(p, alpha=wd)
+        p.add_(update, alpha=-lr)
+        if self.frozen and self.stage > 0:
+            self._sum_and_sync(gi, p, st, denom, beta1, lr)
+        elif self.frozen:
+            assert acc is not None
+            acc.add_(update, alpha=-lr)
+            if st["step"] % st["local_step_interval"] == 0:  # synchronize
+                p.sub_(acc)
+                acc.mul_(denom)
+                acc.copy_(self.average(acc, key)).mul_(v > 0)
+                m.copy_(acc / st["lrs"]).neg_()
+                p.add_(acc / denom)
+                acc.zero_()
+                st["lrs"] = 0.0
+
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
         loss = closure() if closure is not None else None
@@ -177,7 +207,9 @@ class ZeroOneAdam(OneBitBase):
                     acc = self.accumulator[p] = torch.zeros_like(p)
                 m, v, g = st["exp_avg"], st["exp_avg_sq"], p.grad
                 st["step"] += 1
-                if not self.frozen:
+                if self.replicated():  # stages 1-2, fp32: see zero_one_replica
+                    self.replica_step(gi, p, st, group)
+                elif not self.frozen:
                     if st["step"] % st["var_interval"] == 0:  # g averaged in full precision
                         v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
                         self._d_grids.pop(gi, None)
@@ -195,24 +227,8 @@ class ZeroOneAdam(OneBitBase):
                 else:
                     m.mul_(beta1).add_(g, alpha=1 - beta1)
                     st["lrs"] += lr if self.stage == 0 else 0.0
-                denom = v.sqrt().add_(eps)
-                update = m / denom
-                if wd > 0:
-                    update.add_(p, alpha=wd)
-                p.add_(update, alpha=-lr)
-                if self.frozen and self.stage > 0:
-                    self._sum_and_sync(gi, p, st, denom, beta1, lr)
-                elif self.frozen:
-                    assert acc is not None
-                    acc.add_(update, alpha=-lr)
-                    if st["step"] % st["local_step_interval"] == 0:  # synchronize
-                        p.sub_(acc)
-                        acc.mul_(denom)
-                        acc.copy_(self.average(acc, key)).mul_(v > 0)
-                        m.copy_(acc / st["lrs"]).neg_()
-                        p.add_(acc / denom)
-                        acc.zero_()
-                        st["lrs"] = 0.0
+                if not self.replicated():
+                    self._update(gi, p, st, acc, beta1, lr, eps, wd, key)
                 if not self.frozen:
                     if st["step"] % st["var_interval"] == 0:
                         st["var_counter"] += 1
@@ -239,6 +255,8 @@ class ZeroOneAdam(OneBitBase):
         state["accumulator"] = [self.accumulator[p].clone() if p in self.accumulator else None
                                 for p in params]  # fmt: skip
         state["sums"] = {gi: (a.clone(), b.clone()) for gi, (a, b) in self.sums.items()}
+        if self.replicated():
+            state["replica"] = self.replica_state()
         if self.drifting():  # weights and momentum differ per rank until the next sync
             state["master"] = [p.detach().clone() for p in params]
             state["exp_avg"] = [self.state[p]["exp_avg"].clone() for p in params]
@@ -249,6 +267,7 @@ class ZeroOneAdam(OneBitBase):
         params = [p for group in self.param_groups for p in group["params"]]
         self.accumulator.clear()
         self.sums.clear()
+        self.load_replica_state(state)
         if state is not None:
             self.sums = {int(gi): (a.clone(), b.clone())
                          for gi, (a, b) in state.get("sums", {}).items()}  # fmt: skip

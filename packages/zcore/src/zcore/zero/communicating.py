@@ -51,6 +51,9 @@ class OptimizerContext:
     segments: list[list[tuple[str, int, int]]]
     """Per param group: ``(name, offset, numel)`` of each parameter's part of this rank's
     flat master tensor (at stage 0 each parameter whole)."""
+    fp32_params: bool = False
+    """Whether every model parameter is fp32, so that at stages 1-2 a
+    :class:`CompressedGather` fills every chunk of the weights' all-gather."""
 
 
 @runtime_checkable
@@ -96,7 +99,13 @@ class CompressedGather(Protocol):
         """Every rank's slot of columns ``offset:offset+P`` of group ``group`` after the step
         just taken, as a ``(world, P)`` fp32 grid equal on every rank: each owner's update
         replayed on ``held`` (the model's slots before the step, equal to the masters),
-        the owner's master slot set to its own row."""
+        the owner's master slot set to its own row.
+
+        An optimizer whose ranks may hold *different* models between steps (0/1 Adam's
+        local steps) returns this rank's own rows instead, and may define
+        ``restored_slots(key, group, offset, width)``: after a checkpoint load (a publish
+        with no step) it returns the ``(world, width)`` rows this rank held when the
+        checkpoint was saved, or None to gather the masters as usual."""
         ...
 
 
@@ -137,5 +146,6 @@ def bind_inner(zopt: Any, comm: Comm, *, replicas: int, type_name: str) -> None:
                 f"{where} keeps its momentum in memory; zero_optimization.offload_optimizer."
                 'device "nvme" swaps it in pieces: use device "cpu" or "none"'
             )
-    inner.bind(OptimizerContext(comm, zopt.stage, zopt.segments()))
+    fp32 = all(p.dtype == torch.float32 for ps in zopt.params for p in ps)
+    inner.bind(OptimizerContext(comm, zopt.stage, zopt.segments(), fp32_params=fp32))
     zopt.communicator = talker

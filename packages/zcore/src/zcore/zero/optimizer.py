@@ -392,12 +392,24 @@ class ZeroOptimizer:
         talker = self.communicator
         if self.stage not in (1, 2) or not isinstance(talker, CompressedGather):
             return False
-        if not self._stepped or inp.dtype != torch.float32 or not talker.compress_gather():
-            return False  # a publish after a load, or a model that cannot hold the master
+        if inp.dtype != torch.float32 or not talker.compress_gather():
+            return False  # a model that cannot hold the master
+        runs = _adjacent_runs([self.where[p] for p in chunk])
+        if not self._stepped:  # a publish after a load: the rows saved, if the talker has them
+            restore = getattr(talker, "restored_slots", None)
+            rows = [] if restore is None else [
+                restore(f"weights.{run[0][0]}.{run[0][1].offset}", run[0][0], run[0][1].offset,
+                        sum(s.shard_size for _, s in run))
+                for run in runs
+            ]  # fmt: skip
+            if not rows or any(r is None for r in rows):
+                return False
+            grid.copy_(torch.cat(rows, dim=1))
+            return True
         held = torch.cat([slot_view(p.data.reshape(-1), self.where[p][1], comm.size)
                           for p in chunk], dim=1)  # fmt: skip
         col = 0  # one call per run of parameters adjacent in one group's master slot
-        for run in _adjacent_runs([self.where[p] for p in chunk]):
+        for run in runs:
             g, first = run[0]
             width = sum(s.shard_size for _, s in run)
             cols = slice(col, col + width)
