@@ -306,6 +306,7 @@ def _bytes_per_step(rank: int, world: int, stage: int) -> tuple[list[int], list[
     return out[0], out[1]
 
 
+@pytest.mark.slow  # four 2-rank runs (~40 s quiet); the stage-2 tracking and resume cases run in CI
 def test_zero_one_adam_at_stage_2_sends_what_stage_0_sends() -> None:
     """With fp32 parameters 0/1 Adam at stages 1-2 computes the weights' all-gather instead
     of sending it (zcomm.optim.zero_one_replica): after the freeze a step sends what stage
