@@ -12,8 +12,22 @@ Per rank and step (every rank runs this, with its own prompts):
    value loss, each its own ZeRO-3 engine (AdamW).
 
 The actor and the critic are ZeRO-3 engines (the critic starts from the reward model); the
-reference and the reward model are frozen and kept whole on each rank (no optimizer state;
-at this model size that is less memory than their ZeRO-3 machinery would save).
+reward model is frozen and kept whole on each rank (no optimizer state; at this model size
+that is less memory than its ZeRO-3 machinery would save). The reference is a frozen whole
+copy of the SFT model too, except with a LoRA-only actor (``only_optimize_lora``,
+:mod:`zchat.ppo.models`): its frozen base *is* the SFT model, so the reference's
+log-probabilities are the actor's own forward with the LoRA layers off.
+
+Measured (SmolLM2-135M-Instruct SFT + reward model of ``z chat sft`` 12 steps x 8 and
+``z chat reward`` 20 steps x 4 pairs; 2 gloo ranks, 1 thread each, 2-core box at load
+12-13 from other jobs): ``/tmp/zppo/meas.py 10 0,1 '{"tag":"lora"}'`` (PPOConfig with
+``actor_lora_dim`` = ``critic_lora_dim`` = 8 on ``"layers."``, ``only_optimize_lora``,
+LoRA lr 5e-4 (DeepSpeed-Chat's), 8 prompts per rank, ``max_new_tokens`` 8, 10 steps):
+a step 125-153 s when nothing else of ours ran (rollout 17-24 s, experience 49-59 s,
+training 60-81 s); memory per rank 1.7 GiB at a step's start, 2.7 GiB with the rollout's
+weights gathered, 3.9-4.1 GiB after training (full fine-tuning before LoRA: 3.1 / 3.7 /
+6.3 GB and an OOM kill at step 3); the run's three processes together peaked at 9.0 GiB.
+
 Metrics (means over ranks; memory and time per rank) go to ``metrics.jsonl`` every step,
 with a live progress line on rank 0; the held-out prompts are scored greedily before the
 first step and after the last (and every ``eval_every`` steps).
