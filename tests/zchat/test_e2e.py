@@ -30,5 +30,7 @@ def test_stages_chain_their_directories_and_bad_blocks_fail_at_start(tmp_path: P
         load_config(E2EConfig, {"model": str(lm), "sft": {"steps": 0}}).check_stages()
     with pytest.raises(ChatConfigError, match=r"`reward.model` is set by the e2e chain"):
         load_config(E2EConfig, {"model": str(lm), "reward": {"model": "x"}})
+    with pytest.raises(ChatConfigError, match=r"`model` `.*nowhere` is not a model directory"):
+        load_config(E2EConfig, {"model": str(tmp_path / "nowhere")})
     with pytest.raises(ChatConfigError, match=r"unknown key `stages`"):
         load_config(E2EConfig, {"model": str(lm), "stages": 3})

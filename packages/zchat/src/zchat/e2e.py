@@ -64,6 +64,11 @@ class E2EConfig(ZModel):
     def model_post_init(self, context: Any, /) -> None:
         if self.world < 1:
             raise ValueError(f"`world` must be >= 1, got {self.world}")
+        if not (self.model / "config.json").is_file():
+            raise ValueError(
+                f"`model` `{self.model}` is not a model directory (no config.json); pass a "
+                "Hugging Face chat model (`make models` fetches SmolLM2-135M-Instruct)"
+            )
         for stage, keys in WIRED.items():
             taken = sorted(set(getattr(self, stage)) & set(keys))
             if taken:
