@@ -10,7 +10,9 @@ A zquant directory (`zquant.json` beside `model.safetensors` and `config.json`, 
   `OutlierQuantLinear` where the recipe keeps activation outlier channels), with the
   native backend, so that
   - W8A8 (INT8 symmetric per channel/tensor, INT8 token-wise activations) goes through
-    `znative.int8_linear`: the activation quantization is fused into the INT8 GEMM;
+    `znative.int8_linear`: the activation quantization is fused into the INT8 GEMM, and for
+    a decode step's few rows (`zquant.nn.FUSED_OUTLIER_MAX_ROWS`) so is the recipe's
+    outlier-channel split (one kernel call per projection instead of ~10 torch ops);
   - INT3/INT4 (W4, and W4A8's MLP, whose activations are quantized token-wise first) and FP6
     weights go through `znative.dequant_linear`, which dequantizes weight tiles in cache inside
     the GEMM: the whole weight is never dequantized per call.
