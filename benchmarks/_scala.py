@@ -39,7 +39,7 @@ t_0 is K extra forwards and backwards to the embedding output).
 save time):
 
 - baseline lr 1e-3: .18 .25 .26 .25 .28 .30 .31 .31; lr 3e-4: .16 .23 .28 .30 .30 .31 .35 .36
-  (chosen); lr 1e-4: not run (no time; it would only strengthen the baseline's side if better);
+  (chosen); lr 1e-4: .14 .20 .24 .29 .31 .28 .28 .31 (run after the measured seeds);
 - scala K = 1, t_0 = 0, epsilon = alpha = 0.1 (2.4% of a line's norm): at lr 1e-3 .19 then
   chance (.167, one class for every line) from step 8, stopped at 16; at lr 3e-4 .167 .22 then
   chance from step 12, stopped at 24. The claimed larger stable learning rate did not appear:
