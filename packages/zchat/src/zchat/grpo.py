@@ -10,7 +10,20 @@ actor (ZeRO-3) minimises PPO's clipped surrogate with those advantages plus
 frozen starting model. A group whose answers all score alike has advantage 0 everywhere and
 teaches nothing, which is why the group is sampled (temperature 1).
 
-The held-out metric is the fraction of held-out prompts answered correctly, greedily.
+The held-out metric is the fraction of held-out prompts answered correctly, greedily (the
+mean program reward of greedy answers: the grade is 0 or 1).
+
+Measured (SmolLM2-135M-Instruct after 12 steps of ``z chat sft``, arithmetic, 64 held-out
+prompts, 1 rank ZeRO-3 (a 6 GiB memory budget; peak RSS 5.3 GiB), 20 steps of 2 prompts x
+group 8, micro_batch 4, max_new_tokens 6, beta 0.04, load 7-18 on 2 cores, 30-90 s/step):
+
+    lr 2e-5  seed 0: collapsed: training reward 0.19 -> 0.88 (step 3) -> 0 from step 6,
+             KL 3.4 nats/token at step 6 (stopped)
+    lr 5e-6  seed 0: training reward 0.19 -> 0 at step 7, KL 0.32 (stopped)
+    lr 1e-6  seed 0: held-out accuracy 0.266 -> 0.250; KL <= 0.047 throughout (18 min)
+
+So at 16 samples per step only DeepSeekMath's 1e-6 (the default) stays stable, and 20 such
+steps do not improve the held-out accuracy: GRPO's improvement is not shown here.
 """
 
 from __future__ import annotations
