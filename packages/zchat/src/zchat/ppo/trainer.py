@@ -26,7 +26,14 @@ LoRA lr 5e-4 (DeepSpeed-Chat's), 8 prompts per rank, ``max_new_tokens`` 8, 10 st
 a step 125-153 s when nothing else of ours ran (rollout 17-24 s, experience 49-59 s,
 training 60-81 s); memory per rank 1.7 GiB at a step's start, 2.7 GiB with the rollout's
 weights gathered, 3.9-4.1 GiB after training (full fine-tuning before LoRA: 3.1 / 3.7 /
-6.3 GB and an OOM kill at step 3); the run's three processes together peaked at 9.0 GiB.
+6.3 GB and an OOM kill at step 3); the run's three processes together peaked at 9.2 GiB.
+At load 5-7 a step took 44-78 s (rollout 6-12 s, experience 16-31 s, training 19-42 s).
+Held-out (64 prompts, greedy, 8 tokens; reward model score / ``check_sum`` exact match):
+SFT 0.8238 / 0.266; after PPO seed 0 0.8282 / 0.250, seed 1 0.8235 / 0.266: a gain of
++0.0044 and -0.0002, smaller than its spread (0.0046), so PPO's held-out bar is *not* met
+at this budget. The sampled rollouts' mean reward on the training prompts did rise in both
+seeds (0.54-0.59 at step 1 to 0.75-0.81 at step 10, KL <= 0.05): PPO sharpened the
+sampling distribution without changing the greedy answers.
 
 Metrics (means over ranks; memory and time per rank) go to ``metrics.jsonl`` every step,
 with a live progress line on rank 0; the held-out prompts are scored greedily before the
