@@ -47,7 +47,8 @@ save time):
   small, so a perturbation of a few percent of the input flips them);
 - scala K = 1, t_0 = 8, epsilon = alpha = 0.03, lr 3e-4: .16 .23 (plain steps, equal to the
   baseline's) .29 .31, stopped at 16 (baseline at 12 / 16: .28 / .30) (chosen).
-  K = 2-3 and more t_0 / epsilon points were not run (each ScaLA run took 10-14 minutes here).
+  The same from t_0 = 0 (run after the measured seeds): .17 .23 .26 .32 .28 .31 .34 .32,
+  final below the baseline's .36. K = 2-3 and more t_0 / epsilon points were not run (each ScaLA run took 10-14 minutes here).
 
 **Measured** (3 seeds, `z bench efficiency --json --sections scala` settings, arms run as
 parallel processes on the loaded machine, seeds 0, 1, 2):
