@@ -20,20 +20,21 @@ log-probabilities are the actor's own forward with the LoRA layers off.
 
 Measured (SmolLM2-135M-Instruct SFT + reward model of ``z chat sft`` 12 steps x 8 and
 ``z chat reward`` 20 steps x 4 pairs; 2 gloo ranks, 1 thread each, 2-core box at load
-12-13 from other jobs): ``/tmp/zppo/meas.py 10 0,1 '{"tag":"lora"}'`` (PPOConfig with
+12-13 from other jobs): ``/tmp/zppo/meas.py 10 0,1,2 '{"tag":"lora"}'`` (PPOConfig with
 ``actor_lora_dim`` = ``critic_lora_dim`` = 8 on ``"layers."``, ``only_optimize_lora``,
 LoRA lr 5e-4 (DeepSpeed-Chat's), 8 prompts per rank, ``max_new_tokens`` 8, 10 steps):
 a step 125-153 s when nothing else of ours ran (rollout 17-24 s, experience 49-59 s,
-training 60-81 s); memory per rank 1.7 GiB at a step's start, 2.7 GiB with the rollout's
-weights gathered, 3.9-4.1 GiB after training (full fine-tuning before LoRA: 3.1 / 3.7 /
+training 60-81 s); memory per rank 1.7-2.0 GiB at a step's start, 2.7-3.1 GiB with the rollout's
+weights gathered, 3.9-4.4 GiB after training (full fine-tuning before LoRA: 3.1 / 3.7 /
 6.3 GB and an OOM kill at step 3); the run's three processes together peaked at 9.2 GiB.
-At load 5-7 a step took 44-78 s (rollout 6-12 s, experience 16-31 s, training 19-42 s).
+At load 4 a step took 38-42 s (rollout 6 s, experience 15-16 s, training 18-19 s).
 Held-out (64 prompts, greedy, 8 tokens; reward model score / ``check_sum`` exact match):
-SFT 0.8238 / 0.266; after PPO seed 0 0.8282 / 0.250, seed 1 0.8235 / 0.266: a gain of
-+0.0044 and -0.0002, smaller than its spread (0.0046), so PPO's held-out bar is *not* met
-at this budget. The sampled rollouts' mean reward on the training prompts did rise in both
-seeds (0.54-0.59 at step 1 to 0.75-0.81 at step 10, KL <= 0.05): PPO sharpened the
-sampling distribution without changing the greedy answers.
+SFT 0.8238 / 0.266; after PPO seeds 0, 1, 2: 0.8282 / 0.250, 0.8235 / 0.266,
+0.8316 / 0.234. Reward gain +0.0040 mean over seeds, standard deviation 0.0040, range
+0.0080 (-0.0002 to +0.0078); exact match fell (0.250 mean): PPO's held-out bar is *not*
+met at this budget (10 steps x 16 rollouts of a reward model with 0.59 held-out pairwise
+accuracy). Rollout reward on the training prompts, step 1 -> 10: 0.59 -> 0.75,
+0.54 -> 0.81, 0.70 -> 0.65; KL to the reference stayed <= 0.05 per token.
 
 Metrics (means over ranks; memory and time per rank) go to ``metrics.jsonl`` every step,
 with a live progress line on rank 0; the held-out prompts are scored greedily before the
