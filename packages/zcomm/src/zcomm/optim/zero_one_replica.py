@@ -83,6 +83,9 @@ class ReplicatedLocalSteps:
         if not self.frozen:  # type: ignore[attr-defined]
             world, n = grid.shape
             if self.preconditioned:  # type: ignore[attr-defined]
+                p = self.param_groups[gi]["params"][0]  # type: ignore[attr-defined]
+                st = self.state[p]  # type: ignore[attr-defined]
+                self._full_grids(gi, p, st, int(st.get("step", 0)))  # built here after a load
                 d, seen = self._denominators(gi, slice(0, n))
                 avg = self.average((grid / d).mul_(seen).view(-1), key)  # type: ignore[attr-defined]
                 grid = avg.view(world, n).mul_(d).mul_(seen)
@@ -99,14 +102,17 @@ class ReplicatedLocalSteps:
         comm.all_reduce(t, f"all_reduce(0/1 Adam gradient scale of group {gi})").wait()
         return float(t[0] / t[1]) if float(t[1]) > 0 else 1.0
 
-    def _full_grids(self, gi: int, p: torch.Tensor, st: dict[str, Any]) -> dict[str, torch.Tensor]:
+    def _full_grids(self, gi: int, p: torch.Tensor, st: dict[str, Any], taken: int
+                    ) -> dict[str, torch.Tensor]:  # fmt: skip
+        """Group ``gi``'s grids; built on first use, from every rank's slot state when that
+        state has ``taken`` steps in it (a checkpoint without this rank's grids)."""
         grids = self.grids.get(gi)
         if grids is None:  # first step, or a checkpoint without this rank's grids
             comm = self.context.comm  # type: ignore[attr-defined]
             grids = {}
             for name, mine in (("m", st["exp_avg"]), ("v", st["exp_avg_sq"])):
                 full = torch.zeros(comm.size, p.numel(), dtype=torch.float32, device=p.device)
-                if st["step"] > 1:  # a loaded slot state: every rank's, once
+                if taken > 0:  # a loaded slot state: every rank's, once
                     comm.all_gather(full.view(-1), mine.reshape(-1).float(),
                                     f"all_gather(0/1 Adam {name} of group {gi})").wait()  # fmt: skip
                 grids[name] = full
@@ -122,12 +128,7 @@ class ReplicatedLocalSteps:
     def _denominators(self, gi: int, cols: slice) -> tuple[torch.Tensor, torch.Tensor]:
         """``sqrt(v) + eps`` of columns ``cols`` of every slot (1 where ``v`` is 0), and
         where ``v > 0``."""
-        grids = self.grids.get(gi)
-        if grids is None:
-            n = cols.stop - cols.start
-            world = self.context.comm.size  # type: ignore[attr-defined]
-            return torch.ones(world, n), torch.zeros(world, n, dtype=torch.bool)
-        v = grids["v"][:, cols]
+        v = self.grids[gi]["v"][:, cols]
         seen = v > 0
         eps = self.param_groups[gi]["eps"]  # type: ignore[attr-defined]
         return torch.where(seen, v.sqrt().add_(eps), 1.0), seen
@@ -137,7 +138,7 @@ class ReplicatedLocalSteps:
         """Update group ``gi``'s momentum (and variance) grids; the weights are replayed
         in :meth:`gather_slots`. ``st["step"]`` has been incremented."""
         beta1, beta2 = group["betas"]
-        grids = self._full_grids(gi, p, st)
+        grids = self._full_grids(gi, p, st, st["step"] - 1)
         m, v = grids["m"], grids["v"]
         rank = self.context.comm.rank  # type: ignore[attr-defined]
         frozen = self.frozen  # type: ignore[attr-defined]
