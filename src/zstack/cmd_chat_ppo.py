@@ -96,6 +96,7 @@ def run_ppo(cfg: object, as_json: bool) -> dict:
 
     from zchat.ppo.trainer import ppo_rank
     from zchat.ranks import RankFailed, run_on_ranks
+    from zstack.recipes.chat_plot import plot_ppo_metrics
 
     start = time.perf_counter()
     try:
@@ -118,36 +119,6 @@ def run_ppo(cfg: object, as_json: bool) -> dict:
                    f", accuracy {b['heldout_accuracy']:.3f} -> {a['heldout_accuracy']:.3f}")  # fmt: skip
         typer.echo(f"wrote `{r['out']}/actor`, `{metrics}`, `{png}`")
     return summary
-
-
-def plot_ppo_metrics(metrics: Path, png: Path) -> Path:
-    """PPO's PNG: reward and KL against step (left), the held-out reward and exact match
-    before, during and after (right)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    from zstack.recipes.metrics import read_jsonl
-
-    records = read_jsonl(metrics)
-    steps = [r for r in records if "reward" in r and "eval" not in r]
-    held = [r for r in records if "eval" in r]
-    fig = Figure(figsize=(10, 4))
-    FigureCanvasAgg(fig)
-    left, right = fig.subplots(1, 2)
-    x = [r["step"] for r in steps]
-    left.plot(x, [r["reward"] for r in steps], marker=".", label="rollout reward")
-    kl_ax = left.twinx()
-    kl_ax.plot(x, [r["kl"] for r in steps], marker=".", color="tab:red", label="KL to reference")
-    left.set(title="ppo: reward and KL", xlabel="step", ylabel="reward")
-    kl_ax.set(ylabel="KL (per token)")
-    for key in ("heldout_reward", "heldout_accuracy"):
-        right.plot([r["step"] for r in held], [r[key] for r in held], marker="o", label=key)
-    right.set(title="ppo: held-out (greedy)", xlabel="step")
-    right.legend(fontsize="small")
-    fig.tight_layout()
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(str(png), dpi=100)
-    return png
 
 
 def register_chat(chat_app: typer.Typer) -> None:

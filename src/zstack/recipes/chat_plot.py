@@ -1,14 +1,16 @@
 """The PNG of a `z chat` stage, drawn from its metrics JSONL (zchat's `Recorder` writes it).
 
-Left: the training loss against step. Right: the stage's accuracy-like numbers against
+:func:`plot_chat_metrics` (SFT, reward, DPO). Left: the training loss against step. Right: the stage's accuracy-like numbers against
 step: the batch accuracy where the stage logs one (`acc`, `implicit_acc`) and the held-out
 metrics recorded before (step 0) and after training (`heldout_*`, as points joined by a line).
+:func:`plot_ppo_metrics`: rollout reward and KL against step, and the held-out evaluations.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from zstack.recipes.metrics import read_jsonl
 
@@ -40,8 +42,37 @@ def plot_chat_metrics(metrics: str | os.PathLike[str], png: str | os.PathLike[st
     metric_ax.set(title=f"{stage}: metrics", xlabel="step")
     if metric_ax.get_legend_handles_labels()[0]:
         metric_ax.legend(fontsize="small")
+    return _save(fig, png)
+
+
+def _save(fig: Any, png: str | os.PathLike[str]) -> Path:
     fig.tight_layout()
     out = Path(png)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(str(out), dpi=100)
     return out
+
+
+def plot_ppo_metrics(metrics: Path, png: Path) -> Path:
+    """PPO's PNG: reward and KL against step (left), the held-out reward and exact match
+    before, during and after (right)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    records = read_jsonl(metrics)
+    steps = [r for r in records if "reward" in r and "eval" not in r]
+    held = [r for r in records if "eval" in r]
+    fig = Figure(figsize=(10, 4))
+    FigureCanvasAgg(fig)
+    left, right = fig.subplots(1, 2)
+    x = [r["step"] for r in steps]
+    left.plot(x, [r["reward"] for r in steps], marker=".", label="rollout reward")
+    kl_ax = left.twinx()
+    kl_ax.plot(x, [r["kl"] for r in steps], marker=".", color="tab:red", label="KL to reference")
+    left.set(title="ppo: reward and KL", xlabel="step", ylabel="reward")
+    kl_ax.set(ylabel="KL (per token)")
+    for key in ("heldout_reward", "heldout_accuracy"):
+        right.plot([r["step"] for r in held], [r[key] for r in held], marker="o", label=key)
+    right.set(title="ppo: held-out (greedy)", xlabel="step")
+    right.legend(fontsize="small")
+    return _save(fig, png)
