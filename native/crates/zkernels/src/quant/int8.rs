@@ -61,18 +61,32 @@ struct F32Out<'a> {
     bias: Option<&'a [f32]>,
 }
 
+/// Column `j`'s weight scale (one per tensor or per output channel) and
+/// `acc · (a_scale[i] · ws) + bias[j]`, the float32 order the torch path uses.
+#[inline(always)]
+pub(crate) fn scaled(
+    acc: i32,
+    a_scale: f32,
+    w_scale: &[f32],
+    bias: Option<&[f32]>,
+    j: usize,
+) -> (f32, f32) {
+    let ws = if w_scale.len() == 1 {
+        w_scale[0]
+    } else {
+        w_scale[j]
+    };
+    let mut y = acc as f32 * (a_scale * ws);
+    if let Some(b) = bias {
+        y += b[j];
+    }
+    (y, ws)
+}
+
 impl Epilogue for F32Out<'_> {
     #[inline(always)]
     fn write(&self, i: usize, j: usize, acc: i32) {
-        let ws = if self.w_scale.len() == 1 {
-            self.w_scale[0]
-        } else {
-            self.w_scale[j]
-        };
-        let mut y = acc as f32 * (self.a_scale[i] * ws);
-        if let Some(b) = self.bias {
-            y += b[j];
-        }
+        let (y, _) = scaled(acc, self.a_scale[i], self.w_scale, self.bias, j);
         // SAFETY: (i, j) is inside the (m, n) output and owned by this block.
         unsafe { *self.out.get().add(i * self.n + j) = y }
     }

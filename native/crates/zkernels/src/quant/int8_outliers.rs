@@ -19,7 +19,7 @@
 //! sums its `t` products in order, so it matches torch's matmul to rounding.
 
 use super::error::{check_len, QuantError};
-use super::int8::{gemm, quantize_tokenwise, Epilogue};
+use super::int8::{gemm, quantize_tokenwise, scaled, Epilogue};
 use super::SharedOut;
 
 struct OutlierOut<'a> {
@@ -38,15 +38,7 @@ struct OutlierOut<'a> {
 impl Epilogue for OutlierOut<'_> {
     #[inline(always)]
     fn write(&self, i: usize, j: usize, acc: i32) {
-        let ws = if self.w_scale.len() == 1 {
-            self.w_scale[0]
-        } else {
-            self.w_scale[j]
-        };
-        let mut y = acc as f32 * (self.a_scale[i] * ws);
-        if let Some(b) = self.bias {
-            y += b[j];
-        }
+        let (y, ws) = scaled(acc, self.a_scale[i], self.w_scale, self.bias, j);
         let t = self.cols.len();
         let row = &self.w[j * self.k..(j + 1) * self.k];
         let xo = &self.xo[i * t..(i + 1) * t];
