@@ -12,9 +12,11 @@
 //   zero  float [scale_rows, groups]     asymmetric int4 only (has_zero = 1); otherwise the
 //                                        level is code - offset (offset 8 for symmetric int4)
 //
-// FP6 uses exponent bias 3, so a code decodes with shifts and masks alone: its low five
-// bits go to bits 21..25 of a float32, the sign to bit 31, and the result times 2^124 is
-// the value (float32 subnormals scale the same way, so FP6 subnormals come out right).
+// FP6 uses exponent bias 3. A normal code (exponent field e > 0) decodes with shifts and
+// masks alone: e + 124 is its float32 exponent field and its two mantissa bits go to bits
+// 21..22. A subnormal code (e = 0) is m/16 exactly. The CPU reference's trick (build a
+// float32 subnormal, multiply by 2^124) is not used here: on an H200 the subnormal codes
+// came out 0 that way.
 //
 // No headers: compiles with plain NVRTC for any sm_XX.
 
@@ -22,8 +24,9 @@
 #define QD_WARPS (QD_THREADS / 32)
 
 __device__ __forceinline__ float fp6_value(unsigned int code) {
-    const unsigned int bits = ((code & 0x20u) << 26) | ((code & 0x1Fu) << 21);
-    return __uint_as_float(bits) * 2.12676479325586539664609129644855132e37f;  // 2^124
+    const unsigned int e = (code >> 2) & 7u, m = code & 3u;
+    const float mag = e ? __uint_as_float(((e + 124u) << 23) | (m << 21)) : (float)m * 0.0625f;
+    return (code & 0x20u) ? -mag : mag;
 }
 
 __device__ __forceinline__ int scale_index(int row, int col, int groups, int group, int scale_rows) {
