@@ -72,6 +72,7 @@ small to change how fast it learns; the paper's setting (BERT-base and larger, b
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import statistics
@@ -218,6 +219,9 @@ def accuracy(model: nn.Module, data: dict[str, torch.Tensor], labels: torch.Tens
     return right / labels.numel()
 
 
+_CACHE: dict[str, nn.Module] = {}
+
+
 def _run(
     scala: dict[str, Any] | None, seed: int, lr: float, data: dict[str, Any], s: dict[str, Any]
 ) -> dict[str, Any]:
@@ -227,8 +231,11 @@ def _run(
     import zcore.scala
     from zquant.hf import load_model
 
+    device = torch.device(s["device"])
     torch.manual_seed(seed)
-    model = Classifier(load_model(_model_dir()), data["classes"]).train()
+    if "encoder" not in _CACHE:  # load once per process; each run starts from a fresh copy
+        _CACHE["encoder"] = load_model(_model_dir())
+    model = Classifier(copy.deepcopy(_CACHE["encoder"]), data["classes"]).to(device).train()
     cfg: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": s["batch"],
         "gradient_accumulation_steps": 1,
@@ -243,14 +250,17 @@ def _run(
         cfg["scala"] = scala
     engine, *_ = zcore.initialize(model, config=cfg)
     runner = zcore.scala.ScaLA(engine)
-    x, y = data["train"], data["train_labels"]
+    x = {k: v.to(device) for k, v in data["train"].items()}
+    y = data["train_labels"].to(device)
+    held = {k: v.to(device) for k, v in data["eval"].items()}
+    held_y = data["eval_labels"].to(device)
     order = torch.randperm(y.numel(), generator=torch.Generator().manual_seed(seed))
     curve, train_s, pos, losses = [], 0.0, 0, []
     for step in range(1, s["max_steps"] + 1):
         if pos + s["batch"] > order.numel():
             order = torch.randperm(y.numel(), generator=torch.Generator().manual_seed(seed + step))
             pos = 0
-        idx = order[pos : pos + s["batch"]]
+        idx = order[pos : pos + s["batch"]].to(device)
         pos += s["batch"]
         ids, mask, labels = x["input_ids"][idx], x["attention_mask"][idx], y[idx]
 
@@ -261,7 +271,7 @@ def _run(
         losses.append(runner.step(loss_fn, mask=mask).loss)
         train_s += time.perf_counter() - t0
         if step % s["eval_every"] == 0 or step == s["max_steps"]:
-            acc = accuracy(engine.module, data["eval"], data["eval_labels"])
+            acc = accuracy(engine.module, held, held_y)
             curve.append({"step": step, "accuracy": round(acc, 4), "train_s": round(train_s, 2),
                           "train_loss": round(statistics.fmean(losses[-s["eval_every"]:]), 4)})  # fmt: skip
             if s["progress"]:
@@ -271,6 +281,34 @@ def _run(
     engine.destroy()
     return {"lr": lr, "seed": seed, "final_accuracy": curve[-1]["accuracy"], "curve": curve,
             "s_per_step": round(train_s / s["max_steps"], 3)}  # fmt: skip
+
+
+def resolve_device(device: str) -> str:
+    """`auto`: the GPU when torch sees one, else the CPU."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"scala: device {device!r}; pass 'auto', 'cpu' or 'cuda'")
+    return device
+
+
+def encode_task(
+    task: str, per_class_train: int, per_class_eval: int, max_len: int
+) -> dict[str, Any]:
+    """`build_task`'s lines tokenized (MiniLM's tokenizer, padded to `max_len`): what `_run`
+    trains and evaluates on; `torch.save` it to run where the corpus is not installed."""
+    from zquant.hf import load_tokenizer
+
+    built = build_task(per_class_train, per_class_eval, task=task)
+    tok = load_tokenizer(_model_dir())
+    return {
+        "labels": list(built.labels),
+        "classes": len(built.labels),
+        "train": _encode(tok, built.train, max_len),
+        "train_labels": torch.tensor(built.train_labels),
+        "eval": _encode(tok, built.eval, max_len),
+        "eval_labels": torch.tensor(built.eval_labels),
+    }
 
 
 def first_step(curve: list[dict[str, Any]], level: float) -> int | None:
@@ -325,6 +363,8 @@ def scala_section(
     per_class_eval: int = 96,
     max_len: int = 16,
     torch_threads: int = 1,
+    device: str = "auto",
+    data_file: str = "",
     progress: bool = False,
 ) -> dict[str, Any]:
     """Baseline (at `lr`) and ScaLA (at `scala_lr`) fine-tunes of MiniLM at batch `batch`
@@ -332,9 +372,8 @@ def scala_section(
     of the baseline's median final accuracy; steps to it per seed, their spread and ratio,
     and the costs. `arms` picks the variants (one alone for a learning-rate sweep; the target
     then comes from that arm's own finals)."""
-    from zquant.hf import load_tokenizer
-
-    settings = {k: v for k, v in locals().items() if k != "load_tokenizer"}
+    settings = dict(locals())
+    settings["device"] = resolve_device(device)
     names = [a.strip() for a in arms.split(",") if a.strip()]
     if not names or set(names) - {"baseline", "scala"}:
         raise ValueError(f"scala: arms {arms!r}; pass 'baseline,scala', 'baseline' or 'scala'")
@@ -342,15 +381,11 @@ def scala_section(
     torch.set_num_threads(torch_threads)
     t = time.perf_counter()
     try:
-        built = build_task(per_class_train, per_class_eval, task=task)
-        tok = load_tokenizer(_model_dir())
-        data = {
-            "classes": len(built.labels),
-            "train": _encode(tok, built.train, max_len),
-            "train_labels": torch.tensor(built.train_labels),
-            "eval": _encode(tok, built.eval, max_len),
-            "eval_labels": torch.tensor(built.eval_labels),
-        }
+        data = (
+            torch.load(data_file)
+            if data_file
+            else encode_task(task, per_class_train, per_class_eval, max_len)
+        )
         block = {"enabled": True, "adv_steps": adv_steps, "adv_step_size": adv_step_size,
                  "adv_max_norm": adv_max_norm, "adv_init_mag": adv_init_mag,
                  "adv_start_step": adv_start_step}  # fmt: skip
@@ -366,10 +401,10 @@ def scala_section(
     target = target_accuracy(finals, target_frac)
     out: dict[str, Any] = {
         "task": TASK_TEXT[task],
-        "labels": list(built.labels),
+        "labels": list(data["labels"]),
         "settings": settings,
-        "train_lines": len(built.train),
-        "eval_lines": len(built.eval),
+        "train_lines": int(data["train_labels"].numel()),
+        "eval_lines": int(data["eval_labels"].numel()),
         "target": target,
         "target_from": f"{target_frac} x the {names[0]} median final accuracy",
         "scala": block,
