@@ -77,7 +77,9 @@ template <> struct Vec4<unsigned short> {
     }
 };
 
-template <typename G>
+// ILP float4 groups per thread are loaded before any is updated, so each thread has
+// ILP * 4 loads in flight (one group leaves the memory system idle between them).
+template <typename G, int ILP>
 __device__ void adam_chunk(
     const long long* __restrict__ ptrs, const long long* __restrict__ sizes,
     const long long* __restrict__ chunks, long long chunk_size, const AdamArgs& a) {
@@ -101,19 +103,32 @@ __device__ void adam_chunk(
         reinterpret_cast<unsigned long long>(g) % (4 * sizeof(G));
     const long long n_vec = misaligned ? 0 : n / 4;
 
-    for (long long i = threadIdx.x; i < n_vec; i += blockDim.x) {
-        float4 pv = reinterpret_cast<float4*>(p)[i];
-        float4 mv = reinterpret_cast<float4*>(m)[i];
-        float4 vv = reinterpret_cast<float4*>(v)[i];
-        float gv[4];
-        Vec4<G>::unpack(reinterpret_cast<const typename Vec4<G>::type*>(g)[i], gv);
-        adam_element(pv.x, gv[0], mv.x, vv.x, a);
-        adam_element(pv.y, gv[1], mv.y, vv.y, a);
-        adam_element(pv.z, gv[2], mv.z, vv.z, a);
-        adam_element(pv.w, gv[3], mv.w, vv.w, a);
-        reinterpret_cast<float4*>(p)[i] = pv;
-        reinterpret_cast<float4*>(m)[i] = mv;
-        reinterpret_cast<float4*>(v)[i] = vv;
+    for (long long base = threadIdx.x; base < n_vec; base += (long long)blockDim.x * ILP) {
+        float4 pv[ILP], mv[ILP], vv[ILP];
+        float gv[ILP][4];
+#pragma unroll
+        for (int u = 0; u < ILP; ++u) {
+            const long long i = base + (long long)u * blockDim.x;
+            if (i < n_vec) {
+                pv[u] = reinterpret_cast<float4*>(p)[i];
+                mv[u] = reinterpret_cast<float4*>(m)[i];
+                vv[u] = reinterpret_cast<float4*>(v)[i];
+                Vec4<G>::unpack(reinterpret_cast<const typename Vec4<G>::type*>(g)[i], gv[u]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < ILP; ++u) {
+            const long long i = base + (long long)u * blockDim.x;
+            if (i < n_vec) {
+                adam_element(pv[u].x, gv[u][0], mv[u].x, vv[u].x, a);
+                adam_element(pv[u].y, gv[u][1], mv[u].y, vv[u].y, a);
+                adam_element(pv[u].z, gv[u][2], mv[u].z, vv[u].z, a);
+                adam_element(pv[u].w, gv[u][3], mv[u].w, vv[u].w, a);
+                reinterpret_cast<float4*>(p)[i] = pv[u];
+                reinterpret_cast<float4*>(m)[i] = mv[u];
+                reinterpret_cast<float4*>(v)[i] = vv[u];
+            }
+        }
     }
     for (long long i = 4 * n_vec + threadIdx.x; i < n; i += blockDim.x) {
         float pi = p[i], mi = m[i], vi = v[i];
@@ -123,6 +138,9 @@ __device__ void adam_chunk(
         v[i] = vi;
     }
 }
+
+// float4 groups each thread loads at once (see adam_chunk)
+#define ZNATIVE_ADAM_ILP 4
 
 #define ZNATIVE_ADAM_PARAMS                                                                  \
     const long long* __restrict__ ptrs, const long long* __restrict__ sizes,                \
@@ -137,11 +155,11 @@ __device__ void adam_chunk(
 // fp32 params, fp32 grads.
 extern "C" __global__ void __launch_bounds__(512) fused_adam_f32(ZNATIVE_ADAM_PARAMS) {
     ZNATIVE_ADAM_ARGS;
-    adam_chunk<float>(ptrs, sizes, chunks, chunk_size, a);
+    adam_chunk<float, ZNATIVE_ADAM_ILP>(ptrs, sizes, chunks, chunk_size, a);
 }
 
 // fp32 params (master weights), bfloat16 grads passed as their 16-bit patterns.
 extern "C" __global__ void __launch_bounds__(512) fused_adam_bf16_grad(ZNATIVE_ADAM_PARAMS) {
     ZNATIVE_ADAM_ARGS;
-    adam_chunk<unsigned short>(ptrs, sizes, chunks, chunk_size, a);
+    adam_chunk<unsigned short, ZNATIVE_ADAM_ILP>(ptrs, sizes, chunks, chunk_size, a);
 }
