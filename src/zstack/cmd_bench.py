@@ -1,4 +1,4 @@
-"""`z bench adam|zero|zero-step|offload|io|moe|comm|speculative|efficiency`: benchmarks of `benchmarks/`.
+"""`z bench adam|adam-cuda|zero|zero-step|offload|io|moe|comm|speculative|efficiency`: benchmarks of `benchmarks/`.
 
 Imports only typer and the standard library at load time; each benchmark module loads
 through `zstack.bench` when its command runs. (`z bench serve` lives in `cmd_serve`,
@@ -36,6 +36,24 @@ def bench_adam(
     raise typer.Exit(
         run_benchmark("adam", json_out, numel=numel, dtype=dtype.value, steps=steps, warmup=warmup)
     )
+
+
+def bench_adam_cuda(
+    hidden: int = typer.Option(1024, "--hidden", min=1, help="GPT width of the parameter list."),
+    layers: int = typer.Option(24, "--layers", min=1, help="GPT layers (12 tensors each)."),
+    vocab: int = typer.Option(50304, "--vocab", min=1, help="Embedding rows."),
+    rounds: int = typer.Option(10, "--rounds", min=1, help="Interleaved rounds (medians)."),
+    burst: int = typer.Option(10, "--burst", min=1, help="Steps queued back to back per timing."),
+    json_out: bool = typer.Option(False, "--json", help="Print only the JSON object."),
+) -> None:
+    """Time FusedAdamCUDA against torch's fused/foreach Adam (and DeepSpeed's FusedAdam if
+    importable) on a GPT's parameters, beside the GPU's copy bandwidth. Needs a CUDA device."""
+    from zstack.bench import run_benchmark
+
+    raise typer.Exit(
+        run_benchmark("adam_cuda", json_out, hidden=hidden, layers=layers, vocab=vocab,
+                      rounds=rounds, burst=burst)
+    )  # fmt: skip
 
 
 def bench_zero(
@@ -330,6 +348,7 @@ def bench_efficiency(
 def register(app: typer.Typer, bench_app: typer.Typer) -> None:
     """Add this module's commands to `z bench` (nothing to `z`)."""
     bench_app.command("adam")(bench_adam)
+    bench_app.command("adam-cuda")(bench_adam_cuda)
     bench_app.command("zero")(bench_zero)
     bench_app.command("zero-step")(bench_zero_step)
     bench_app.command("offload")(bench_offload)

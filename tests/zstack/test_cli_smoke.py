@@ -237,6 +237,13 @@ def _bench_adam(w: Work) -> None:
     assert r["numel"] == 1000 and r["results"]["zstack_cpu_adam"]["median_step_s"] > 0
 
 
+@smoke("bench adam-cuda")
+def _bench_adam_cuda(w: Work) -> None:  # without a GPU (CI): the refusal that names it
+    d = w.z("bench", "adam-cuda", "--hidden", "64", "--layers", "1", "--vocab", "128", "--json")
+    gpu = d.returncode == 0 and json.loads(d.stdout)["results"]["torch_adam_fused"]["step_ms"] > 0
+    assert gpu or (d.returncode == 2 and "needs a CUDA device" in d.stderr), d.stderr[-2000:]
+
+
 @smoke("bench serve")
 def _bench_serve(w: Work) -> None:
     r = w.json("bench", "serve", str(w.lm), "--policies", "splitfuse,static", "--rates", "50",
