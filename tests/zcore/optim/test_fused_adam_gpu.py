@@ -204,6 +204,26 @@ def test_trains_a_small_model_like_torch():
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.gpu
+@requires_gpu
+def test_a_bad_gradient_is_named_and_nothing_is_stepped():
+    """The quick per-step check fails on the bad tensor; the named check then names it, and
+    no parameter of the group has moved or counted a step."""
+    a = torch.nn.Parameter(torch.ones(8, device="cuda"))
+    b = torch.nn.Parameter(torch.ones(8, device="cuda"))
+    opt = FusedAdamCUDA([a, b], lr=0.1)
+    a.grad = torch.ones(8, device="cuda")
+    b.grad = torch.ones(8, device="cuda").to_sparse()
+    with pytest.raises(TypeError, match=r"params\[1\]\.grad is sparse"):
+        opt.step()
+    assert torch.equal(a.detach(), torch.ones(8, device="cuda"))
+    assert float(opt.state[a]["step"]) == 0.0
+    b.grad = torch.ones(8, device="cuda")
+    opt.step()
+    assert float(opt.state[a]["step"]) == float(opt.state[b]["step"]) == 1.0
+    assert torch.allclose(a.detach(), torch.full((8,), 0.9, device="cuda"))
+
+
 # -- checks made before any launch: these run without a GPU ---------------------
 
 
