@@ -23,7 +23,7 @@ DeepSpeed-Chat's defaults stay.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -31,6 +31,7 @@ from zchat.config import StageConfig
 from zchat.data import PreferencePair, load_tokenizer, require_nonempty
 from zchat.data.render import answer_batch
 from zchat.reward import build_reward_model, pairwise_loss, save_reward_model
+from zchat.reward_warmup import warm_head
 from zchat.sft import Plays, build_stage_data, check_model_dir
 from zchat.train_loop import (
     Recorder,
@@ -46,9 +47,35 @@ from zchat.train_loop import (
 
 class RewardConfig(StageConfig):
     """``z chat reward``; ``model`` is the SFT output. ``lr`` 5e-5 is DeepSpeed-Chat's step-2
-    default."""
+    default; the keys below it are zchat's (their defaults are DeepSpeed-Chat's behaviour:
+    score at the last token, one learning rate, no warm-up)."""
 
     lr: float = 5e-5
+    score_at: Literal["last", "before_eos"] = "last"
+    """Where a row's score is read: its last token (DeepSpeed-Chat; the end-of-turn token of
+    a finished answer) or the answer's own last token (``before_eos``, :mod:`zchat.reward`)."""
+    head_lr: float | None = None
+    """Peak learning rate of the value head (``v_head``); the backbone keeps ``lr``.
+    ``None``: ``lr``."""
+    head_warmup_pairs: int = 0
+    """Training pairs the head-only warm-up fits the head on before training, with the
+    backbone frozen (:mod:`zchat.reward_warmup`); 0: no warm-up, a fresh head."""
+    head_warmup_l2: float = 1e-3
+    """The warm-up's L2 penalty on the head (``l2 * |w|^2``; larger: a smaller head that
+    overfits the warm-up pairs less)."""
+    head_warmup_iters: int = 200
+    """The warm-up's L-BFGS iterations."""
+
+    def model_post_init(self, context: Any, /) -> None:
+        super().model_post_init(context)
+        if self.head_lr is not None and not self.head_lr > 0:
+            raise ValueError(f"`head_lr` must be > 0 (or null: `lr`), got {self.head_lr}")
+        if self.head_warmup_pairs < 0 or self.head_warmup_l2 < 0 or self.head_warmup_iters < 1:
+            raise ValueError("`head_warmup_pairs` and `head_warmup_l2` must be ≥ 0 and "
+                             "`head_warmup_iters` ≥ 1")  # fmt: skip
+        if self.head_warmup_pairs > self.train_examples:
+            raise ValueError(f"`head_warmup_pairs` {self.head_warmup_pairs} > `train_examples` "
+                             f"{self.train_examples}; lower it or raise `train_examples`")  # fmt: skip
 
 
 def prepare_reward(cfg: RewardConfig, plays: tuple[Plays, Plays] = (None, None)) -> None:
@@ -101,9 +128,22 @@ def train_reward(rank: int, world: int, cfg: RewardConfig,
     tokenizer = load_tokenizer(cfg.model)
     data = build_stage_data(cfg, plays)
     ds = ds_config(cfg, world)
-    model = build_reward_model(cfg.model, ds_config=ds, seed=cfg.seed)
-    engine, *_ = zcore.initialize(model, config=ds, lr_scheduler=scheduler_for(cfg))
+    head, warm = None, {}
+    if cfg.head_warmup_pairs:
+        head, warm = warm_head(cfg.model, tokenizer, data.pairs_train[: cfg.head_warmup_pairs],
+                               data.pairs_heldout, cfg, rank, world)  # fmt: skip
+    model = build_reward_model(cfg.model, ds_config=ds, seed=cfg.seed, head=head,
+                               score_at=cfg.score_at, eos_id=tokenizer.eos_token_id)  # fmt: skip
+    groups = None
+    if cfg.head_lr is not None:  # the backbone at `lr`, the head at `head_lr`
+        head_params = list(model.v_head.parameters())
+        rest = [p for p in model.parameters() if all(p is not h for h in head_params)]
+        groups = [{"params": rest}, {"params": head_params, "lr": cfg.head_lr}]
+    engine, *_ = zcore.initialize(model, config=ds, model_parameters=groups,
+                                  lr_scheduler=scheduler_for(cfg))  # fmt: skip
     rec = Recorder("reward", cfg.out, cfg.steps, rank)
+    if warm:
+        rec.write({"stage": "reward", "step": 0, **warm})
     before = evaluate_pairs(engine, tokenizer, data.pairs_heldout, cfg, rank, world)
     rec.write({"stage": "reward", "step": 0, **{f"heldout_{k}": v for k, v in before.items()}})
     per_step = cfg.micro_batch * cfg.grad_accum * world
@@ -134,9 +174,10 @@ def train_reward(rank: int, world: int, cfg: RewardConfig,
     rec.write({"stage": "reward", "step": cfg.steps,
                **{f"heldout_{k}": v for k, v in after.items()}})  # fmt: skip
     extra = {"heldout_accuracy": after["accuracy"], "heldout_pairs": len(data.pairs_heldout),
-             "rule": data.rule}  # fmt: skip
+             "rule": data.rule, **warm}  # fmt: skip
     save_reward_model(engine, cfg.out, tokenizer=tokenizer, source=cfg.model, extra=extra)
     engine.destroy()
     return {"losses": losses, "heldout_before": before, "heldout_after": after, "out": cfg.out,
+            "warmup": warm,
             "metrics": str(rec.path), "train_s": train_s,
             "total_s": time.perf_counter() - start}  # fmt: skip
