@@ -1,6 +1,6 @@
 """`z` commands of zquant. Imports only typer at load time; zquant loads when a command runs.
 
-- `z quantize MODEL_DIR --recipe w8a8 --out DIR [--lkd | --gptq [--gptq-refits K]] [--group-size N] [--skip PATTERN]`
+- `z quantize MODEL_DIR --recipe w8a8 --out DIR [--lkd | --gptq [--gptq-refits K]] [--group-size N] [--skip PATTERN] [--lm-head int8]`
 - `z eval MODEL_DIR --ppl TEXT_FILE` / `z eval MODEL_DIR --embeddings [--reference DIR]`
 - `z bench quant` (`benchmarks/quant.py`)
 """
@@ -65,6 +65,11 @@ def quantize_cmd(
     skip: list[str] = typer.Option(
         [], "--skip", help="Keep layers matching this glob in full precision."
     ),
+    lm_head: str | None = typer.Option(
+        None,
+        "--lm-head",
+        help="Quantize the (tied) LM head too: `int8` (W8A8's INT8 GEMM); default full precision.",
+    ),
     lkd_steps: int = typer.Option(
         20, "--lkd-steps", min=0, help="Passes over the calibration set per block."
     ),
@@ -93,7 +98,7 @@ def quantize_cmd(
 
     try:
         read_config(model_dir)
-        spec = get_recipe(recipe.value, group_size=group_size, skip=tuple(skip))
+        spec = get_recipe(recipe.value, group_size=group_size, skip=tuple(skip), lm_head=lm_head)
         model = load_model(model_dir)
         spec.plan(model)  # reject bad patterns/shapes before any work
     except (ValueError, OSError) as exc:
@@ -126,7 +131,9 @@ def quantize_cmd(
         extra={"lkd": lkd, "gptq": gptq, **({"gptq_refits": gptq_refits} if gptq else {})},
     )
     size = model_size(model)
-    how = " + lkd" if lkd else " + gptq" if gptq else ""
+    how = (" + lkd" if lkd else " + gptq" if gptq else "") + (
+        f", {lm_head} head" if lm_head else ""
+    )
     typer.echo(
         f"quantized `{model_dir}` with {recipe.value}{how} in {seconds:.1f} s: "
         f"linear layers {size['linear_fp16_bytes'] / size['linear_bytes']:.2f}x smaller than fp16; "

@@ -8,7 +8,14 @@ from torch import nn
 
 from tests.zquant.quant_utils import minilm
 from zquant.quantizers import QuantSpec
-from zquant.schemes import MLP_PATTERN, LayerRule, Recipe, get_recipe, pattern_matches
+from zquant.schemes import (
+    HEAD_ACT_OUTLIERS,
+    MLP_PATTERN,
+    LayerRule,
+    Recipe,
+    get_recipe,
+    pattern_matches,
+)
 
 
 @pytest.fixture(scope="module")
@@ -128,3 +135,63 @@ def test_the_old_module_name_still_imports_with_a_deprecation_warning():
     assert old is get_recipe
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         zquant.recipes.nothing  # noqa: B018
+
+
+def _tiny_lm() -> nn.Module:
+    """A causal LM's layer names: `model.layers.0.mlp.up_proj` and a tied `lm_head`."""
+    lm = nn.ModuleDict(
+        {
+            "model": nn.ModuleDict(
+                {
+                    "layers": nn.ModuleList(
+                        [nn.ModuleDict({"mlp": nn.ModuleDict({"up_proj": nn.Linear(64, 32)})})]
+                    )
+                }
+            ),
+            "lm_head": nn.Linear(64, 100, bias=False),
+        }
+    )
+    return lm
+
+
+def test_lm_head_int8_quantizes_the_head_as_w8a8_and_round_trips():
+    lm = _tiny_lm()
+    assert [p.name for p in get_recipe("w4").plan(lm)] == ["model.layers.0.mlp.up_proj"]
+    recipe = get_recipe("w4", lm_head="int8")
+    plans = {p.name: p for p in recipe.plan(lm)}
+    head = plans["lm_head"]
+    assert (head.weight.bits, head.weight.granularity, head.weight.symmetric) == (
+        8,
+        "channel",
+        True,
+    )
+    assert (head.act_bits, head.act_outliers, head.shape) == (8, HEAD_ACT_OUTLIERS, (100, 64))
+    assert plans["model.layers.0.mlp.up_proj"].weight.bits == 4  # the rest as the recipe says
+    again = Recipe.from_dict(recipe.to_dict())
+    assert again == recipe and again.lm_head == "int8"
+    old = recipe.to_dict()
+    del old["lm_head"]  # a manifest written before the key existed
+    assert Recipe.from_dict(old).lm_head is None
+
+
+def test_lm_head_values_and_models_without_a_head_are_named(model):
+    with pytest.raises(ValueError, match=r"lm_head='int4' is not supported; use 'int8'"):
+        get_recipe("w4", lm_head="int4")
+    with pytest.raises(ValueError, match=r"lm_head='fp8' is not supported"):
+        Recipe.from_dict({"weight": {"bits": 8}, "lm_head": "fp8"})
+    with pytest.raises(ValueError, match=r"lm_head='int8', but the model has no unskipped"):
+        get_recipe("w8a8", lm_head="int8").plan(model)  # MiniLM: an encoder
+    with pytest.raises(ValueError, match=r"the head is in `skip`"):
+        get_recipe("w8a8", lm_head="int8", skip=("lm_head",)).plan(_tiny_lm())
+
+
+def test_z_quantize_names_a_bad_lm_head(tmp_path):
+    from typer.testing import CliRunner
+
+    from tests.utils.models import smollm2_dir
+    from zstack.cli import app
+
+    args = ["quantize", str(smollm2_dir()), "--recipe", "w4", "--out", str(tmp_path / "q")]
+    result = CliRunner().invoke(app, [*args, "--lm-head", "int4"])
+    assert result.exit_code == 2 and not (tmp_path / "q").exists()
+    assert "lm_head='int4' is not supported; use 'int8'" in result.output

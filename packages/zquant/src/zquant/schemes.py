@@ -28,6 +28,13 @@ W8A8's embedding cosine goes from 0.9965 to 0.999, and SmolLM2's perplexity from
 
 The output heads (`lm_head`, BERT's `pooler.dense`) stay in full precision by default
 (`keep`), as in ZeroQuant: the head is tied to the embeddings in most small models.
+`lm_head="int8"` (`z quantize --lm-head int8`) quantizes the LM head like a W8A8 projection
+instead: INT8 symmetric per output row, INT8 token-wise activations (`HEAD_ACT_OUTLIERS`
+channels kept in full precision), so it runs on the INT8 GEMM. A tied head is quantized on
+its own: the input embedding table stays full precision beside it (see `zquant.serialize`).
+This is the precision llama.cpp's Q8_0/Q4_1 GGUFs give SmolLM2's tied `token_embd` (Q8_0),
+and it matters at batch 1: SmolLM2-135M's 49152 x 576 fp32 head is 113 MB read per decoded
+token, about half of what a W8A8/W4 decode step reads; INT8 makes it 28 MB.
 """
 
 from __future__ import annotations
@@ -54,6 +61,12 @@ DEFAULT_GROUP_SIZE = 32
 ACT_OUTLIERS = 8
 ACT_BITS = tuple(range(2, 9))
 RECIPE_NAMES = ("w8a8", "w4a8", "w6a16", "w8", "w4", "xtc")
+#: The output-head layers `Recipe.lm_head` applies to (causal LMs' `lm_head`).
+HEAD_PATTERNS: tuple[str, ...] = ("lm_head", "*.lm_head")
+#: `Recipe.lm_head` values: None keeps the head in full precision; `int8` is W8A8's format.
+LM_HEAD_FORMATS = ("int8",)
+#: Activation channels a quantized head keeps in full precision (as the `a8` recipes).
+HEAD_ACT_OUTLIERS = ACT_OUTLIERS
 
 
 def pattern_matches(pattern: str, name: str) -> bool:
@@ -147,11 +160,21 @@ class Recipe:
     act_outliers: int = 0
     """With `act_bits`: the largest activation channels (per call) kept in full precision,
     LLM.int8()-style; the `a8` recipes keep `ACT_OUTLIERS`."""
+    lm_head: str | None = None
+    """The output head's format (`HEAD_PATTERNS`), whatever `keep` says: None keeps it in
+    full precision; `"int8"` is INT8 per output row with INT8 token-wise activations (W8A8's
+    kernel, `HEAD_ACT_OUTLIERS` outlier channels). The model must have such a layer."""
 
     def __post_init__(self) -> None:
         if self.method not in ("ptq", "xtc"):
             raise ValueError(
                 f"recipe {self.name!r}: unknown method {self.method!r}; use 'ptq' or 'xtc'"
+            )
+        if self.lm_head is not None and self.lm_head not in LM_HEAD_FORMATS:
+            raise ValueError(
+                f"recipe {self.name!r}: lm_head={self.lm_head!r} is not supported; use "
+                "'int8' (INT8 per-row weights, INT8 token-wise activations) or leave `lm_head` "
+                "unset to keep the head in full precision"
             )
         where = f"recipe {self.name!r}"
         _check_weight_spec(self.weight, where, f"{where} default weight")
@@ -170,7 +193,11 @@ class Recipe:
     def resolve(self, name: str) -> tuple[QuantSpec, int | None, int] | None:
         """(weight spec, act bits, act outliers) of the layer `name`, or None when it stays
         full precision."""
-        if any(pattern_matches(p, name) for p in (*self.skip, *self.keep)):
+        if any(pattern_matches(p, name) for p in self.skip):
+            return None
+        if self.lm_head is not None and any(pattern_matches(p, name) for p in HEAD_PATTERNS):
+            return QuantSpec(bits=8, granularity="channel"), 8, HEAD_ACT_OUTLIERS
+        if any(pattern_matches(p, name) for p in self.keep):
             return None
         spec, act, outliers = self.weight, self.act_bits, self.act_outliers
         for rule in self.overrides:
@@ -198,6 +225,15 @@ class Recipe:
                     f"{len(names)} linear layers ({sample or 'none'}); fix the pattern "
                     "(globs match the full dotted name, `re:` patterns must match it whole)"
                 )
+        if self.lm_head is not None and not any(
+            self.resolve(n) is not None and any(pattern_matches(p, n) for p in HEAD_PATTERNS)
+            for n in names
+        ):
+            raise ValueError(
+                f"recipe {self.name!r}: lm_head={self.lm_head!r}, but the model has no "
+                f"unskipped linear layer named {' or '.join(HEAD_PATTERNS)} (an encoder, or "
+                "the head is in `skip`); leave `lm_head` unset"
+            )
         plans = []
         for name, module in linears:
             resolved = self.resolve(name)
@@ -229,6 +265,7 @@ class Recipe:
             ],
             "skip": list(self.skip),
             "keep": list(self.keep),
+            "lm_head": self.lm_head,
         }
 
     @classmethod
@@ -245,6 +282,7 @@ class Recipe:
             "overrides",
             "skip",
             "keep",
+            "lm_head",
         }
         unknown = sorted(set(data) - known)
         if unknown:
@@ -269,6 +307,7 @@ class Recipe:
             ),
             skip=tuple(data.get("skip", ())),
             keep=tuple(data.get("keep", DEFAULT_KEEP)),
+            lm_head=data.get("lm_head"),
         )
 
 
@@ -292,8 +331,10 @@ def get_recipe(
     group_size: int | None = None,
     overrides: tuple[LayerRule, ...] = (),
     skip: tuple[str, ...] = (),
+    lm_head: str | None = None,
 ) -> Recipe:
-    """The named recipe (`RECIPE_NAMES`), with extra `overrides` / `skip` patterns.
+    """The named recipe (`RECIPE_NAMES`), with extra `overrides` / `skip` patterns and the
+    output head's format (`Recipe.lm_head`: None keeps it full precision, or `"int8"`).
 
     `group_size` sets the INT4 group of `w4` / `w4a8` (default 32); for the others it makes
     the weights group-wise at that size. A group that does not divide a layer's input width
@@ -311,7 +352,7 @@ def get_recipe(
             return QuantSpec(bits=bits, fmt=fmt, granularity="channel")
         return QuantSpec(bits=bits, fmt=fmt, granularity="group", group_size=size)
 
-    extra = {"overrides": tuple(overrides), "skip": tuple(skip)}
+    extra: dict[str, Any] = {"overrides": tuple(overrides), "skip": tuple(skip), "lm_head": lm_head}
     if name == "w8a8":
         return Recipe(name, grouped(8), act_bits=8, act_outliers=ACT_OUTLIERS, **extra)
     if name == "w8":
@@ -334,6 +375,7 @@ def get_recipe(
             act_outliers=ACT_OUTLIERS,
             overrides=(mlp, *overrides),
             skip=tuple(skip),
+            lm_head=lm_head,
         )
     if name == "xtc":
         return Recipe(name, grouped(1, "binary"), method="xtc", **extra)
@@ -345,6 +387,9 @@ def get_recipe(
 __all__ = [
     "DEFAULT_GROUP_SIZE",
     "DEFAULT_KEEP",
+    "HEAD_ACT_OUTLIERS",
+    "HEAD_PATTERNS",
+    "LM_HEAD_FORMATS",
     "MLP_PATTERN",
     "RECIPE_NAMES",
     "LayerPlan",

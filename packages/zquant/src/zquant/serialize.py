@@ -10,6 +10,14 @@ A saved model is a directory:
   `model.safetensors` (the same JSON sits in the safetensors metadata under `zquant`).
 - `config.json` and the tokenizer files copied from the source model.
 
+A tied LM head quantized by the recipe (`Recipe.lm_head="int8"`) is a `QuantLinear` of its
+own: `lm_head.qdata` (int8, one row per token, per-row scales in `lm_head.qscale`) is stored
+beside the full-precision `model.embed_tokens.weight`, and the two are no longer aliases.
+Per row, not per 32-block as llama.cpp's Q8_0: the INT8 GEMM applies one weight scale per
+output row in its epilogue, so the head runs on the kernel W8A8's projections use. The input
+embedding keeps its own full-precision table: a lookup reads only the looked-up rows, so
+its bytes per token are nothing beside the head's full read, and the input side stays exact.
+
 `load_quantized` rebuilds the architecture from `config.json` (transformers), swaps in
 `QuantLinear`s from their saved state and loads the rest, so outputs are bit-identical to
 the model that was saved. The directory is written to a temporary sibling and renamed into
