@@ -19,6 +19,12 @@ calls MKL, zserve the fused native dequantize-GEMM; their last-bit differences f
 INT8 activation codes of the next layer. Measured 3.6e-4 / 4.1e-4 relative between the two
 (RTOL_KERNELS 1e-3), 1.1e-7 when zquant's loader runs the same native kernels (RTOL).
 
+A quantized LM head (`z quantize --lm-head int8`: W8A8 per row, 8 outlier channels) runs on
+the same INT8 kernel as W8A8's projections and has W8A8's tolerances: RTOL with the forward
+matched to `z eval`'s batch, RTOL_BATCHING otherwise (its outlier channels are chosen over
+the rows of each call). Its test quantizes the head alone (every layer skipped), so the
+difference measured is the head's.
+
 Only layers 0-3 are quantized (`--skip` the rest: FP6 rounding of the whole 135M model takes
 minutes on a shared 2-core CPU); the 4 quantized layers run every kernel, and the skipped ones
 are the per-module full-precision fallback list.
@@ -217,6 +223,35 @@ def test_pruned_w4a8_with_bf16_fallback(tmp_path, text_file) -> None:
         reference, load_tokenizer(out), text_file.read_text(), max_tokens=PPL_TOKENS, window=WINDOW
     )
     assert served == pytest.approx(same_kernels, rel=RTOL)
+
+
+@pytest.fixture(scope="module")
+def head_dir(tmp_path_factory) -> Path:
+    """SmolLM2 with only its tied LM head quantized (INT8, W8A8); the embedding stays fp32."""
+    out = tmp_path_factory.mktemp("q") / "smollm2-head"
+    z("quantize", str(smollm2_dir()), "--recipe", "w4", "--lm-head", "int8", "--out", str(out),
+      "--skip", "model.layers.*")  # fmt: skip
+    return out
+
+
+def test_quantized_lm_head_served_as_z_eval_scores_it(head_dir, text_file) -> None:
+    from zquant.nn import QuantLinear
+
+    want = z_eval_ppl(head_dir, text_file)
+    for budget, rtol in [(PPL_TOKENS, RTOL), (WINDOW, RTOL_BATCHING)]:
+        engine = Engine(head_dir, token_budget=budget, max_model_len=WINDOW + 32)
+        model = engine.runner.model
+        q = model.quantization
+        assert q is not None and q.served == {"lm_head": "int8 sym channel a8 -> int8_linear"}
+        assert isinstance(model.lm_head, QuantLinear) and model.lm_head.backend == "native"
+        assert model.embed.dtype == torch.float32 and model.embed.shape == (49152, 576)
+        served = served_perplexity(
+            engine, text_ids(head_dir, text_file), max_tokens=PPL_TOKENS, window=WINDOW
+        )
+        print(f"int8 head, token_budget {budget}: served {served} z eval {want} "
+              f"rel {served / want - 1:.2e}")  # fmt: skip
+        assert served == pytest.approx(want, rel=rtol), (budget, served, want)
+        assert 10 < served < 200
 
 
 def _small_copy(src: Path, dst: Path) -> Path:

@@ -260,7 +260,11 @@ class LlamaModel:
         self.quantization = load.quantized
         """The quantized layers served (a zquant directory), else None."""
         self.embed = load("model.embed_tokens.weight", c.vocab_size, h)
-        if c.tie_word_embeddings and "lm_head.weight" not in checkpoint:
+        head = None if load.quantized is None else load.quantized.head(c.vocab_size, h)
+        self.lm_head: Linear
+        if head is not None:  # quantized on its own (`z quantize --lm-head int8`)
+            self.lm_head = head
+        elif c.tie_word_embeddings and "lm_head.weight" not in checkpoint:
             self.lm_head = self.embed
         else:
             self.lm_head = load("lm_head.weight", c.vocab_size, h)
@@ -382,5 +386,7 @@ class LlamaModel:
             x = x + w.mlp(norm(x, w.post_norm, c.rms_norm_eps))
         # Only the rows whose logits are wanted go through the final norm and the LM head.
         x = norm(x.index_select(0, logit_rows), self.norm, c.rms_norm_eps)
+        if not isinstance(self.lm_head, torch.Tensor):  # a quantized head: a zquant module
+            return self.lm_head(x).float()
         head = native.lm_head if self.native else F.linear
         return head(x, self.lm_head).float()

@@ -20,8 +20,13 @@ A zquant directory (`zquant.json` beside `model.safetensors` and `config.json`, 
   Parts of one projection with the same spec and per-row scales (q/k/v, gate/up) are fused
   into one packed weight by concatenating their rows (the packed layouts are row-major, so
   this is exact); otherwise their outputs are concatenated.
-- layers the recipe kept in full precision (`skip`/`keep`, e.g. the tied `lm_head`) are read
-  as plain tensors; `fallback` lists them with the dtype the directory stores them in (a
+- the LM head, when the recipe quantized it (`z quantize --lm-head int8`: INT8 per row, INT8
+  token-wise activations), is its own W8A8 zquant module on `znative.int8_linear`
+  (`QuantizedLinears.head`) beside the full-precision embedding table, which the input
+  lookup keeps reading: a lookup reads a few rows, while the head reads all 49152 x 576
+  of SmolLM2's every decode step (113 MB in fp32, 28 MB in INT8);
+- layers the recipe kept in full precision (`skip`/`keep`, e.g. the tied `lm_head` by
+  default) are read as plain tensors; `fallback` lists them with the dtype the directory stores them in (a
   bf16/fp16 tensor widens exactly to an fp32 engine).
 - a pruned model (`zquant.redundancy_clean` before quantizing) keeps its smaller MLP widths:
   each layer's width is read from its stored `up_proj`. Pruned attention heads are refused:
@@ -55,6 +60,9 @@ if TYPE_CHECKING:
 MANIFEST = "zquant.json"
 """The manifest's file name (`zquant.serialize.MANIFEST`), here so detecting a directory
 needs no zquant."""
+
+HEAD = "lm_head"
+"""The LM head's layer name in a LLaMA-family directory (`zquant.schemes.HEAD_PATTERNS`)."""
 
 Linear = Callable[[torch.Tensor], torch.Tensor]
 """A projection ``(T, in) -> (T, out)``."""
@@ -206,6 +214,12 @@ class QuantizedLinears:
             b = torch.cat([d.bias for d in dense if d.bias is not None]) if bias else None
             return DenseLinear(w, b)
         return parts[0] if len(parts) == 1 else ConcatLinear(parts)
+
+    def head(self, vocab: int, hidden: int) -> Linear | None:
+        """The quantized LM head ``(T, hidden) -> (T, vocab)`` on the INT8 GEMM, or None when
+        the directory keeps the head in full precision (the tied embedding or
+        ``lm_head.weight``, read as plain tensors)."""
+        return self._layer(HEAD, vocab, hidden) if HEAD in self.layers else None
 
     def _layer(self, name: str, rows: int, cols: int) -> QuantLinear:
         """zquant's module for the quantized layer `name`, native kernels on."""
