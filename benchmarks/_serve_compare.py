@@ -6,6 +6,9 @@ Pairs (ours vs theirs): fp32 vs F32, bf16 vs F16 (our runner in bfloat16: weight
 activations and KV cache), W8A8 (``z quantize --recipe w8a8``: INT8 GEMM with fused
 activation quantization) vs Q8_0, and our 4-bit recipe (``w4`` by default) vs the GGUF's own
 Q4_1. The peer's files come from :mod:`_llamacpp` (F16/Q8_0 made by llama.cpp's quantizer).
+Both of its quantized files keep SmolLM2's tied LM head (``token_embd``) in Q8_0, so our
+quantized pairs quantize the tied head to INT8 too (``z quantize --lm-head int8``); each
+row's ``lm_head`` says what both sides ran, and the ``-fp32-head`` pairs keep ours in fp32.
 
 Per pair and round, ours then theirs, each from an empty KV cache (our prefix caching off;
 their context reset), greedy, EOS ignored, the same token ids:
@@ -39,14 +42,22 @@ import torch
 from zserve.engine import Engine
 from zserve.sampling import SamplingParams
 
-#: ours -> (our dtype, zquant recipe or None, llama.cpp file type)
-PAIRS = {
-    "fp32": ("float32", None, "F32"),
-    "bf16": ("bfloat16", None, "F16"),
-    "w8a8": ("float32", "w8a8", "Q8_0"),
-    "w4": ("float32", "w4", "Q4_1"),
-    "w4a8": ("float32", "w4a8", "Q4_1"),
+#: ours -> (our dtype, zquant recipe or None, its LM head (`Recipe.lm_head`), llama.cpp file
+#: type). llama.cpp's Q8_0 and Q4_1 GGUFs of SmolLM2 store the tied `token_embd` (its LM
+#: head) as Q8_0, so the quantized pairs quantize our tied head too (`lm_head="int8"`: INT8
+#: per row on the INT8 GEMM); the `-fp32-head` pairs keep it fp32 (the recipes' default) to
+#: show what that costs, in the same run.
+PAIRS: dict[str, tuple[str, str | None, str | None, str]] = {
+    "fp32": ("float32", None, None, "F32"),
+    "bf16": ("bfloat16", None, None, "F16"),
+    "w8a8": ("float32", "w8a8", "int8", "Q8_0"),
+    "w4": ("float32", "w4", "int8", "Q4_1"),
+    "w4a8": ("float32", "w4a8", "int8", "Q4_1"),
+    "w8a8-fp32-head": ("float32", "w8a8", None, "Q8_0"),
+    "w4-fp32-head": ("float32", "w4", None, "Q4_1"),
 }
+#: What each llama.cpp file type stores the tied LM head (`token_embd`) as.
+PEER_HEAD = {"F32": "F32", "F16": "F16", "Q8_0": "Q8_0", "Q4_1": "Q8_0"}
 PEER_MODEL = "SmolLM2-135M-Instruct"
 METRICS = ("prefill_tok_s", "decode_tok_s", "concurrent_tok_s")
 
@@ -148,7 +159,7 @@ def run_compare(
     cache = Path.home() / ".cache" / "zstack"
     ggufs: dict[str, Path] = {}
     if peer_status["available"]:
-        want = sorted({PAIRS[n][2] for n in names})
+        want = sorted({PAIRS[n][3] for n in names})
         ggufs, made = lcpp.gguf_files(Path(gguf_dir) if gguf_dir else cache / "gguf", want, threads)
         peer_status["gguf_made_s"] = made
     # Quantized directories are kept (reused when present) beside the GGUF files.
@@ -157,9 +168,11 @@ def run_compare(
     n_ctx = prompt_tokens + decode_tokens + 8
     rows: dict[str, Any] = {}
     for name in names:
-        dtype, recipe, ftype = PAIRS[name]
+        dtype, recipe, head, ftype = PAIRS[name]
         mdir = (
-            model_dir if recipe is None else serve_quant.quantized_dir(model_dir, recipe, qroot)[0]
+            model_dir
+            if recipe is None
+            else serve_quant.quantized_dir(model_dir, recipe, qroot, lm_head=head)[0]
         )
         ours = Engine(
             mdir,
@@ -185,6 +198,7 @@ def run_compare(
         row: dict[str, Any] = {
             "ours": f"zserve {dtype}" + (f" {recipe}" if recipe else ""),
             "theirs": f"llama.cpp {ftype}",
+            "lm_head": {"ours": head or dtype, "theirs": PEER_HEAD[ftype]},
         }
         for side, ms in samples.items():
             row[side] = {k: round(statistics.median(v), 2) for k, v in ms.items()}

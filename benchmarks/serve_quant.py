@@ -53,17 +53,20 @@ def check_recipes(recipes: str) -> list[str]:
     return names
 
 
-def quantized_dir(model_dir: Path, recipe: str, root: Path) -> tuple[Path, float | None]:
-    """`root/<model>-<recipe>`, quantized now (seconds returned) unless already there."""
+def quantized_dir(
+    model_dir: Path, recipe: str, root: Path, *, lm_head: str | None = None
+) -> tuple[Path, float | None]:
+    """`root/<model>-<recipe>` (`-head-<lm_head>` added when the LM head is quantized too,
+    `z quantize --lm-head`), quantized now (seconds returned) unless already there."""
     from zquant.hf import load_model
     from zquant.ptq import quantize
     from zquant.schemes import get_recipe
     from zquant.serialize import save_quantized
 
-    out = root / f"{model_dir.name}-{recipe}"
+    out = root / (f"{model_dir.name}-{recipe}" + (f"-head-{lm_head}" if lm_head else ""))
     if (out / "zquant.json").is_file():
         return out, None
-    spec = get_recipe(recipe)
+    spec = get_recipe(recipe, lm_head=lm_head)
     model = load_model(model_dir)
     t0 = time.perf_counter()
     quantize(model, spec)
