@@ -8,8 +8,9 @@
 //! projection, bound by reading `W` once. torch's bfloat16 path for one row
 //! ran ~5x slower than its float16 one over the same bytes (SmolLM2's tied
 //! 49152 x 576 LM head: the bulk of a decode step). Here each weight row is
-//! widened in registers and dotted with every activation row while it is in
-//! cache, so `W` is streamed once for all `M` rows.
+//! widened in registers and dotted with the activation rows (up to [`GROUP`] at a
+//! time) while it is in registers, so for a decode step's rows `W` is streamed
+//! once, front to back.
 
 use super::{check_len, dot, for_tasks, param, Shared};
 use crate::bf16::Elem;
