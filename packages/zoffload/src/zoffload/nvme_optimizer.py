@@ -34,7 +34,7 @@ from zcore.config import ZConfig
 from zcore.optim import NativeOptimizer
 from zcore.zero.layout import ParamShard
 from zcore.zero.optimizer import ZeroOptimizer
-from zcore.zero.store import OptimizerFactory, OptimizerStore
+from zcore.zero.store import OptimizerFactory, OptimizerStore, sq_norm
 from zoffload.aio import AioConfig, AioHandle, new_aligned_tensor
 from zoffload.swap import SwapError, SwapIO, SwapSpace, crc32, wait_all
 
@@ -175,7 +175,7 @@ class NvmeStore(OptimizerStore):
             if crc32(old) != self._written[key][1]:
                 raise self.swap.corrupt(f"g{g}.grad", shard.offset, buf.numel(), "a gradient slot")
             buf.add_(old)
-        sq = float(torch.linalg.vector_norm(buf)) ** 2
+        sq = sq_norm(buf)
         self._nonfinite |= not math.isfinite(sq)
         self._written[key] = (sq, crc32(buf))
         self._grad_writes.append(self.swap.write(f"g{g}.grad", buf, shard.offset, check=False))

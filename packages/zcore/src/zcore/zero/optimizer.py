@@ -28,7 +28,7 @@ from zcore.zero.communicating import CommunicatingOptimizer, CompressedGather
 from zcore.zero.layout import GroupLayout, ParamShard, from_slots, own_slot, slot_view
 from zcore.zero.reducer import GradReducer
 from zcore.zero.stage3 import Stage3Params
-from zcore.zero.store import MemoryStore, OptimizerFactory, OptimizerStore
+from zcore.zero.store import MemoryStore, OptimizerFactory, OptimizerStore, sq_norm
 
 
 class ZeroOptimizer:
@@ -230,7 +230,7 @@ class ZeroOptimizer:
         # what the compression hides: the local gradients' norm (for clipping, as at stage
         # 0) and whether they overflowed (signs of inf and NaN are just +1)
         grids = list(self._local_grids.values())
-        self._local_sq = sum(float(torch.linalg.vector_norm(t)) ** 2 for t in grids)
+        self._local_sq = sum(sq_norm(t) for t in grids)  # fp32 drift-free at any size
         self._local_nonfinite = not math.isfinite(self._local_sq)
         for g, grid in sorted(self._local_grids.items()):
             avg = self.communicator.reduce_scatter_local(grid, f"grad.{g}")
