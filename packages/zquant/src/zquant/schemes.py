@@ -34,7 +34,10 @@ channels kept in full precision), so it runs on the INT8 GEMM. A tied head is qu
 its own: the input embedding table stays full precision beside it (see `zquant.serialize`).
 This is the precision llama.cpp's Q8_0/Q4_1 GGUFs give SmolLM2's tied `token_embd` (Q8_0),
 and it matters at batch 1: SmolLM2-135M's 49152 x 576 fp32 head is 113 MB read per decoded
-token, about half of what a W8A8/W4 decode step reads; INT8 makes it 28 MB.
+token, about half of what a W8A8/W4 decode step reads; INT8 makes it 28 MB. Measured
+(`z eval --ppl`, 4096 held-out Shakespeare tokens, fp32 39.388): W8A8 40.1531 -> 40.1534,
+W4 53.040 -> 53.175 with the INT8 head (8 outlier channels; without them the head's logits
+err 3x more: relative L2 2.6e-2 vs 8.3e-3).
 """
 
 from __future__ import annotations
