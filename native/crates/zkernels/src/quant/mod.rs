@@ -10,6 +10,8 @@ mod dequant;
 mod error;
 mod int8;
 mod int8_outliers;
+#[cfg(target_arch = "x86_64")]
+mod int8_rows;
 
 pub use dequant::{dequant_linear, dequantize, PackedWeight, WeightFormat};
 pub use error::QuantError;
