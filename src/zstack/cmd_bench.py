@@ -277,6 +277,9 @@ def bench_speculative(
         None, "--draft-layers", min=1, help="Self-draft layers (default: the engine's)."
     ),
     threads: int = typer.Option(1, "--threads", min=1, help="torch threads."),
+    temperature: float = typer.Option(
+        0.0, "--temperature", min=0.0, help="0: greedy (outputs compared); > 0: sampled."
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print only the JSON object."),
 ) -> None:
     """zserve speculative decoding: plain vs n-gram vs self-draft on the same prompts —
@@ -298,6 +301,7 @@ def bench_speculative(
             prompt_lookup_min=prompt_lookup_min,
             draft_layers=draft_layers,
             threads=threads,
+            temperature=temperature,
         )
     )
 

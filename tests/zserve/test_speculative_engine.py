@@ -57,6 +57,19 @@ class OracleDrafter:
         return out
 
 
+class GreedyDrafter:
+    """Proposes the fake model's greedy continuation of the sequence as it stands (the
+    sampled tokens included), so a sampled request's drafts are often accepted."""
+
+    name = "greedy"
+
+    def max_draft(self, seq, k: int) -> int:
+        return k
+
+    def propose(self, requests: list[DraftRequest]) -> list[list[int]]:
+        return [reference_generate(r.seq.token_ids, r.max_tokens) for r in requests]
+
+
 def _engine(drafter=None, num_blocks=400, eos=(), **config) -> Engine:
     runner = AllLogitsRunner(num_blocks, 4)
     base = dict(block_size=4, num_blocks=num_blocks, token_budget=16, max_num_seqs=8)
@@ -181,6 +194,20 @@ def test_ngram_drafts_on_repetitive_prompts_and_sampled_requests_fall_back() -> 
     assert spec == plain  # the sampled request too: it was not speculated
     s = engine.stats()
     assert s["spec_proposed_tokens"] > 0
+    _assert_drained(engine)
+
+
+def test_unseeded_sampled_requests_are_speculated_and_complete() -> None:
+    """Sampled requests without a seed get drafts checked by sampled acceptance:
+    drafts are proposed and some accepted, every request ends with its tokens, no block
+    is lost (the distribution itself: test_speculative_units)."""
+    prompts = _workload(4, seed=12)
+    params = [SamplingParams(max_tokens=20, temperature=0.7, ignore_eos=True)] * 4
+    engine = _engine(GreedyDrafter(), num_speculative_tokens=3)
+    out = _run(engine, prompts, params)
+    assert all(len(out[f"r{i}"][0]) == 20 and out[f"r{i}"][2] == "length" for i in range(4))
+    s = engine.stats()
+    assert s["spec_proposed_tokens"] > 0 and s["spec_accepted_tokens"] > 0, s
     _assert_drained(engine)
 
 

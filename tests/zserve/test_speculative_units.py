@@ -6,12 +6,13 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 from pydantic import ValidationError
 
 from tests.zserve.fakes import make_seq
 from zserve.block_manager import BlockManager
 from zserve.config import EngineConfig
-from zserve.speculative import NgramDrafter, accept_greedy, ngram_propose
+from zserve.speculative import NgramDrafter, accept_greedy, accept_sampled, ngram_propose
 
 
 def _reference_ngram(tokens: list[int], k: int, max_n: int, min_n: int) -> list[int]:
@@ -65,6 +66,37 @@ def test_accept_greedy() -> None:
     assert accept_greedy([1], [2, 9]) == [2]
     with pytest.raises(ValueError, match="need d \\+ 1"):
         accept_greedy([1, 2], [1, 2])
+
+
+def test_sampled_acceptance_emits_the_target_distribution() -> None:
+    """Monte Carlo over 20000 draws, 6 tokens, 2 drafts: the first emitted token follows
+    row 0's distribution; given the first draft was emitted, the second follows row 1;
+    given both, the bonus follows row 2. A draft token with probability 0 (outside
+    top-k) is never emitted in its place. Tolerance: 5 standard errors of each frequency."""
+    probs = torch.tensor(
+        [
+            [0.10, 0.45, 0.05, 0.25, 0.15, 0.00],  # draft 1 (p 0.45)
+            [0.30, 0.00, 0.20, 0.10, 0.00, 0.40],  # draft 4 (p 0: never kept)
+            [0.05, 0.15, 0.50, 0.10, 0.10, 0.10],
+        ]
+    )
+    gen = torch.Generator().manual_seed(0)
+    n = 20000
+    runs = [accept_sampled([1, 4], probs, gen) for _ in range(n)]
+    first = torch.bincount(torch.tensor([r[0] for r in runs]), minlength=6) / n
+    assert torch.allclose(first, probs[0], atol=5 * (0.25 / n) ** 0.5)
+    after_1 = [r for r in runs if r[0] == 1]
+    assert all(len(r) == 2 and r[1] != 4 for r in after_1)  # draft 4 (p 0) always rejected
+    assert all(len(r) == 1 for r in runs if r[0] != 1)  # a rejection ends the step
+    second = torch.bincount(torch.tensor([r[1] for r in after_1]), minlength=6) / len(after_1)
+    assert torch.allclose(second, probs[1], atol=5 * (0.25 / len(after_1)) ** 0.5)
+    certain = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]])
+    assert accept_sampled([1, 2], certain, gen) == [1, 2, 0]  # p 1: always accepted
+    bonus = [accept_sampled([0], probs[[1, 2]], gen) for _ in range(n)]
+    kept = torch.bincount(torch.tensor([r[-1] for r in bonus if len(r) == 2]), minlength=6)
+    assert torch.allclose(kept / kept.sum(), probs[2], atol=5 * (0.25 / int(kept.sum())) ** 0.5)
+    with pytest.raises(ValueError, match="need d \\+ 1"):
+        accept_sampled([1, 2], probs[:2], gen)
 
 
 def test_truncate_releases_the_tail_and_keeps_published_blocks() -> None:

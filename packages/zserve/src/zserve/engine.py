@@ -314,7 +314,11 @@ class Engine:
         conditions checked token by token, as plain decoding would), return the number
         of accepted drafts."""
         assert self.spec is not None
-        toks = self.spec.verify(draft, rows)
+        if seq.params.greedy:
+            toks = self.spec.verify(draft, rows)
+        else:
+            probs = self.sampler.distributions(rows, seq.params)
+            toks = self.spec.verify(draft, rows, probs, self.sampler.generator(seq.extra["gen"]))
         lps: list[TokenLogprob | None] = [None] * len(toks)
         if seq.params.logprobs is not None:
             n = len(toks)

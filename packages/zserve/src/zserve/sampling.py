@@ -183,11 +183,24 @@ class Sampler:
         for i, p in enumerate(params):
             if p.greedy:
                 continue
-            row = _filter_top_k_top_p(logits[i] / p.temperature, p.top_k, p.top_p)
-            probs = torch.softmax(row, dim=-1)
-            gen = generators[i] if generators[i] is not None else self._shared
-            out[i] = int(torch.multinomial(probs, 1, generator=gen).item())
+            probs = self.distributions(logits[i : i + 1], p)[0]
+            out[i] = int(torch.multinomial(probs, 1, generator=self.generator(generators[i])))
         return out
+
+    def distributions(self, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+        """The distributions a sampled request draws from, one per row of ``logits`` (n, V):
+        temperature, then top-k, then top-p, then softmax (fp32, on the CPU)."""
+        rows = logits.float().cpu() / params.temperature
+        return torch.stack(
+            [
+                torch.softmax(_filter_top_k_top_p(r, params.top_k, params.top_p), dim=-1)
+                for r in rows
+            ]
+        )
+
+    def generator(self, own: torch.Generator | None) -> torch.Generator:
+        """A request's own generator, or the shared one for a request without a seed."""
+        return own if own is not None else self._shared
 
 
 def _apply_masks(logits: torch.Tensor, masks: Sequence[torch.Tensor | None]) -> torch.Tensor:

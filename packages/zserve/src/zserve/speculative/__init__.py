@@ -13,10 +13,17 @@ gives, in fewer target forwards when drafts are good.
 * :mod:`~zserve.speculative.decoder` — the engine's side: how many drafts a sequence
   may get, proposing them, greedy acceptance, the counters.
 
-Requests that sample (temperature > 0) are not speculated: they decode plainly.
+Requests that sample (temperature > 0) are speculated too, with speculative sampling's
+acceptance (decoder.py): each emitted token has plain sampling's distribution. A request
+with a seed decodes plainly, so its output stays independent of the batch.
 """
 
-from zserve.speculative.decoder import SpecStats, SpeculativeDecoder, accept_greedy
+from zserve.speculative.decoder import (
+    SpecStats,
+    SpeculativeDecoder,
+    accept_greedy,
+    accept_sampled,
+)
 from zserve.speculative.drafter import Drafter, DraftRequest
 from zserve.speculative.factory import make_drafter
 from zserve.speculative.ngram import NgramDrafter, ngram_propose
@@ -30,6 +37,7 @@ __all__ = [
     "SpecStats",
     "SpeculativeDecoder",
     "accept_greedy",
+    "accept_sampled",
     "make_drafter",
     "ngram_propose",
 ]

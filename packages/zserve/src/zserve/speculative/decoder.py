@@ -7,8 +7,18 @@ accepted while it equals the target's argmax at row i - 1; the first mismatch (o
 row after the last draft) gives the target's own token. The emitted tokens are exactly
 the argmaxes plain greedy decoding would have produced one step at a time.
 
-Sampled requests (temperature > 0, top_k != 1) get no drafts: they decode plainly,
-so their output keeps plain decoding's distribution and per-seed reproducibility.
+Sampled acceptance (temperature > 0, top_k != 1): every drafter here proposes a
+deterministic draft, a point mass q at each draft token x, so speculative sampling's
+rule (Leviathan et al.; Chen et al.) becomes: accept x with probability p(x), where p is
+the target's sampling distribution at that row (temperature, top-k and top-p applied);
+at the first rejection draw from p with x removed and renormalized, i.e. max(0, p - q)
+normalized; if every draft is accepted, draw the bonus token from the last row. Each
+emitted token is then distributed exactly as plain sampling's: P(y) = p(x)[y = x] +
+(1 - p(x)) p(y)[y != x] / (1 - p(x)) = p(y).
+
+A request with a `seed` gets no drafts and decodes plainly: how many drafts a sequence
+gets depends on the step's token budget, hence on the other requests in the batch, and
+the seed promises output independent of them.
 """
 
 from __future__ import annotations
@@ -38,6 +48,24 @@ def accept_greedy(draft: list[int], target: list[int]) -> list[int]:
     while a < len(draft) and draft[a] == target[a]:
         a += 1
     return target[: a + 1]
+
+
+def accept_sampled(draft: list[int], probs: torch.Tensor, gen: torch.Generator) -> list[int]:
+    """Tokens emitted when the target's sampling distributions ``probs`` (1 + d, V) check
+    a deterministic ``draft`` (d tokens) by speculative sampling (see the module's
+    docstring): the accepted drafts, then one token drawn by the rule."""
+    if probs.shape[0] != len(draft) + 1:
+        raise ValueError(f"{probs.shape[0]} distributions for {len(draft)} drafts; need d + 1")
+    for i, x in enumerate(draft):
+        p = probs[i]
+        if float(torch.rand((), generator=gen)) < float(p[x]):
+            continue
+        residual = p.clone()
+        residual[x] = 0.0
+        if float(residual.sum()) <= 0.0:  # p(x) is 1 up to rounding: nothing else to draw
+            continue
+        return [*draft[:i], int(torch.multinomial(residual, 1, generator=gen))]
+    return [*draft, int(torch.multinomial(probs[len(draft)], 1, generator=gen))]
 
 
 @dataclass
@@ -79,8 +107,8 @@ class SpeculativeDecoder:
 
     def lookahead(self, seq: Sequence) -> int:
         """Drafts `seq` would verify this step (the scheduler's `lookahead` hook)."""
-        if not seq.params.greedy:
-            return 0
+        if not seq.params.greedy and seq.params.seed is not None:
+            return 0  # a seeded request's output must not depend on the batch
         return self.drafter.max_draft(seq, self.k)
 
     def propose(self, chunks: list[ScheduledChunk], kv: BlockManager) -> list[list[int]]:
@@ -104,10 +132,22 @@ class SpeculativeDecoder:
             drafts[i] = list(d)
         return drafts
 
-    def verify(self, draft: list[int], rows: torch.Tensor) -> list[int]:
-        """Emitted tokens of a draft from its `(1 + d, vocab)` target logits; counted."""
-        target = rows.argmax(dim=-1).tolist()
-        out = accept_greedy(draft, target)
+    def verify(
+        self,
+        draft: list[int],
+        rows: torch.Tensor,
+        probs: torch.Tensor | None = None,
+        gen: torch.Generator | None = None,
+    ) -> list[int]:
+        """Emitted tokens of a draft from its `(1 + d, vocab)` target logits; counted.
+        Greedy acceptance, or sampled acceptance when the request samples: ``probs`` are
+        then its sampling distributions at those rows and ``gen`` its generator."""
+        if probs is None:
+            out = accept_greedy(draft, rows.argmax(dim=-1).tolist())
+        else:
+            if gen is None:
+                raise ValueError("sampled acceptance needs the request's generator")
+            out = accept_sampled(draft, probs, gen)
         self.stats.verify_steps += 1
         self.stats.proposed += len(draft)
         self.stats.accepted += len(out) - 1
