@@ -62,12 +62,14 @@ class EngineConfig(BaseModel):
     """Seed (64-bit) of the sampler for requests that give no seed of their own."""
 
     speculative: Speculative | None = None
-    """Speculative decoding of greedy requests (see `zserve.speculative`): `ngram`
+    """Speculative decoding (see `zserve.speculative`): `ngram`
     proposes the tokens that followed the last n-gram's previous occurrence in the
     prompt + output (vLLM's `method: "ngram"`, prompt lookup); `self-draft` runs the
     first `draft_layers` layers of the model itself (plus its final norm and head) as
-    the draft. Drafts are verified in the SplitFuse forward; output is unchanged.
-    Sampled requests (temperature > 0) decode plainly. None: off. vLLM's
+    the draft. Drafts are verified in the SplitFuse forward: greedy output is unchanged,
+    and sampled requests (temperature > 0) keep plain sampling's distribution through
+    speculative sampling's acceptance; a request with a seed decodes plainly. None: off.
+    vLLM's
     `speculative_config={"method": ..., "num_speculative_tokens": ...}` is accepted too."""
 
     num_speculative_tokens: int = Field(default=4, ge=1, le=64)
