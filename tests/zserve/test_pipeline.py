@@ -66,3 +66,19 @@ def test_static_baseline_matches_engine_greedy(pipe) -> None:
     got = static(PROMPTS, max_tokens=6, temperature=0, ignore_eos=True)
     assert [c.token_ids for c in got] == [c.token_ids for c in want]
     assert [c.text for c in got] == [c.text for c in want]
+
+
+def test_static_baseline_refuses_what_it_cannot_honour() -> None:
+    """logprobs and structured output (response_format) are errors naming the field and
+    the policies that serve them, never ignored."""
+    from zserve.config import EngineConfig
+    from zserve.sampling import SamplingParams
+    from zserve.static_batch import StaticBatchEngine
+    from zserve.structured.spec import json_object
+
+    engine = StaticBatchEngine(smollm2_dir(), EngineConfig(policy="static", max_num_seqs=2))
+    with pytest.raises(ValueError, match=r"json_object: the static baseline.*'splitfuse'"):
+        engine.add_request("a", "hi", SamplingParams(structured=json_object()))
+    with pytest.raises(ValueError, match="logprobs: the static baseline"):
+        engine.add_request("b", "hi", SamplingParams(logprobs=1))
+    assert not engine.has_unfinished()

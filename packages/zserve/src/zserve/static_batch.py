@@ -70,6 +70,11 @@ class StaticBatchEngine:
                 "logprobs: the static baseline (policy 'static') returns no logprobs; "
                 "serve with policy 'splitfuse' or 'prefill-first'"
             )
+        if params.structured is not None:
+            raise ValueError(
+                f"{params.structured.kind}: the static baseline (policy 'static') does not "
+                "constrain decoding; serve with policy 'splitfuse' or 'prefill-first'"
+            )
         if any(r == request_id for r, _, _ in self._waiting):
             raise ValueError(f"request_id {request_id!r} is already queued; use a new id")
         if len(ids) + params.max_tokens > self.max_model_len:
