@@ -11,11 +11,13 @@ ulps of the hidden states after two layers (both paths round to bf16 at every op
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 
 from tests.zserve.tiny_llama import hf_greedy, tiny_llama
 from zserve.model import llama, native
@@ -113,3 +115,47 @@ def test_native_linear_matches_f_linear() -> None:
     x32, bias = torch.randn(2, 576), torch.randn(1000)
     assert torch.equal(native.linear(x32, w.float(), bias), F.linear(x32, w.float(), bias))
     assert torch.equal(native.linear(x32, lambda t: t * 2), x32 * 2)
+
+
+def test_pack_on_huge_pages_moves_tensors_into_one_buffer() -> None:
+    """Contiguous CPU tensors move, in slot order, into one buffer, bit-identical and 64-byte
+    aligned; a module or a strided view stays as it was."""
+
+    class Slots:
+        pass
+
+    torch.manual_seed(0)
+    s = Slots()
+    s.a, s.b, s.c = torch.randn(7, 5), torch.randn(3, 33).bfloat16(), torch.randn(300, 64)
+    s.strided, s.module = torch.randn(4, 6).t(), torch.nn.Identity()
+    before = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in vars(s).items()}
+    strided, module = s.strided, s.module
+    native.pack_on_huge_pages([(s, n) for n in ("a", "b", "strided", "module", "c")])
+    for name in ("a", "b", "c"):
+        got, want = getattr(s, name), before[name]
+        assert got.dtype == want.dtype and torch.equal(got, want), name
+        assert got.data_ptr() % native.TENSOR_ALIGN == 0
+    assert s.a.data_ptr() % native.HUGE_PAGE == 0  # the buffer starts on a huge page
+    assert s.a.data_ptr() + 192 == s.b.data_ptr()  # 140 bytes rounded up to 64
+    assert s.b.data_ptr() + 256 == s.c.data_ptr()  # 198 bytes rounded up to 64
+    assert s.strided is strided and s.module is module
+
+
+def test_directory_model_weights_are_packed(tmp_path: Path) -> None:
+    """A model read from a directory has its projections and head in one buffer in the order
+    a forward reads them, a tied head staying the embedding table, and the logits of the
+    unpacked weights (the same weights handed over in memory, which are not packed: zchat's
+    shared weights); untied, test_runner_weights compares the two."""
+    tiny_llama(tmp_path, tie_word_embeddings=True)
+    r = ModelRunner(tmp_path, num_blocks=8, block_size=4)
+    m = r.model
+    order = [w for layer in m.layers for w in (layer.qkv, layer.o, layer.mlp.gate_up)]
+    order += [m.layers[-1].mlp.down, m.lm_head]
+    assert order[0].data_ptr() % native.HUGE_PAGE == 0
+    assert all(a.data_ptr() < b.data_ptr() for a, b in itertools.pairwise(order))
+    assert m.lm_head is m.embed
+    weights = load_file(str(tmp_path / "model.safetensors"))
+    handed = ModelRunner(tmp_path, num_blocks=8, block_size=4, weights=weights)
+    assert handed.model.embed.data_ptr() == weights["model.embed_tokens.weight"].data_ptr()
+    chunks = [SeqChunk(0, [3, 9, 27, 81], 0, [0]), SeqChunk(1, [5, 7], 0, [1])]
+    torch.testing.assert_close(r.forward(chunks), handed.forward(chunks), rtol=0, atol=0)

@@ -305,6 +305,22 @@ class LlamaModel:
         for layer in self.layers:
             if isinstance(layer.mlp, DenseMLP):
                 layer.mlp.project = self.project
+        if self.native and isinstance(checkpoint, SafetensorsCheckpoint):
+            self._pack_weights()  # handed-over weights (zchat's hybrid engine) stay shared
+
+    def _pack_weights(self) -> None:
+        """The plain projection matrices and the LM head in one buffer on huge pages, in the
+        order a forward reads them (:func:`native.pack_on_huge_pages`): ~1.3x a decode
+        step's weight read rate on one thread. A tied head stays the embedding table."""
+        tied = self.lm_head is self.embed
+        slots: list[tuple[object, str]] = []
+        for layer in self.layers:
+            slots += [(layer, "qkv"), (layer, "o")]
+            if isinstance(layer.mlp, DenseMLP):
+                slots += [(layer.mlp, "gate_up"), (layer.mlp, "down")]
+        native.pack_on_huge_pages([*slots, (self, "lm_head")])
+        if tied and isinstance(self.lm_head, torch.Tensor):
+            self.embed = self.lm_head  # one table, not a second copy beside the head's
 
     def _load_mlp(self, load: WeightLoader, prefix: str) -> FeedForward:
         """The feed-forward block of the layer whose tensors start with ``prefix``: the

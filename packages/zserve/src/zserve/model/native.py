@@ -33,7 +33,9 @@ turns them off (the torch path then runs, as on GPU or for other dtypes).
 
 from __future__ import annotations
 
+import mmap
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -99,6 +101,49 @@ def linear(x: torch.Tensor, weight: Any, bias: torch.Tensor | None = None) -> to
 def lm_head(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """The LM head ``x (M, hidden) -> (M, vocab)``: :func:`linear` without a bias."""
     return linear(x, weight)
+
+
+#: Where :func:`pack_on_huge_pages` starts its buffer (a huge page) and aligns each tensor.
+HUGE_PAGE, TENSOR_ALIGN = 2 << 20, 64
+
+
+def pack_on_huge_pages(slots: Sequence[tuple[object, str]]) -> None:
+    """Moves the CPU tensor ``getattr(owner, name)`` of every slot into one buffer, back to back
+    in slot order (each start 64-byte aligned), on transparent huge pages where the kernel
+    gives them; each old tensor is let go once its copy is made, so the peak is one matrix
+    above the weights. Slots whose value is not a contiguous CPU tensor stay as they are.
+
+    Why: a batch-1 decode step streams every weight matrix once, one thread reading memory
+    front to back. torch's allocator takes 4 KiB pages, so the read crosses a page (a TLB
+    miss, and the end of the hardware prefetcher's run) every 4 KiB; this buffer is an
+    anonymous mapping advised ``MADV_HUGEPAGE`` (2 MiB pages where transparent huge pages
+    are enabled or on ``madvise``). SmolLM2's 121 matrices of a decode step: 18.2 vs 13.9
+    GB/s fp32, 15.8 vs 12.4 bf16 (one thread, same run, loaded machine). Without huge
+    pages this is a plain copy into one buffer.
+    """
+    sizes = []
+    for owner, name in slots:
+        t = getattr(owner, name)
+        ok = isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.is_contiguous()
+        sizes.append(-(-t.numel() * t.element_size() // TENSOR_ALIGN) * TENSOR_ALIGN if ok else 0)
+    if not any(sizes):
+        return
+    # Private: a shared anonymous mapping is shmem, which takes no transparent huge pages.
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+    buf = mmap.mmap(-1, sum(sizes) + HUGE_PAGE, flags=flags)  # committed as written
+    try:
+        buf.madvise(mmap.MADV_HUGEPAGE)
+    except (AttributeError, OSError):  # not Linux, or a kernel without THP: 4 KiB pages
+        pass
+    flat = torch.frombuffer(buf, dtype=torch.uint8)  # keeps the mapping alive
+    at = -flat.data_ptr() % HUGE_PAGE
+    for (owner, name), size in zip(slots, sizes, strict=True):
+        if size:
+            old = getattr(owner, name)
+            nbytes = old.numel() * old.element_size()
+            new = flat[at : at + nbytes].view(old.dtype).view(old.shape)
+            setattr(owner, name, new.copy_(old))
+            at += size
 
 
 def rotary_kv_write_(
