@@ -36,7 +36,8 @@ model, 1024 training pairs, 128 held-out pairs (standard error of an accuracy ne
   (0.49 at step 1, 0.62-1.23 over steps 2-19, batch accuracy 0.25-0.75); stopped for time.
 - a head learning rate with ``before_eos``, no warm-up (``lr`` 5e-5, ``head_lr`` 1e-3, 40
   steps of 8 pairs, 493 s of training): loss 0.70 mean over steps 1-20 and 21-40 (ln 2 =
-  0.693), held-out 0.516 -> 0.539.
+  0.693), held-out 0.516 -> 0.539. The same at 32 pairs a step (``micro_batch`` 16): loss
+  0.68-0.72 over steps 1-8, stopped there: 7.5 GiB per rank (4.3-4.5 at ``micro_batch`` 4).
 
 None of these reaches the 0.75 aimed at: the warm-up and ``before_eos`` lift the start above
 chance (1.6 standard errors), and fine-tuning the backbone at these batch sizes (8 pairs a
