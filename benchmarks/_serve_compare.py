@@ -26,9 +26,10 @@ ratios ours/theirs. Targets (issue
 20): concurrent ratio >= 1, batch-1 decode ratio >= 1/1.5.
 
 Measured with the INT8 head (``--threads 1 --precisions w8a8-fp32-head,w8a8,w4-fp32-head,w4
---repeats 3 --concurrent 16 --prompt-tokens 64 --decode-tokens 16``, 2-core x86, load
-average 5.3; ours/theirs): batch-1 decode W8A8 0.49 -> 0.67, W4 0.35 -> 0.74; 16 concurrent
-W8A8 1.46 -> 1.94, W4 1.31 -> 1.58 (fp32 head -> INT8 head, same run).
+--repeats 3 --concurrent 16 --prompt-tokens 64 --decode-tokens 16``, 2-core x86; ours/theirs,
+fp32 head -> INT8 head in the same run). Load average 1.0: batch-1 decode W8A8 0.58 -> 0.73,
+W4 0.53 -> 0.59; 16 concurrent W8A8 1.79 -> 2.02, W4 1.39 -> 1.35. Load average 5.3 (noisier):
+decode W8A8 0.49 -> 0.67, W4 0.35 -> 0.74; 16 concurrent W8A8 1.46 -> 1.94, W4 1.31 -> 1.58.
 """
 
 from __future__ import annotations
