@@ -138,7 +138,9 @@ def bench_serve(
         " on the same weights: prefill, batch-1 decode and --concurrent tokens/s per precision.",
     ),
     precisions: str = typer.Option(
-        "fp32,bf16,w8a8,w4", "--precisions", help="--compare pairs (fp32,bf16,w8a8,w4,w4a8)."
+        "fp32,bf16,w8a8,w4",
+        "--precisions",
+        help="--compare pairs (fp32,bf16,w8a8,w4,w4a8; w8a8-fp32-head,w4-fp32-head keep an fp32 head).",
     ),
     prompt_tokens: int = typer.Option(128, "--prompt-tokens", min=1, help="--compare prompt."),
     decode_tokens: int = typer.Option(32, "--decode-tokens", min=2, help="--compare outputs."),
