@@ -183,24 +183,23 @@ class Sampler:
         for i, p in enumerate(params):
             if p.greedy:
                 continue
-            probs = self.distributions(logits[i : i + 1], p)[0]
+            probs = _distribution(logits[i], p)
             out[i] = int(torch.multinomial(probs, 1, generator=self.generator(generators[i])))
         return out
 
     def distributions(self, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         """The distributions a sampled request draws from, one per row of ``logits`` (n, V):
         temperature, then top-k, then top-p, then softmax (fp32, on the CPU)."""
-        rows = logits.float().cpu() / params.temperature
-        return torch.stack(
-            [
-                torch.softmax(_filter_top_k_top_p(r, params.top_k, params.top_p), dim=-1)
-                for r in rows
-            ]
-        )
+        return torch.stack([_distribution(r, params) for r in logits.float().cpu()])
 
     def generator(self, own: torch.Generator | None) -> torch.Generator:
         """A request's own generator, or the shared one for a request without a seed."""
         return own if own is not None else self._shared
+
+
+def _distribution(row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """One fp32 CPU logits row ``(V,)`` to the distribution request ``p`` samples from."""
+    return torch.softmax(_filter_top_k_top_p(row / p.temperature, p.top_k, p.top_p), dim=-1)
 
 
 def _apply_masks(logits: torch.Tensor, masks: Sequence[torch.Tensor | None]) -> torch.Tensor:
