@@ -7,7 +7,8 @@
 //! Kernels are written once as scalar loops over slices and compiled several
 //! times under `#[target_feature]` (AVX-512, AVX2+FMA, baseline x86-64), with
 //! the variant picked at run time from the CPU's features ([`simd`]). Large
-//! inputs are split into chunks processed on a shared thread pool ([`par`]).
+//! inputs are split into chunks processed on a shared thread pool ([`par`]); the short loops of inference kernels
+//! run on a team the calling thread takes part in ([`team`]).
 
 pub mod bf16;
 pub mod comm;
@@ -18,6 +19,7 @@ pub mod quant;
 pub mod serve;
 pub mod simd;
 pub mod stream;
+pub mod team;
 
 pub use bf16::Elem;
 pub use error::KernelError;

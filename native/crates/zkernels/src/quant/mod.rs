@@ -18,17 +18,10 @@ pub use error::QuantError;
 pub use int8::{int8_gemm, int8_linear, quantize_tokenwise, vnni_available};
 pub use int8_outliers::int8_linear_outliers;
 
-/// Runs `f(block_index)` for `blocks` blocks on the kernels' thread pool
-/// (inline when there is one block or one thread).
+/// Runs `f(block_index)` for `blocks` blocks on the kernels' team, the caller
+/// taking part ([`crate::team`]; inline when there is one block or one thread).
 fn for_blocks<F: Fn(usize) + Sync + Send>(blocks: usize, f: F) {
-    if blocks <= 1 || crate::par::num_threads() <= 1 {
-        (0..blocks).for_each(f);
-        return;
-    }
-    crate::par::install(|| {
-        use rayon::prelude::*;
-        (0..blocks).into_par_iter().for_each(f);
-    });
+    crate::team::run(blocks, f);
 }
 
 /// A raw pointer that tasks of [`for_blocks`] share to write disjoint parts of

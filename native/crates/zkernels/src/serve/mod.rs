@@ -54,16 +54,14 @@ fn param(name: &'static str, value: i64, expected: &'static str) -> QuantError {
     }
 }
 
-/// Runs `f(task)` for `tasks` tasks, on the kernels' pool when `work` is worth it.
+/// Runs `f(task)` for `tasks` tasks, on the kernels' team ([`crate::team`], the
+/// caller taking part) when `work` is worth it.
 fn for_tasks<F: Fn(usize) + Sync + Send>(tasks: usize, work: usize, f: F) {
-    if tasks <= 1 || work < PAR_WORK || crate::par::num_threads() <= 1 {
+    if work < PAR_WORK {
         (0..tasks).for_each(f);
         return;
     }
-    crate::par::install(|| {
-        use rayon::prelude::*;
-        (0..tasks).into_par_iter().for_each(f);
-    });
+    crate::team::run(tasks, f);
 }
 
 /// A raw pointer that tasks share to write disjoint ranges of one buffer.
