@@ -68,10 +68,15 @@ class StageConfig(ZModel):
     log_every: int = 1
     """Steps between progress lines and metric records."""
 
+    def zero_steps_allowed(self) -> bool:
+        """Whether ``steps`` may be 0 (a stage whose training happens before its steps)."""
+        return False
+
     def model_post_init(self, context: Any, /) -> None:
         positive = ("steps", "micro_batch", "grad_accum", "eval_batch", "log_every", "max_len")
         for key in positive:
-            if getattr(self, key) < 1:
+            if getattr(self, key) < 1 and not (key == "steps" and self.steps == 0
+                                               and self.zero_steps_allowed()):  # fmt: skip
                 raise ValueError(f"`{key}` must be ≥ 1, got {getattr(self, key)}")
         for key in ("train_examples", "heldout_examples", "warmup_steps",
                     "persistence_threshold"):  # fmt: skip

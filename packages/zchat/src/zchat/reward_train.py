@@ -58,6 +58,7 @@ from zchat.config import StageConfig
 from zchat.data import PreferencePair, load_tokenizer, require_nonempty
 from zchat.data.render import answer_batch
 from zchat.reward import build_reward_model, pairwise_loss, save_reward_model
+from zchat.reward_blocks import load_warm_weights, warm_blocks
 from zchat.reward_warmup import warm_head
 from zchat.sft import Plays, build_stage_data, check_model_dir
 from zchat.train_loop import (
@@ -93,9 +94,32 @@ class RewardConfig(StageConfig):
     overfits the warm-up pairs less)."""
     head_warmup_iters: int = 200
     """The warm-up's L-BFGS iterations."""
+    warmup_blocks: int = 0
+    """Top decoder blocks trained, with the final norm and the head, on cached inputs of the
+    frozen blocks below before the ZeRO-3 steps (:mod:`zchat.reward_blocks`); 0: none."""
+    warmup_epochs: int = 3
+    """Passes of the block warm-up over the training pairs."""
+    warmup_batch: int = 16
+    """Pairs per block warm-up step, over all ranks."""
+    warmup_lr: float = 1e-4
+    """The block warm-up's AdamW learning rate for the blocks and the norm (constant)."""
+    warmup_head_lr: float = 1e-3
+    """The block warm-up's learning rate for the head."""
+
+    def zero_steps_allowed(self) -> bool:
+        """``steps`` 0 (no ZeRO-3 step) is a reward model trained by the block warm-up."""
+        return self.warmup_blocks > 0
 
     def model_post_init(self, context: Any, /) -> None:
+        if self.steps == 0 and not self.warmup_blocks:
+            raise ValueError("`steps` 0 trains nothing: it needs a block warm-up "
+                             "(`warmup_blocks` ≥ 1), or set `steps` ≥ 1")  # fmt: skip
         super().model_post_init(context)
+        if self.warmup_blocks < 0 or self.warmup_epochs < 1 or self.warmup_batch < 1:
+            raise ValueError("`warmup_blocks` must be ≥ 0, `warmup_epochs` and `warmup_batch` "
+                             "≥ 1")  # fmt: skip
+        if not (self.warmup_lr > 0 and self.warmup_head_lr > 0):
+            raise ValueError("`warmup_lr` and `warmup_head_lr` must be > 0")
         if self.head_lr is not None and not self.head_lr > 0:
             raise ValueError(f"`head_lr` must be > 0 (or null: `lr`), got {self.head_lr}")
         if self.head_warmup_pairs < 0 or self.head_warmup_l2 < 0 or self.head_warmup_iters < 1:
@@ -144,6 +168,11 @@ def evaluate_pairs(model: Any, tokenizer: Any, pairs: list[PreferencePair], cfg:
     return {"accuracy": right / max(counted, 1.0), "margin": margin / max(counted, 1.0)}
 
 
+def _epoch_line(epoch: int, loss: float, heldout: float) -> None:
+    print(f"[reward] block warm-up epoch {epoch} loss {loss:.4g} heldout_accuracy "
+          f"{heldout:.4g}", flush=True)  # fmt: skip
+
+
 def train_reward(rank: int, world: int, cfg: RewardConfig,
                  plays: tuple[Plays, Plays] = (None, None)) -> dict[str, Any]:  # fmt: skip
     """One rank of ``z chat reward`` (collective): train, evaluate, save ``cfg.out``."""
@@ -157,8 +186,16 @@ def train_reward(rank: int, world: int, cfg: RewardConfig,
     if cfg.head_warmup_pairs:
         head, warm = warm_head(cfg.model, tokenizer, data.pairs_train[: cfg.head_warmup_pairs],
                                data.pairs_heldout, cfg, rank, world)  # fmt: skip
+    blocks: dict[str, torch.Tensor] = {}
+    if cfg.warmup_blocks:
+        blocks, more = warm_blocks(cfg.model, tokenizer, data.pairs_train, data.pairs_heldout,
+                                   cfg, rank, world, head=head,
+                                   log=_epoch_line if rank == 0 else None)  # fmt: skip
+        warm = {**warm, **more}
     model = build_reward_model(cfg.model, ds_config=ds, seed=cfg.seed, head=head,
                                score_at=cfg.score_at, eos_id=tokenizer.eos_token_id)  # fmt: skip
+    if blocks:
+        load_warm_weights(model, blocks)
     groups = None
     if cfg.head_lr is not None:  # the backbone at `lr`, the head at `head_lr`
         head_params = list(model.v_head.parameters())
@@ -199,7 +236,7 @@ def train_reward(rank: int, world: int, cfg: RewardConfig,
     rec.write({"stage": "reward", "step": cfg.steps,
                **{f"heldout_{k}": v for k, v in after.items()}})  # fmt: skip
     extra = {"heldout_accuracy": after["accuracy"], "heldout_pairs": len(data.pairs_heldout),
-             "rule": data.rule, **warm}  # fmt: skip
+             "rule": data.rule, **{k: v for k, v in warm.items() if k != "blocks_losses"}}  # fmt: skip
     save_reward_model(engine, cfg.out, tokenizer=tokenizer, source=cfg.model, extra=extra)
     engine.destroy()
     return {"losses": losses, "heldout_before": before, "heldout_after": after, "out": cfg.out,
