@@ -7,8 +7,12 @@ Imports only typer at load time; zchat and torch load when a command runs.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
+
+if TYPE_CHECKING:
+    from zchat.ppo import PPOConfig
 
 
 def bench_hybrid(
@@ -88,7 +92,7 @@ def chat_ppo(
     run_ppo(cfg, as_json)
 
 
-def run_ppo(cfg: object, as_json: bool) -> dict:
+def run_ppo(cfg: PPOConfig, as_json: bool) -> dict:
     """Run a checked ``PPOConfig`` on its ranks, draw the PNG, print and return the summary
     (`z chat ppo` and the last stage of `z chat e2e`)."""
     import json
@@ -100,14 +104,14 @@ def run_ppo(cfg: object, as_json: bool) -> dict:
 
     start = time.perf_counter()
     try:
-        results = run_on_ranks(ppo_rank, cfg.world, (cfg,), threads=cfg.threads)  # type: ignore[attr-defined]
+        results = run_on_ranks(ppo_rank, cfg.world, (cfg,), threads=cfg.threads)
     except RankFailed as err:
         typer.echo(f"error: z chat ppo: {err}", err=True)
         raise typer.Exit(1) from None
     r = results[0]
-    metrics = cfg.out / "metrics.jsonl"  # type: ignore[attr-defined]
+    metrics = cfg.out / "metrics.jsonl"
     png = plot_ppo_metrics(metrics, metrics.with_suffix(".png"))
-    summary = {"stage": "ppo", "out": r["out"], "steps": cfg.steps, "ranks": cfg.world,  # type: ignore[attr-defined]
+    summary = {"stage": "ppo", "out": r["out"], "steps": cfg.steps, "ranks": cfg.world,
                "heldout_before": r["before"], "heldout_after": r["after"],
                "metrics": str(metrics), "plot": str(png),
                "wall_s": time.perf_counter() - start}  # fmt: skip
