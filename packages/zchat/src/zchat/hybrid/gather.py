@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from zchat.lora import lora_modules, merged_weight
+from zcore.zero import held_bytes
 from zcore.zero.init import GatheredParameters
 
 
@@ -66,10 +67,4 @@ def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
 def resident_param_bytes(model: nn.Module) -> int:
     """Bytes of the parameters' current ``.data`` (a released ZeRO-3 parameter holds none)
     plus their ZeRO-3 shards: the actor's own weight memory, outside any rollout."""
-    total = 0
-    for p in model.parameters():
-        total += p.data.numel() * p.data.element_size()
-        owner = getattr(p, "_z_owner", None)
-        if owner is not None and p in owner.params and not owner.params[p].persistent:
-            total += owner.shard_of(p).numel() * p.data.element_size()
-    return total
+    return sum(held_bytes(p) for p in model.parameters())

@@ -50,6 +50,18 @@ def register_external_parameter(module: nn.Module, parameter: nn.Parameter) -> N
         listed.append(parameter)
 
 
+def held_bytes(parameter: nn.Parameter) -> int:
+    """Bytes this rank holds for ``parameter``: its current ``.data`` (none while a ZeRO-3
+    parameter is released) plus, for a partitioned parameter, its shard. Any other
+    parameter: its ``.data``."""
+    size = parameter.data.element_size()
+    total = parameter.data.numel() * size
+    owner = getattr(parameter, "_z_owner", None)
+    if owner is not None and parameter in owner.params and not owner.params[parameter].persistent:
+        total += owner.shard_of(parameter).numel() * size
+    return total
+
+
 def _external(m: nn.Module) -> list[nn.Parameter]:
     return m.__dict__.get(EXTERNAL, [])
 
