@@ -236,6 +236,7 @@ def head_dir(tmp_path_factory) -> Path:
 
 def test_quantized_lm_head_served_as_z_eval_scores_it(head_dir, text_file) -> None:
     from zquant.nn import QuantLinear
+    from zserve.model.quantized_bound import BoundLinear
 
     want = z_eval_ppl(head_dir, text_file)
     for budget, rtol in [(PPL_TOKENS, RTOL), (WINDOW, RTOL_BATCHING)]:
@@ -243,7 +244,8 @@ def test_quantized_lm_head_served_as_z_eval_scores_it(head_dir, text_file) -> No
         model = engine.runner.model
         q = model.quantization
         assert q is not None and q.served == {"lm_head": "int8 sym channel a8 -> int8_linear"}
-        assert isinstance(model.lm_head, QuantLinear) and model.lm_head.backend == "native"
+        assert isinstance(model.lm_head, BoundLinear)  # its kernel arguments bound once
+        assert isinstance(model.lm_head.layer, QuantLinear) and model.lm_head.backend == "native"
         assert model.embed.dtype == torch.float32 and model.embed.shape == (49152, 576)
         served = served_perplexity(
             engine, text_ids(head_dir, text_file), max_tokens=PPL_TOKENS, window=WINDOW

@@ -58,7 +58,11 @@ def int8_linear(
     return out
 
 
-def _packed_args(qw: QuantizedWeight) -> dict[str, object]:
+def packed_args(qw: QuantizedWeight) -> dict[str, object]:
+    """The keyword arguments of ``znative.dequantize_weight`` / ``dequant_linear`` for ``qw``:
+    numpy views of its buffers (``data``, ``scale``, ``data2``, ``zero``) and its format
+    (``fmt``, ``group_size``, ``offset``). A caller that runs the same weight many times
+    (zserve's decode steps) takes them once."""
     spec = qw.spec
     if spec.fmt == "fp6":
         fmt, offset = "fp6", 0
@@ -88,7 +92,7 @@ def supports(qw: QuantizedWeight) -> bool:
 
 def dequantize(qw: QuantizedWeight) -> Tensor:
     """Native :func:`zquant.quantizers.dequantize_weight` (INT3/INT4 and FP6), float32 ``(out, in)``."""
-    args = _packed_args(qw)
+    args = packed_args(qw)
     out = torch.empty(qw.shape, dtype=torch.float32)
     znative.dequantize_weight(args.pop("data"), args.pop("scale"), out.numpy(), **args)  # type: ignore[arg-type]
     return out
@@ -96,7 +100,7 @@ def dequantize(qw: QuantizedWeight) -> Tensor:
 
 def dequant_linear(x: Tensor, qw: QuantizedWeight, bias: Tensor | None = None) -> Tensor:
     """``x (m, k) @ dequant(qw)^T + bias`` with weight tiles dequantized in cache; float32 ``(m, n)``."""
-    args = _packed_args(qw)
+    args = packed_args(qw)
     x2 = _c(x, torch.float32)
     out = torch.empty(x2.shape[0], qw.shape[0], dtype=torch.float32)
     b = None if bias is None else _c(bias, torch.float32).numpy()

@@ -31,6 +31,7 @@ from zserve.model.attention import AttentionPlan, ragged_paged_attention
 from zserve.model.config import LlamaConfig
 from zserve.model.mixtral import SparseMoE
 from zserve.model.quantized import QuantizedLinears, is_zquant_dir
+from zserve.model.quantized_bound import BoundLinear
 
 #: A projection's weight: a ``(out, in)`` matrix, or a module ``(T, in) -> (T, out)`` that
 #: holds its own bias (a zquant layer when the directory is a zquant one).
@@ -309,18 +310,35 @@ class LlamaModel:
             self._pack_weights()  # handed-over weights (zchat's hybrid engine) stay shared
 
     def _pack_weights(self) -> None:
-        """The plain projection matrices and the LM head in one buffer on huge pages, in the
-        order a forward reads them (:func:`native.pack_on_huge_pages`): ~1.3x a decode
-        step's weight read rate on one thread. A tied head stays the embedding table."""
+        """The plain projection matrices and the LM head (a zquant directory's: the INT8/INT4
+        codes of its layers) in one buffer on huge pages, in the order a forward reads them
+        (:func:`native.pack_on_huge_pages`): ~1.3x a decode step's weight read rate on one
+        thread. A tied head stays the embedding table."""
         tied = self.lm_head is self.embed
+        slots: list[tuple[object, str]] = []
+        bound: list[BoundLinear] = []  # a zquant directory's layers: their codes
+        for owner, name in self._projections():
+            w = getattr(owner, name)
+            if isinstance(w, BoundLinear):
+                bound.append(w)
+                slots.append((w.layer, "qdata"))
+            else:
+                slots.append((owner, name))
+        native.pack_on_huge_pages(slots)
+        for b in bound:
+            b.bind()  # views of the moved codes
+        if tied and isinstance(self.lm_head, torch.Tensor):
+            self.embed = self.lm_head  # one table, not a second copy beside the head's
+
+    def _projections(self) -> list[tuple[object, str]]:
+        """``(owner, attribute)`` of every projection weight, in the order a forward reads
+        them, the LM head last."""
         slots: list[tuple[object, str]] = []
         for layer in self.layers:
             slots += [(layer, "qkv"), (layer, "o")]
             if isinstance(layer.mlp, DenseMLP):
                 slots += [(layer.mlp, "gate_up"), (layer.mlp, "down")]
-        native.pack_on_huge_pages([*slots, (self, "lm_head")])
-        if tied and isinstance(self.lm_head, torch.Tensor):
-            self.embed = self.lm_head  # one table, not a second copy beside the head's
+        return [*slots, (self, "lm_head")]
 
     def _load_mlp(self, load: WeightLoader, prefix: str) -> FeedForward:
         """The feed-forward block of the layer whose tensors start with ``prefix``: the

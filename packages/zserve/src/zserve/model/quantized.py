@@ -8,7 +8,8 @@ A zquant directory (`zquant.json` beside `model.safetensors` and `config.json`, 
 
 - quantized layers run as zquant's own modules (`zquant.nn.QuantLinear`, or
   `OutlierQuantLinear` where the recipe keeps activation outlier channels), with the
-  native backend, so that
+  native backend (each called through `zserve.model.quantized_bound.BoundLinear`, which
+  takes the numpy views of its packed buffers once, not on every call), so that
   - W8A8 (INT8 symmetric per channel/tensor, INT8 token-wise activations) goes through
     `znative.int8_linear`: the activation quantization is fused into the INT8 GEMM, and for
     a decode step's few rows (`zquant.nn.FUSED_OUTLIER_MAX_ROWS`) so is the recipe's
@@ -207,19 +208,20 @@ class QuantizedLinears:
         if len(quantized) == len(parts) > 1:
             fused = self._fuse(quantized, ",".join(prefixes))
             if fused is not None:
-                return fused
+                return _bound(fused)
         if not quantized:  # all full precision: one matrix, as for a plain checkpoint
             dense = [p for p in parts if isinstance(p, DenseLinear)]
             w = torch.cat([d.weight for d in dense])
             b = torch.cat([d.bias for d in dense if d.bias is not None]) if bias else None
             return DenseLinear(w, b)
+        parts = [p if isinstance(p, DenseLinear) else _bound(p) for p in parts]
         return parts[0] if len(parts) == 1 else ConcatLinear(parts)
 
     def head(self, vocab: int, hidden: int) -> Linear | None:
         """The quantized LM head ``(T, hidden) -> (T, vocab)`` on the INT8 GEMM, or None when
         the directory keeps the head in full precision (the tied embedding or
         ``lm_head.weight``, read as plain tensors)."""
-        return self._layer(HEAD, vocab, hidden) if HEAD in self.layers else None
+        return _bound(self._layer(HEAD, vocab, hidden)) if HEAD in self.layers else None
 
     def _layer(self, name: str, rows: int, cols: int) -> QuantLinear:
         """zquant's module for the quantized layer `name`, native kernels on."""
@@ -290,6 +292,13 @@ class QuantizedLinears:
             fused.set_outliers(outliers[0])
         fused.backend = "native"
         return fused  # type: ignore[no-any-return]
+
+
+def _bound(layer: Any) -> Linear:
+    """`layer` with its kernel arguments bound once (:mod:`zserve.model.quantized_bound`)."""
+    from zserve.model.quantized_bound import bind
+
+    return bind(layer)
 
 
 def _cat_rows(qws: list[QuantizedWeight]) -> QuantizedWeight:

@@ -1,0 +1,111 @@
+"""A served zquant layer's native kernel call with its weight-side arguments bound once.
+
+`zquant.nn.QuantLinear.forward` (backend ``native``) is the reference and what `z eval`
+runs: per call it rebuilds the layer's `QuantizedWeight`, checks the backend and autograd,
+converts every packed buffer with ``.detach().to(...).contiguous()`` and takes a numpy view
+of each (`zquant.native`), then calls ``znative.int8_linear`` / ``znative.dequant_linear``.
+A SmolLM2 decode step makes 121 such calls; that Python work was ~7 ms of a 20 ms W4 step
+(one thread), as long as the INT8 head's GEMM and the attention together. `BoundLinear`
+takes the numpy views of the weight, scales, zero points and bias once
+(:meth:`BoundLinear.bind`) and per call only views the activations and the output: the
+same kernel on the same arguments, so the output is bit-identical to the module's
+(`tests/zserve/test_quantized_bound.py`, atol 0).
+
+It runs a call on the kernel when the module's native path would run the same kernel:
+float32 2-D activations of at most `max_rows` rows, no autograd. Otherwise (an
+`OutlierQuantLinear`'s larger calls, which keep torch ops to stay bit-equal to `z eval`; a
+bfloat16 engine's activations) it calls the module. Layers with their activations
+fake-quantized (W4A8's MLP) stay modules (:func:`bind`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+import znative
+
+if TYPE_CHECKING:
+    from zquant.nn import QuantLinear
+
+#: Rows of a call with no row limit (a layer without activation outliers).
+NO_LIMIT = 1 << 62
+
+
+def _c(t: torch.Tensor, dtype: torch.dtype) -> Any:
+    """A numpy view of ``t`` as a contiguous CPU tensor of ``dtype`` (`zquant.native`'s
+    conversion; no copy when it already is one)."""
+    return t.detach().to(device="cpu", dtype=dtype).contiguous().numpy()
+
+
+class BoundLinear:
+    """`layer`'s native forward ``(T, in) -> (T, out)`` with the weight arguments bound."""
+
+    def __init__(self, layer: QuantLinear, max_rows: int) -> None:
+        self.layer = layer
+        self.max_rows = max_rows
+        self.out_features = layer.out_features
+        self._kernel: Any = None
+        self._args: tuple[Any, ...] = ()
+        self._kwargs: dict[str, Any] = {}
+        self.bind()
+
+    def bind(self) -> None:
+        """(Re)take the numpy views of the layer's buffers: after they moved (e.g. onto huge
+        pages, :func:`zserve.model.native.pack_on_huge_pages`)."""
+        from zquant import native
+
+        layer = self.layer
+        bias = None if layer.bias is None else _c(layer.bias, torch.float32)
+        if layer.path == "w8a8":
+            scale = _c(layer.qscale.reshape(-1), torch.float32)
+            self._kernel = znative.int8_linear
+            self._args = (_c(layer.qdata, torch.int8), scale, bias)
+            self._kwargs = {"outliers": int(getattr(layer, "act_outliers", 0))}
+        else:
+            args = native.packed_args(layer.quantized_weight())
+            self._kernel = znative.dequant_linear
+            self._args = (args.pop("data"), args.pop("scale"), bias)
+            self._kwargs = args
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.shape[0]
+        if (
+            x.dtype != torch.float32
+            or x.dim() != 2
+            or x.shape[1] != self.layer.in_features
+            or not 0 < rows <= self.max_rows
+            or (torch.is_grad_enabled() and x.requires_grad)
+        ):
+            return self.layer(x)  # type: ignore[no-any-return]
+        x = x.contiguous()
+        out = torch.empty(rows, self.out_features, dtype=torch.float32)
+        w, scale, bias = self._args
+        self._kernel(x.numpy(), w, scale, bias, out.numpy(), **self._kwargs)
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        """The layer's attributes (``in_features``, ``spec``, ``backend`` ...)."""
+        if name == "layer":  # not set yet (copy/pickle): no recursion
+            raise AttributeError(name)
+        return getattr(self.layer, name)
+
+    def __repr__(self) -> str:
+        return f"BoundLinear({self.layer!r}, max_rows={self.max_rows})"
+
+
+def bind(layer: QuantLinear) -> QuantLinear | BoundLinear:
+    """`layer` (backend ``native``, CPU) as a :class:`BoundLinear` where its native forward
+    is one kernel call on its stored buffers, else `layer` itself."""
+    from zquant import native
+    from zquant.nn import FUSED_OUTLIER_MAX_ROWS, OutlierQuantLinear
+
+    if layer.backend != "native" or layer.qdata.device.type != "cpu":
+        return layer
+    outliers = isinstance(layer, OutlierQuantLinear) and layer.act_outliers > 0
+    if layer.path == "w8a8":
+        return BoundLinear(layer, FUSED_OUTLIER_MAX_ROWS if outliers else NO_LIMIT)
+    if layer.act_bits is None and not outliers and native.supports(layer.quantized_weight()):
+        return BoundLinear(layer, NO_LIMIT)
+    return layer
