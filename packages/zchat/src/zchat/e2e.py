@@ -24,11 +24,14 @@ from typing import Any, Literal
 from zcore.config import ZModel
 
 STAGE_DEFAULTS: dict[str, dict[str, Any]] = {
-    "sft": {"steps": 12, "micro_batch": 4, "heldout_examples": 64},
-    "reward": {"steps": 20, "micro_batch": 2, "heldout_examples": 64},
-    "ppo": {"steps": 20, "prompts_per_rank": 8, "max_new_tokens": 8, "heldout_prompts": 64,
-            "actor_lora_dim": 8, "critic_lora_dim": 8, "actor_lora_module_name": "layers.",
-            "critic_lora_module_name": "layers.", "only_optimize_lora": True},
+    "sft": {"steps": 12, "micro_batch": 4, "train_examples": 1024, "heldout_examples": 128},
+    "reward": {"score_at": "before_eos", "warmup_blocks": 4, "warmup_epochs": 3,
+               "warmup_batch": 16, "steps": 0, "train_examples": 1024,
+               "heldout_examples": 128},
+    "ppo": {"steps": 10, "prompts_per_rank": 8, "max_new_tokens": 8, "train_prompts": 1024,
+            "heldout_prompts": 128, "actor_lora_dim": 8, "critic_lora_dim": 8,
+            "actor_lora_module_name": "layers.", "critic_lora_module_name": "layers.",
+            "only_optimize_lora": True},
 }  # fmt: skip
 """What each stage runs with unless the config's block says otherwise."""
 
