@@ -121,6 +121,11 @@ def run_ppo(cfg: PPOConfig, as_json: bool) -> dict:
         b, a = r["before"], r["after"]
         typer.echo(f"ppo: held-out reward {b['heldout_reward']:+.4f} -> {a['heldout_reward']:+.4f}"
                    f", accuracy {b['heldout_accuracy']:.3f} -> {a['heldout_accuracy']:.3f}")  # fmt: skip
+        if "heldout_sampled_reward" in a:
+            typer.echo(f"ppo: held-out sampled reward {b['heldout_sampled_reward']:+.4f} -> "
+                       f"{a['heldout_sampled_reward']:+.4f}, accuracy "
+                       f"{b['heldout_sampled_accuracy']:.3f} -> "
+                       f"{a['heldout_sampled_accuracy']:.3f}")  # fmt: skip
         typer.echo(f"wrote `{r['out']}/actor`, `{metrics}`, `{png}`")
     return summary
 

@@ -55,6 +55,27 @@ def test_config_refuses_negative_kl_unknown_keys_and_missing_dirs(
     assert config(dirs, tmp_path, kl_coef=0.0).kl_coef == 0.0
 
 
+def test_sampled_heldout_answers_are_scored_with_fixed_seeds(
+    dirs: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """``heldout_samples`` 3: 3 answers a prompt at the rollout temperature, scored like the
+    greedy ones; the same numbers on a second evaluation and in a run with another ``seed``
+    (fixed evaluation seeds), other answers than greedy decoding's."""
+    from zchat.ppo.trainer import PPOTrainer
+
+    one = PPOTrainer(config(dirs, tmp_path / "a", world=1, heldout_samples=3), 0, 1)
+    first = one.evaluate()
+    assert first["heldout_n"] == 4 and first["heldout_sampled_n"] == 12
+    assert first == one.evaluate()
+    other = PPOTrainer(config(dirs, tmp_path / "b", world=1, heldout_samples=3, seed=7), 0, 1)
+    assert other.evaluate() == first
+    assert first["heldout_sampled_reward"] != first["heldout_reward"]
+    greedy = PPOTrainer(config(dirs, tmp_path / "c", world=1), 0, 1).evaluate()
+    assert greedy == {k: v for k, v in first.items() if not k.startswith("heldout_sampled")}
+    with pytest.raises(ValueError, match=r"`heldout_samples` must be >= 0"):
+        config(dirs, tmp_path, heldout_samples=-1)
+
+
 def test_one_process_step_writes_metrics_and_saves_the_actor(
     dirs: tuple[Path, Path], tmp_path: Path
 ) -> None:

@@ -71,8 +71,10 @@ def plot_ppo_metrics(metrics: Path, png: Path) -> Path:
     kl_ax.plot(x, [r["kl"] for r in steps], marker=".", color="tab:red", label="KL to reference")
     left.set(title="ppo: reward and KL", xlabel="step", ylabel="reward")
     kl_ax.set(ylabel="KL (per token)")
-    for key in ("heldout_reward", "heldout_accuracy"):
-        right.plot([r["step"] for r in held], [r[key] for r in held], marker="o", label=key)
-    right.set(title="ppo: held-out (greedy)", xlabel="step")
+    for key in ("heldout_reward", "heldout_accuracy", "heldout_sampled_reward",
+                "heldout_sampled_accuracy"):  # fmt: skip
+        if all(key in r for r in held):
+            right.plot([r["step"] for r in held], [r[key] for r in held], marker="o", label=key)
+    right.set(title="ppo: held-out (greedy; sampled with heldout_samples)", xlabel="step")
     right.legend(fontsize="small")
     return _save(fig, png)

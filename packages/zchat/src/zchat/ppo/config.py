@@ -90,13 +90,18 @@ class PPOConfig(ZModel):
     """torch threads per rank."""
     eval_every: int = 0
     """Score the held-out prompts every this many steps too (0: only before and after)."""
+    heldout_samples: int = 0
+    """Also sample this many answers per held-out prompt at ``temperature`` (what PPO
+    optimises: the expected reward of the sampling policy) and report their mean reward and
+    accuracy (``heldout_sampled_*``); their seeds are fixed, so every evaluation of every
+    run draws the same random numbers. 0: greedy answers only."""
 
     def model_post_init(self, context: Any, /) -> None:
         check_ranges(
             self,
             {"train_prompts": 1, "heldout_prompts": 1, "steps": 1, "prompts_per_rank": 1,
              "max_new_tokens": 1, "gamma": 0, "lam": 0, "ppo_epochs": 1, "world": 1,
-             "threads": 1, "eval_every": 0, "actor_lora_dim": 0, "critic_lora_dim": 0},
+             "threads": 1, "eval_every": 0, "heldout_samples": 0, "actor_lora_dim": 0, "critic_lora_dim": 0},
             ("temperature", "clip_reward", "cliprange", "cliprange_value", "actor_lr",
              "critic_lr", "gradient_clipping", "actor_lora_learning_rate",
              "critic_lora_learning_rate"),

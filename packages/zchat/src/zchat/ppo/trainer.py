@@ -60,6 +60,9 @@ from zchat.ppo.losses import gae, kl_penalized_rewards, masked_mean, policy_loss
 from zchat.ppo.models import build_actor, build_critic, check_lora_names
 from zserve.sampling import SamplingParams
 
+EVAL_SEED = 900_000_001
+"""Base seed of the held-out sampled answers (``heldout_samples``)."""
+
 
 def trim_malloc() -> None:
     """Hand the heap's free pages back to the OS (glibc ``malloc_trim``; a no-op elsewhere):
@@ -199,28 +202,43 @@ class PPOTrainer:
     # -- held-out score -------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
         """Greedy answers to the held-out prompts (split over ranks), scored by the reward
-        model; for arithmetic also the fraction a program grades correct."""
-        from zchat.data import check_sum, operands_of
-
+        model; for arithmetic also the fraction a program grades correct. With
+        ``heldout_samples`` k, also k answers per prompt sampled at ``temperature`` with
+        fixed seeds (``heldout_sampled_*``)."""
         mine = self.data.prompts_heldout[self.rank :: self.world]
         self.actor.eval()
         ids = self._prompt_ids(mine)
-        gens, _ = self.hybrid.generate(
-            ids, SamplingParams(max_tokens=self.cfg.max_new_tokens, temperature=0)
-        )
+        greedy = SamplingParams(max_tokens=self.cfg.max_new_tokens, temperature=0)
+        out = self._score(mine, ids, greedy, "heldout")
+        k = self.cfg.heldout_samples
+        if k:
+            # request i gets seed + i: fixed per rank, whatever the run's `seed`
+            seed = EVAL_SEED + self.rank * len(mine) * k
+            sampled = SamplingParams(max_tokens=self.cfg.max_new_tokens,
+                                     temperature=self.cfg.temperature, seed=seed)  # fmt: skip
+            reps = [p for p in mine for _ in range(k)]
+            out |= self._score(reps, [i for i in ids for _ in range(k)], sampled,
+                               "heldout_sampled")  # fmt: skip
+        return out
+
+    def _score(self, prompts: list[Any], ids: list[list[int]], params: SamplingParams,
+               name: str) -> dict[str, float]:  # fmt: skip
+        from zchat.data import check_sum, operands_of
+
+        gens, _ = self.hybrid.generate(ids, params)
         batch = Batch.build(ids, [g.token_ids for g in gens], self.pad_id)
         with torch.no_grad():
             scores = self.reward(batch.ids, batch.attn).float()
         correct = 0.0
         if self.cfg.task == "arithmetic":
-            for p, g in zip(mine, gens, strict=True):
+            for p, g in zip(prompts, gens, strict=True):
                 text = self.tokenizer.decode(g.token_ids, skip_special_tokens=True)
                 correct += check_sum(text, *operands_of(p.messages))
-        t = torch.tensor([float(scores.sum()), correct, float(len(mine))], dtype=torch.float64)
+        t = torch.tensor([float(scores.sum()), correct, float(len(prompts))], dtype=torch.float64)
         if dist.is_initialized():
             dist.all_reduce(t)
         total, right, n = t.tolist()
-        return {"heldout_reward": total / n, "heldout_accuracy": right / n, "heldout_n": n}
+        return {f"{name}_reward": total / n, f"{name}_accuracy": right / n, f"{name}_n": n}
 
     # -- the loop -------------------------------------------------------------------------
     def train(self) -> dict[str, Any]:
