@@ -29,7 +29,7 @@ STAGE_DEFAULTS: dict[str, dict[str, Any]] = {
                "warmup_batch": 16, "steps": 0, "train_examples": 1024,
                "heldout_examples": 128},
     "ppo": {"steps": 10, "prompts_per_rank": 8, "max_new_tokens": 8, "train_prompts": 1024,
-            "heldout_prompts": 128, "actor_lora_dim": 8, "critic_lora_dim": 8,
+            "heldout_prompts": 128, "heldout_samples": 4, "actor_lora_dim": 8, "critic_lora_dim": 8,
             "actor_lora_module_name": "layers.", "critic_lora_module_name": "layers.",
             "only_optimize_lora": True},
 }  # fmt: skip
