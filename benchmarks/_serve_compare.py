@@ -30,6 +30,22 @@ Measured with the INT8 head (``--threads 1 --precisions w8a8-fp32-head,w8a8,w4-f
 fp32 head -> INT8 head in the same run). Load average 1.0: batch-1 decode W8A8 0.58 -> 0.73,
 W4 0.53 -> 0.59; 16 concurrent W8A8 1.79 -> 2.02, W4 1.39 -> 1.35. Load average 5.3 (noisier):
 decode W8A8 0.49 -> 0.67, W4 0.35 -> 0.74; 16 concurrent W8A8 1.46 -> 1.94, W4 1.31 -> 1.58.
+
+Measured after the inference kernels moved to zkernels' team (the calling thread takes part;
+it stands down while its helper gets no core), the INT4 kernel widened each run once for up
+to 8 activation rows (up to 64 rows), and zserve bound the quantized layers' kernel
+arguments once (``zserve.model.quantized_bound``). Command: ``--precisions
+fp32,bf16,w8a8,w4 --repeats 3 --concurrent 16 --prompt-tokens 64 --decode-tokens 16``
+(INT8 heads on the quantized pairs), 2-core Zen 4, ours/theirs in the same run:
+
+* ``--threads 1``, load average 3.05: batch-1 decode fp32 1.03, bf16 0.82, W8A8 0.91, W4 0.90
+  (before, quiet machine: 1.09, 0.78, 0.72, 0.64); 16 concurrent 2.05, 2.41, 2.15, 1.45.
+* ``--threads 2``, load average 3 rising to 13 (other jobs on both cores; not a fair 2-thread
+  test): decode fp32 0.87, bf16 0.60 (a miss), W8A8 94 (llama.cpp's polling threads fell to
+  0.58 tok/s); 16 concurrent 1.98, 53, 4.0; W4 unfinished (stopped at load 13). On the busy
+  machine our decode ran at its 1-thread rate (fp32 42.1 tok/s; 41.7 at 1 thread) while
+  llama.cpp's two polling threads took a larger share of the contested cores (40.3 -> 48.5).
+  The 2-thread bars still need a run on a quiet machine.
 """
 
 from __future__ import annotations
