@@ -19,49 +19,23 @@ daemon thread polls the parent pid once a second instead.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import runpy
-import signal
 import sys
-import threading
-import time
 
 LAUNCHER_PID = "ZSTACK_LAUNCHER_PID"
 """The environment variable in which the launcher gives the ranks its pid."""
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-_POLL_S = 1.0
 
 
 def die_with_launcher(launcher: int | None = None) -> None:
     """Make this process end when `launcher` (default: `$ZSTACK_LAUNCHER_PID`, else the
-    current parent) ends; exits with status 1 at once if it has already ended."""
+    current parent) ends; exits with status 1 at once if it has already ended
+    (`zcore.lifetime.die_with_parent`)."""
+    from zcore.lifetime import die_with_parent
+
     if launcher is None:
         launcher = int(os.environ.get(LAUNCHER_PID) or os.getppid())
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(err)}")
-    else:
-        watch = threading.Thread(target=_watch, args=(launcher,), name="launcher-watch")
-        watch.daemon = True
-        watch.start()
-    # After the request: a launcher that dies from here on kills this process; one that died
-    # before has left this process with another parent (init or a subreaper).
-    if os.getppid() != launcher:
-        print(
-            f"error: launcher (pid {launcher}) is gone before rank {os.environ.get('RANK', '?')} "
-            f"started; the rank exits (its parent is now pid {os.getppid()})",
-            file=sys.stderr,
-        )
-        os._exit(1)
-
-
-def _watch(launcher: int) -> None:
-    while os.getppid() == launcher:
-        time.sleep(_POLL_S)
-    os.kill(os.getpid(), signal.SIGKILL)
+    die_with_parent(launcher, f"rank {os.environ.get('RANK', '?')}")
 
 
 def main() -> None:

@@ -6,7 +6,9 @@ interpreter (multiprocessing "spawn": nothing inherited, so it may use CUDA) tha
 (``threads``; ranks share the machine's cores), runs ``fn(rank, world, *args)`` and sends
 back its return value or its traceback. ``world == 1`` runs ``fn`` in this process, without
 a process group. A failed rank fails the call, naming the rank, with
-its traceback; its peers are stopped.
+its traceback; its peers are stopped. A rank dies with the process that started it
+(:func:`zcore.lifetime.die_with_parent`): a ``kill -9`` of a ``z chat`` command, or of a
+script calling :func:`run_on_ranks`, leaves no rank behind.
 """
 
 from __future__ import annotations
@@ -30,7 +32,10 @@ def _free_port() -> int:
 
 
 def _main(rank: int, world: int, port: int, threads: int, fn: Callable[..., Any],
-          args: tuple[Any, ...], queue: Any) -> None:  # fmt: skip
+          args: tuple[Any, ...], queue: Any, parent: int) -> None:  # fmt: skip
+    from zcore.lifetime import die_with_parent
+
+    die_with_parent(parent, f"rank {rank}")  # no orphan ranks after a kill -9 of the command
     import torch
     import torch.distributed as dist
 
@@ -68,7 +73,9 @@ def run_on_ranks(fn: Callable[..., Any], world: int, args: tuple[Any, ...] = (),
     queue = ctx.Queue()
     port = _free_port()
     procs = [
-        ctx.Process(target=_main, args=(r, world, port, threads, fn, args, queue), daemon=False)
+        ctx.Process(
+            target=_main, args=(r, world, port, threads, fn, args, queue, os.getpid()), daemon=False
+        )
         for r in range(world)
     ]
     for p in procs:
