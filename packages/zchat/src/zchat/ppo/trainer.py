@@ -36,6 +36,22 @@ met at this budget (10 steps x 16 rollouts of a reward model with 0.59 held-out 
 accuracy). Rollout reward on the training prompts, step 1 -> 10: 0.59 -> 0.75,
 0.54 -> 0.81, 0.70 -> 0.65; KL to the reference stayed <= 0.05 per token.
 
+With the block-warmed reward model (:mod:`zchat.reward_blocks`: 0.867 held-out pair
+accuracy) and the same LoRA PPO, 10 steps, 1024 training / 128 held-out prompts (the reward
+model's split), ``heldout_samples`` 4, 2 ranks, quiet machine (21-29 s a step), seeds 0-2
+(``z chat e2e``'s PPO block; seed 0's sampled score was taken from its saved actor, whose
+greedy score matched the run's own to the last digit):
+
+    SFT           greedy reward 4.179 (accuracy 0.398); sampled 2.835 (0.178)
+    PPO seed 0    greedy 4.157 (0.406); sampled 3.102 (0.221)
+    PPO seed 1    greedy 4.229 (0.406); sampled 2.891 (0.189)
+    PPO seed 2    greedy 4.197 (0.398); sampled 3.044 (0.197)
+
+The sampled policy's held-out reward (what PPO maximises) rose on every seed: +0.177 mean
+against a standard deviation over seeds of 0.109 (range 0.211); the greedy answers' did
+not move beyond their spread (+0.015 against 0.036). Rollout reward on training prompts
+rose from ~1.4 at step 1 to 2.7-3.6 at step 10, KL <= 0.035 per token.
+
 Metrics (means over ranks; memory and time per rank) go to ``metrics.jsonl`` every step,
 with a live progress line on rank 0; the held-out prompts are scored greedily before the
 first step and after the last (and every ``eval_every`` steps).
