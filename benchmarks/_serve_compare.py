@@ -46,6 +46,11 @@ fp32,bf16,w8a8,w4 --repeats 3 --concurrent 16 --prompt-tokens 64 --decode-tokens
   machine our decode ran at its 1-thread rate (fp32 42.1 tok/s; 41.7 at 1 thread) while
   llama.cpp's two polling threads took a larger share of the contested cores (40.3 -> 48.5).
   The 2-thread bars still need a run on a quiet machine.
+* ``--threads 2`` on a quiet machine (load 0.2-2; the same command): batch-1 decode fp32 0.81
+  (37.6 / 46.2 tok/s), bf16 0.59 (51.8 / 87.1), W8A8 0.666 (77.1 / 115.6), W4 0.62 (68.3 /
+  110.7): only fp32 meets 1/1.5; 16 concurrent 1.80, 2.10, 1.45, 0.99 (W4 47.1 / 47.5: level,
+  a hair under the bar). Our decode gains little from the second core (fp32 37.6 tok/s at 2
+  threads against ~42 at 1) while llama.cpp's gains ~1.5x: 2-thread decode is what is left.
 """
 
 from __future__ import annotations
