@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zchat.data import PreferencePair
-from zchat.data.render import answer_batch
+from zchat.data.render import pair_batch
 
 Row = tuple[torch.Tensor, torch.Tensor]
 """One rendered answer's cached rows: (hidden ``[T, H]`` at the first trained block's
@@ -94,15 +94,12 @@ def cached_rows(model: Any, tokenizer: Any, pairs: list[PreferencePair], first: 
     with torch.no_grad():
         for i in range(0, len(pairs), batch):
             part = pairs[i : i + batch]
-            items = [(p.messages, p.chosen) for p in part] + [
-                (p.messages, p.rejected) for p in part
-            ]
-            b = answer_batch(tokenizer, items, max_len)  # chosen rows, then rejected
+            b = pair_batch(tokenizer, part, max_len)  # chosen rows, then rejected
             hs = model.backbone(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
                                 output_hidden_states=True).hidden_states[first]  # fmt: skip
             lengths = b["attention_mask"].sum(1).tolist()
             rows = [(hs[j, : lengths[j]].clone(), b["input_ids"][j, : lengths[j]].clone())
-                    for j in range(len(items))]  # fmt: skip
+                    for j in range(2 * len(part))]  # fmt: skip
             out += list(zip(rows[: len(part)], rows[len(part) :], strict=True))
     return out
 

@@ -60,7 +60,7 @@ import torch
 
 from zchat.config import StageConfig
 from zchat.data import PreferencePair, load_tokenizer, require_nonempty
-from zchat.data.render import answer_batch
+from zchat.data.render import pair_batch
 from zchat.reward import build_reward_model, pairwise_loss, save_reward_model
 from zchat.reward_blocks import load_warm_weights, warm_blocks
 from zchat.reward_warmup import warm_head
@@ -137,14 +137,6 @@ def prepare_reward(cfg: RewardConfig, plays: tuple[Plays, Plays] = (None, None))
     data = build_stage_data(cfg, plays)
     require_nonempty(data.pairs_train, "pairs_train", "raise `train_examples`")
     require_nonempty(data.pairs_heldout, "pairs_heldout", "raise `heldout_examples`")
-
-
-def pair_batch(
-    tokenizer: Any, pairs: list[PreferencePair], max_len: int
-) -> dict[str, torch.Tensor]:
-    """Chosen answers (rows ``[0, B)``) then rejected ones (``[B, 2B)``), right-padded."""
-    items = [(p.messages, p.chosen) for p in pairs] + [(p.messages, p.rejected) for p in pairs]
-    return answer_batch(tokenizer, items, max_len)
 
 
 def score_pairs(model: Any, tokenizer: Any, pairs: list[PreferencePair], max_len: int

@@ -29,7 +29,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from zchat.data import PreferencePair
-from zchat.data.render import answer_batch
+from zchat.data.render import pair_batch
 
 
 def probe_features(model: Any, tokenizer: Any, pairs: list[PreferencePair], max_len: int,
@@ -41,10 +41,7 @@ def probe_features(model: Any, tokenizer: Any, pairs: list[PreferencePair], max_
     with torch.no_grad():
         for i in range(0, len(pairs), batch):
             part = pairs[i : i + batch]
-            items = [(p.messages, p.chosen) for p in part] + [
-                (p.messages, p.rejected) for p in part
-            ]
-            b = answer_batch(tokenizer, items, max_len)  # chosen rows, then rejected
+            b = pair_batch(tokenizer, part, max_len)  # chosen rows, then rejected
             h = model.scored_hidden(b["input_ids"], b["attention_mask"]).double()
             chosen.append(h[: len(part)])
             rejected.append(h[len(part) :])
