@@ -222,13 +222,11 @@ def warm_blocks(lm_dir: str, tokenizer: Any, pairs: list[PreferencePair],
     starts at ln 2 and the blocks' first gradients come through a head the data shapes."""
     from zchat.reward import build_reward_model
 
-    whole = build_reward_model(
-        lm_dir,
-        seed=cfg.seed,
-        score_at=cfg.score_at,
-        eos_id=tokenizer.eos_token_id,
-        head=torch.zeros(1, _hidden(lm_dir)) if head is None else head,
-    )
+    whole = build_reward_model(lm_dir, seed=cfg.seed, score_at=cfg.score_at,
+                               eos_id=tokenizer.eos_token_id, head=head)  # fmt: skip
+    if head is None:
+        with torch.no_grad():
+            whole.v_head.weight.zero_()
     top = TopBlocks(whole, cfg.warmup_blocks)
     for p in whole.parameters():
         p.requires_grad_(False)
@@ -262,17 +260,11 @@ def warm_blocks(lm_dir: str, tokenizer: Any, pairs: list[PreferencePair],
     return warm, stats
 
 
-def _hidden(lm_dir: str) -> int:
-    from transformers import AutoConfig
-
-    return int(AutoConfig.from_pretrained(str(lm_dir)).hidden_size)
-
-
 def load_warm_weights(model: nn.Module, warm: dict[str, torch.Tensor]) -> None:
     """Copy the warmed tensors into ``model`` (a reward model, partitioned by ZeRO-3 or
     whole); every rank holds the same tensors, rank 0's are the ones written. Collective
     under ZeRO-3."""
-    from zcore.zero.init import GatheredParameters
+    from zcore.zero import GatheredParameters
 
     named = dict(model.named_parameters())
     missing = sorted(set(warm) - set(named))
