@@ -39,7 +39,7 @@ for _stage in ("ppo", "grpo"):
 def _chat_e2e(w: Work) -> None:
     tiny = {"steps": 1, "micro_batch": 1, "train_examples": 2, "heldout_examples": 2}
     cfg = {"model": str(w.lm), "out": str(w.dir / "e2e"), "world": 1, "sft": tiny,
-           "reward": {**tiny, "warmup_blocks": 1, "warmup_epochs": 1}, "ppo": {"steps": 1, "prompts_per_rank": 1, "max_new_tokens": 3,
+           "reward": {**tiny, "steps": 0, "warmup_blocks": 1, "warmup_epochs": 1}, "ppo": {"steps": 1, "prompts_per_rank": 1, "max_new_tokens": 3,
                                    "train_prompts": 2, "heldout_prompts": 2,
                                    "actor_lora_dim": 2, "critic_lora_dim": 2}}  # fmt: skip
     path = w.dir / "e2e.json"

@@ -67,14 +67,17 @@ def run_stage(name: str, defaults: dict[str, Any], cfg_cls: Any, prepare: Callab
     png = plot_chat_metrics(r["metrics"], Path(r["metrics"]).with_suffix(".png"))
     summary = {
         "stage": name, "out": r["out"], "steps": cfg.steps, "ranks": nproc,
-        "final_loss": r["losses"][-1], "heldout_before": r["heldout_before"],
+        # None: no training steps ran (a reward stage whose warm-up did all the training)
+        "final_loss": r["losses"][-1] if r["losses"] else None, "heldout_before": r["heldout_before"],
         "heldout_after": r["heldout_after"], "metrics": r["metrics"], "plot": str(png),
         "wall_s": time.perf_counter() - start, "train_s": r["train_s"],
     }  # fmt: skip
     if as_json:
         typer.echo(json.dumps(summary))
     else:
-        typer.echo(f"{name}: loss {summary['final_loss']:.4g}; held-out before "
+        loss = summary["final_loss"]
+        shown = "no steps after the warm-up" if loss is None else f"loss {loss:.4g}"
+        typer.echo(f"{name}: {shown}; held-out before "
                    f"{_short(r['heldout_before'])}, after {_short(r['heldout_after'])}")  # fmt: skip
         typer.echo(f"wrote `{r['out']}`, `{r['metrics']}`, `{png}`")
     return summary
