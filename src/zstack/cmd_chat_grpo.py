@@ -28,6 +28,10 @@ def chat_grpo(
     train_prompts: int | None = typer.Option(None, "--train-prompts"),
     heldout_prompts: int | None = typer.Option(None, "--heldout-prompts"),
     seed: int | None = typer.Option(None, "--seed", help="Rollout sampling seed."),
+    heldout_samples: int | None = typer.Option(
+        None, "--heldout-samples", help="Fixed-seed sampled answers per held-out prompt."
+    ),
+    config: Path | None = typer.Option(None, "--config", help="GRPOConfig JSON; flags win."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """GRPO: group-relative advantages from a program's grade; held-out accuracy before/after."""
@@ -35,18 +39,20 @@ def chat_grpo(
     import time
 
     from zchat.config import load_config
-    from zchat.data import load_tokenizer
-    from zchat.grpo import GRPOConfig, grpo_rank
+    from zchat.grpo import GRPOConfig, grpo_rank, prepare_grpo
     from zchat.ranks import RankFailed, run_on_ranks
 
     flags = dict(actor=actor, out=out, world=nproc, steps=steps, prompts_per_rank=prompts_per_rank,
                  group_size=group_size, max_new_tokens=max_new_tokens, micro_batch=micro_batch, kl_coef=kl_coef, lr=lr,
-                 train_prompts=train_prompts, heldout_prompts=heldout_prompts, seed=seed)  # fmt: skip
+                 train_prompts=train_prompts, heldout_prompts=heldout_prompts, seed=seed,
+                 heldout_samples=heldout_samples)  # fmt: skip
     data: dict = {"actor": "runs/chat/sft", "out": "runs/chat/grpo"}
-    data.update({k: v for k, v in flags.items() if v is not None})
     try:
+        if config is not None:
+            data.update(json.loads(config.read_text()))
+        data.update({k: v for k, v in flags.items() if v is not None})
         cfg = load_config(GRPOConfig, data)
-        load_tokenizer(cfg.actor)  # a model without a chat template fails here, naming it
+        prepare_grpo(cfg)  # no chat template, a LoRA name matching nothing: named here
     except (OSError, ValueError) as err:  # ChatConfigError names each key; JSON errors too
         typer.echo(f"error: z chat grpo: {err}", err=True)
         raise typer.Exit(2) from None
@@ -61,8 +67,12 @@ def chat_grpo(
     if as_json:
         typer.echo(json.dumps(summary))
     else:
+        sampled = ""
+        if "heldout_sampled_accuracy_before" in r:
+            sampled = (f", sampled {r['heldout_sampled_accuracy_before']:.3f} -> "
+                       f"{r['heldout_sampled_accuracy_after']:.3f}")  # fmt: skip
         typer.echo(f"grpo: held-out accuracy {r['heldout_accuracy_before']:.3f} -> "
-                   f"{r['heldout_accuracy_after']:.3f}; wrote `{r['out']}/actor`")  # fmt: skip
+                   f"{r['heldout_accuracy_after']:.3f}{sampled}; wrote `{r['out']}/actor`")  # fmt: skip
 
 
 def register_chat(chat_app: typer.Typer) -> None:

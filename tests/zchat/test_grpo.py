@@ -51,6 +51,54 @@ def test_one_process_step(tmp_path: Path) -> None:
     assert (tmp_path / "out" / "actor" / "config.json").is_file()
 
 
+@pytest.mark.slow
+def test_one_process_lora_step_with_sampled_heldout(tmp_path: Path) -> None:
+    """A LoRA-only actor (its frozen base is the reference) with fixed-seed sampled held-out
+    answers: both accuracies reported before and after, the saved actor merged (plain
+    architecture, no LoRA names)."""
+    from safetensors.torch import load_file
+
+    lm = write_tiny_lm(tmp_path / "lm")
+    cfg = GRPOConfig(actor=lm, out=tmp_path / "out", train_prompts=4, heldout_prompts=2, steps=1,
+                     prompts_per_rank=2, group_size=2, max_new_tokens=3, world=1,
+                     actor_lora_dim=2, actor_lora_module_name="layers.", only_optimize_lora=True,
+                     heldout_samples=2)  # fmt: skip
+    result = grpo_rank(0, 1, cfg)
+    for key in ("heldout_accuracy", "heldout_sampled_accuracy"):
+        assert 0.0 <= result[f"{key}_before"] <= 1.0 and 0.0 <= result[f"{key}_after"] <= 1.0
+    saved = load_file(str(tmp_path / "out" / "actor" / "model.safetensors"))
+    assert saved and not any("lora" in k for k in saved)
+
+
+def test_lora_reference_is_the_base_model(tmp_path: Path) -> None:
+    """ref_logprobs of a LoRA-only engine (its LoRA matrices non-zero, so the actor differs
+    from its base) equal the plain starting model's log-probabilities."""
+    from transformers import AutoModelForCausalLM
+
+    import zcore
+    from zchat.grpo import ref_logprobs
+    from zchat.lora import convert_to_lora, lora_modules, only_optimize_lora_
+    from zchat.ppo.experience import Batch, token_logprobs
+
+    lm = write_tiny_lm(tmp_path / "lm")
+    plain = AutoModelForCausalLM.from_pretrained(str(lm), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(lm), dtype=torch.float32)
+    convert_to_lora(model, "layers.", 2, key="actor_lora_module_name")
+    only_optimize_lora_(model)
+    with torch.no_grad():
+        for layer in lora_modules(model).values():
+            layer.lora_left_weight.normal_(std=0.5)
+            layer.lora_right_weight.normal_(std=0.5)
+    ds = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 0},
+          "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}  # fmt: skip
+    engine = zcore.initialize(model, config=ds)[0]
+    batch = Batch.build([[1, 5, 9], [1, 7]], [[11, 12], [13]], pad_id=0)
+    with torch.no_grad():
+        want = token_logprobs(plain, batch)
+        assert not torch.allclose(token_logprobs(engine, batch), want)  # LoRA is on
+    torch.testing.assert_close(ref_logprobs(engine, batch, 1), want)
+
+
 def _sgd_engine(lm: Path, accum: int) -> object:
     from transformers import AutoModelForCausalLM
 
@@ -68,7 +116,7 @@ def test_micro_batches_give_the_whole_rollout_step(tmp_path: Path) -> None:
     surrogate's gradient at ratio 1)."""
     from transformers import AutoModelForCausalLM
 
-    from zchat.grpo import grpo_backward
+    from zchat.grpo import grpo_backward, ref_logprobs
     from zchat.ppo.experience import Batch, token_logprobs
 
     lm = write_tiny_lm(tmp_path / "lm")
@@ -82,11 +130,12 @@ def test_micro_batches_give_the_whole_rollout_step(tmp_path: Path) -> None:
     whole, split = _sgd_engine(lm, 1), _sgd_engine(lm, 2)
     plain = AutoModelForCausalLM.from_pretrained(str(lm), dtype=torch.float32)
     start = {k: v.clone() for k, v in plain.state_dict().items()}
-    got_whole = grpo_backward(whole, ref, batch, adv, 4, kl_coef=0.5, clip=0.2)
-    got_split = grpo_backward(split, ref, batch, adv, 2, kl_coef=0.5, clip=0.2)
+    ref_lp = ref_logprobs(ref, batch, 3)  # micro 3 of 4 rows: a short last chunk
+    got_whole = grpo_backward(whole, ref_lp, batch, adv, 4, kl_coef=0.5, clip=0.2)
+    got_split = grpo_backward(split, ref_lp, batch, adv, 2, kl_coef=0.5, clip=0.2)
     lp = token_logprobs(plain, batch)
     with torch.no_grad():
-        ref_lp = token_logprobs(ref, batch)
+        torch.testing.assert_close(ref_lp, token_logprobs(ref, batch))
     readable = ((-adv * lp + 0.5 * kl_k3(lp, ref_lp)) * batch.mask).sum() / batch.mask.sum()
     readable.backward()
     with torch.no_grad():
@@ -99,6 +148,11 @@ def test_micro_batches_give_the_whole_rollout_step(tmp_path: Path) -> None:
         for k, v in engine.module.state_dict().items():
             torch.testing.assert_close(v, want[k], atol=2e-6, rtol=1e-5)
     assert got_split == pytest.approx(got_whole, abs=1e-6)
+
+
+def test_config_refuses_lora_only_without_lora(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"`only_optimize_lora` needs LoRA"):
+        GRPOConfig(actor=tmp_path, out=tmp_path, only_optimize_lora=True)
 
 
 def test_config_refuses_a_micro_batch_that_does_not_divide(tmp_path: Path) -> None:

@@ -74,6 +74,20 @@ class GRPOConfig(ZModel):
     cliprange: float = 0.2
     lr: float = 1e-6
     """AdamW learning rate (DeepSeekMath's 1e-6)."""
+    actor_lora_dim: int = 0
+    """LoRA rank of the actor's matched linear layers (0: no LoRA); PPO's key and meaning."""
+    actor_lora_module_name: str = "decoder.layers."
+    """Comma-separated name parts: a linear layer whose name contains one gets LoRA
+    (DeepSpeed-Chat's default names OPT's layers; LLaMA-family models need ``"layers."``)."""
+    only_optimize_lora: bool = False
+    """Train only the LoRA matrices; the frozen base is then the reference (its forward with
+    the LoRA layers off), so no second copy of the model is kept."""
+    actor_lora_learning_rate: float = 5e-4
+    """The LoRA matrices' AdamW rate (DeepSpeed-Chat's); other parameters keep ``lr``."""
+    heldout_samples: int = 0
+    """Also sample this many answers per held-out prompt at ``temperature`` with fixed seeds
+    (:mod:`zchat.heldout`) and report their accuracy: the expected reward of the sampling
+    policy, which is what GRPO maximises. 0: greedy answers only."""
     seed: int = 0
     world: int = 2
     threads: int = 1
@@ -82,8 +96,9 @@ class GRPOConfig(ZModel):
         check_ranges(
             self,
             {"train_prompts": 1, "heldout_prompts": 1, "steps": 1, "prompts_per_rank": 1,
-             "group_size": 2, "max_new_tokens": 1, "world": 1, "threads": 1},
-            ("temperature", "cliprange", "lr"),
+             "group_size": 2, "max_new_tokens": 1, "world": 1, "threads": 1,
+             "actor_lora_dim": 0, "heldout_samples": 0},
+            ("temperature", "cliprange", "lr", "actor_lora_learning_rate"),
         )  # fmt: skip
         rollout = self.prompts_per_rank * self.group_size
         if self.micro_batch < 0 or (self.micro_batch and rollout % self.micro_batch):
@@ -93,6 +108,11 @@ class GRPOConfig(ZModel):
             )
         if self.kl_coef < 0:
             raise ValueError(f"`kl_coef` {self.kl_coef} < 0; use a value >= 0 (0 turns it off)")
+        if self.only_optimize_lora and not self.actor_lora_dim:
+            raise ValueError(
+                "`only_optimize_lora` needs LoRA: set `actor_lora_dim` > 0, or turn "
+                "`only_optimize_lora` off (the whole model trains)"
+            )
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4) -> torch.Tensor:
@@ -113,11 +133,26 @@ def rows(batch: Batch, sl: slice) -> Batch:
     return Batch(batch.ids[sl], batch.attn[sl], batch.index[sl], batch.mask[sl], batch.targets[sl])
 
 
-def grpo_backward(actor: Any, ref: Any, batch: Batch, adv: torch.Tensor, micro: int,
+def ref_logprobs(ref: Any, batch: Batch, micro: int) -> torch.Tensor:
+    """The reference's log-probabilities of a rollout's tokens, ``micro`` rows per forward
+    (no gradients). ``ref`` is a frozen model, or a LoRA actor engine whose LoRA layers are
+    switched off for the forward (:func:`zchat.lora.lora_disabled`)."""
+    from zchat.lora import lora_disabled
+
+    module = getattr(ref, "module", ref)
+    out = []
+    with torch.no_grad(), lora_disabled(module):
+        for start in range(0, len(batch.ids), micro):
+            out.append(token_logprobs(ref, rows(batch, slice(start, start + micro))))
+    return torch.cat(out)
+
+
+def grpo_backward(actor: Any, ref_lp: torch.Tensor, batch: Batch, adv: torch.Tensor, micro: int,
                   kl_coef: float, clip: float) -> tuple[float, float, float]:  # fmt: skip
     """Backward of GRPO's loss over a rank's rollout, ``micro`` rows per forward, each
     followed by ``actor.step()`` (a ZeRO engine configured with ``len(batch.ids) // micro``
-    accumulation steps, so the optimizer steps once, after the last). Each micro-batch's
+    accumulation steps, so the optimizer steps once, after the last). ``ref_lp``: the
+    reference's log-probabilities of the rollout (:func:`ref_logprobs`). Each micro-batch's
     loss is weighted by its share of the rollout's response tokens, so the accumulated
     gradient is that of the token mean over the whole rollout. Returns (loss, KL, clip
     fraction) over the rollout."""
@@ -126,13 +161,11 @@ def grpo_backward(actor: Any, ref: Any, batch: Batch, adv: torch.Tensor, micro: 
     loss_sum = kl_sum = clip_sum = 0.0
     for start in range(0, n, micro):
         part = rows(batch, slice(start, start + micro))
-        with torch.no_grad():
-            ref_lp = token_logprobs(ref, part)
         lp = token_logprobs(actor, part)
         # One update per rollout: the rollout policy is the current one, so its log-probs
         # are ``lp.detach()`` (no dropout in these models): no second actor forward.
         pg, info = policy_loss(lp, lp.detach(), adv[start : start + micro], part.mask, clip)
-        kl = masked_mean(kl_k3(lp, ref_lp), part.mask)
+        kl = masked_mean(kl_k3(lp, ref_lp[start : start + micro]), part.mask)
         share = float(part.mask.sum()) / total
         actor.backward((pg + kl_coef * kl) * (share * accum))
         actor.step()
@@ -149,6 +182,22 @@ def _grade(tokenizer: Any, prompt: Any, token_ids: list[int]) -> float:
     return float(check_sum(text, *operands_of(prompt.messages)))
 
 
+def prepare_grpo(cfg: GRPOConfig) -> None:
+    """Checks before any rank starts, each naming the problem and the fix: the actor has a
+    chat template, the LoRA module name matches a linear layer, the prompt splits are not
+    empty."""
+    from zchat.data import build_chat_data, load_tokenizer, require_nonempty
+    from zchat.ppo.models import check_lora_name
+
+    load_tokenizer(cfg.actor)
+    check_lora_name(cfg.actor_lora_dim, cfg.actor, cfg.actor_lora_module_name,
+                    "actor_lora_module_name")  # fmt: skip
+    data = build_chat_data(cfg.task, train=cfg.train_prompts, heldout=cfg.heldout_prompts,
+                           seed=cfg.data_seed)  # fmt: skip
+    require_nonempty(data.prompts_train, "prompts_train", "raise `train_prompts`")
+    require_nonempty(data.prompts_heldout, "prompts_heldout", "raise `heldout_prompts`")
+
+
 def grpo_rank(rank: int, world: int, cfg: GRPOConfig) -> dict[str, Any]:
     """One rank of ``z chat grpo`` (collective)."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -156,6 +205,10 @@ def grpo_rank(rank: int, world: int, cfg: GRPOConfig) -> dict[str, Any]:
     import zcore
     import zcore.hf
     from zchat.data import build_chat_data, load_tokenizer, render_prompt
+    from zchat.heldout import sampled_requests
+    from zchat.lora import merge_lora_
+    from zchat.ppo.models import lora_param_groups
+    from zchat.ppo.trainer import trim_malloc
 
     torch.manual_seed(cfg.seed)
     tok = load_tokenizer(cfg.actor)
@@ -168,21 +221,36 @@ def grpo_rank(rank: int, world: int, cfg: GRPOConfig) -> dict[str, Any]:
           "optimizer": {"type": "AdamW", "params": {"lr": cfg.lr, "weight_decay": 0.0}}}  # fmt: skip
     model = zcore.hf.from_pretrained(AutoModelForCausalLM, cfg.actor, ds_config=ds,
                                      config=AutoConfig.from_pretrained(str(cfg.actor)))  # fmt: skip
-    actor, *_ = zcore.initialize(model, config=ds)
-    ref = AutoModelForCausalLM.from_pretrained(str(cfg.actor), dtype=torch.float32)
-    ref.eval().requires_grad_(False)
+    groups = lora_param_groups(model, cfg.actor_lora_dim, cfg.actor_lora_module_name,
+                               "actor_lora_module_name", cfg.only_optimize_lora,
+                               cfg.actor_lora_learning_rate)  # fmt: skip
+    actor, *_ = zcore.initialize(model, model_parameters=groups, config=ds)
+    ref: Any = actor  # a LoRA-only actor's frozen base is the reference (LoRA off)
+    if not (cfg.only_optimize_lora and cfg.actor_lora_dim):
+        ref = AutoModelForCausalLM.from_pretrained(str(cfg.actor), dtype=torch.float32)
+        ref.eval().requires_grad_(False)
     hybrid = HybridEngine(actor, cfg.actor)
+    trim_malloc()
 
-    def evaluate() -> float:
-        mine = data.prompts_heldout[rank::world]
-        actor.eval()
-        ids = [render_prompt(tok, p.messages) for p in mine]
-        gens, _ = hybrid.generate(ids, SamplingParams(max_tokens=cfg.max_new_tokens, temperature=0))
-        t = torch.tensor([sum(_grade(tok, p, g.token_ids) for p, g in zip(mine, gens, strict=True)),
-                          float(len(mine))], dtype=torch.float64)  # fmt: skip
+    def accuracy(prompts: list[Any], ids: list[list[int]], params: SamplingParams) -> float:
+        gens, _ = hybrid.generate(ids, params)
+        right = sum(_grade(tok, p, g.token_ids) for p, g in zip(prompts, gens, strict=True))
+        t = torch.tensor([right, float(len(prompts))], dtype=torch.float64)
         if dist.is_initialized():
             dist.all_reduce(t)
         return float(t[0] / t[1])
+
+    def evaluate() -> dict[str, float]:
+        mine = data.prompts_heldout[rank::world]
+        actor.eval()
+        ids = [render_prompt(tok, p.messages) for p in mine]
+        out = {"heldout_accuracy": accuracy(mine, ids, SamplingParams(
+            max_tokens=cfg.max_new_tokens, temperature=0))}  # fmt: skip
+        if cfg.heldout_samples:
+            reps, rep_ids, params = sampled_requests(mine, ids, cfg.heldout_samples, rank,
+                                                     cfg.max_new_tokens, cfg.temperature)  # fmt: skip
+            out["heldout_sampled_accuracy"] = accuracy(reps, rep_ids, params)
+        return out
 
     log = None
     if rank == 0:
@@ -205,9 +273,11 @@ def grpo_rank(rank: int, world: int, cfg: GRPOConfig) -> dict[str, Any]:
         )
         batch = Batch.build(ids, [g.token_ids for g in gens], int(tok.pad_token_id))
         adv = group_advantages(rewards, cfg.group_size)[:, None] * batch.mask
+        ref_lp = ref_logprobs(ref, batch, micro)
         actor.train()
-        loss, kl, clip_frac = grpo_backward(actor, ref, batch, adv, micro, cfg.kl_coef,
+        loss, kl, clip_frac = grpo_backward(actor, ref_lp, batch, adv, micro, cfg.kl_coef,
                                             cfg.cliprange)  # fmt: skip
+        trim_malloc()
         t = torch.tensor([float(rewards.mean()), kl, loss,
                           float(roll.generated_tokens), roll.generate_s], dtype=torch.float64)  # fmt: skip
         if dist.is_initialized():
@@ -226,6 +296,9 @@ def grpo_rank(rank: int, world: int, cfg: GRPOConfig) -> dict[str, Any]:
         print(file=sys.stderr)
         log.write(json.dumps({"eval": "before_after", "before": before, "after": after}) + "\n")
         log.close()
+    merge_lora_(actor.module)  # a LoRA actor saves as the plain architecture
     zcore.hf.save_pretrained(actor, cfg.out / "actor", tokenizer_from=cfg.actor)
-    return {"heldout_accuracy_before": before, "heldout_accuracy_after": after,
-            "out": str(cfg.out)}  # fmt: skip
+    result: dict[str, Any] = {"out": str(cfg.out)}
+    for key in before:
+        result[f"{key}_before"], result[f"{key}_after"] = before[key], after[key]
+    return result

@@ -77,19 +77,23 @@ def build_critic(cfg: PPOConfig) -> Any:
     return engine
 
 
-def check_lora_names(cfg: PPOConfig) -> None:
-    """Fail before any rank starts when a ``*_lora_module_name`` matches no linear layer of
-    its model (built on the meta device from ``config.json``: no weights read)."""
+def check_lora_name(dim: int, path: Any, names: str, key: str, causal_lm: bool = True) -> None:
+    """Fail before any rank starts when ``names`` (the ``key`` option) matches no linear layer
+    of the model at ``path`` (built on the meta device from ``config.json``: no weights read).
+    ``causal_lm`` False: the bare backbone (a reward model's or critic's)."""
     import torch
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-    for dim, path, names, key, cls in (
-        (cfg.actor_lora_dim, cfg.actor, cfg.actor_lora_module_name, "actor_lora_module_name",
-         AutoModelForCausalLM),
-        (cfg.critic_lora_dim, cfg.reward, cfg.critic_lora_module_name,
-         "critic_lora_module_name", AutoModel),
-    ):  # fmt: skip
-        if dim > 0:
-            with torch.device("meta"):
-                skeleton = cls.from_config(AutoConfig.from_pretrained(str(path)))
-            convert_to_lora(skeleton, names, dim, key=key)
+    if dim > 0:
+        cls = AutoModelForCausalLM if causal_lm else AutoModel
+        with torch.device("meta"):
+            skeleton = cls.from_config(AutoConfig.from_pretrained(str(path)))
+        convert_to_lora(skeleton, names, dim, key=key)
+
+
+def check_lora_names(cfg: PPOConfig) -> None:
+    """:func:`check_lora_name` for the actor and the critic."""
+    check_lora_name(cfg.actor_lora_dim, cfg.actor, cfg.actor_lora_module_name,
+                    "actor_lora_module_name")  # fmt: skip
+    check_lora_name(cfg.critic_lora_dim, cfg.reward, cfg.critic_lora_module_name,
+                    "critic_lora_module_name", causal_lm=False)  # fmt: skip

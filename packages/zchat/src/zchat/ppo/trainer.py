@@ -67,6 +67,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from zchat.heldout import sampled_requests
 from zchat.hybrid import HybridEngine
 from zchat.hybrid.engine import rss_bytes
 from zchat.lora import lora_disabled, merge_lora_
@@ -75,9 +76,6 @@ from zchat.ppo.experience import Batch, critic_values, token_logprobs
 from zchat.ppo.losses import gae, kl_penalized_rewards, masked_mean, policy_loss, value_loss
 from zchat.ppo.models import build_actor, build_critic, check_lora_names
 from zserve.sampling import SamplingParams
-
-EVAL_SEED = 900_000_001
-"""Base seed of the held-out sampled answers (``heldout_samples``)."""
 
 
 def trim_malloc() -> None:
@@ -228,13 +226,9 @@ class PPOTrainer:
         out = self._score(mine, ids, greedy, "heldout")
         k = self.cfg.heldout_samples
         if k:
-            # request i gets seed + i: fixed per rank, whatever the run's `seed`
-            seed = EVAL_SEED + self.rank * len(mine) * k
-            sampled = SamplingParams(max_tokens=self.cfg.max_new_tokens,
-                                     temperature=self.cfg.temperature, seed=seed)  # fmt: skip
-            reps = [p for p in mine for _ in range(k)]
-            out |= self._score(reps, [i for i in ids for _ in range(k)], sampled,
-                               "heldout_sampled")  # fmt: skip
+            reps, rep_ids, sampled = sampled_requests(mine, ids, k, self.rank,
+                                                      self.cfg.max_new_tokens, self.cfg.temperature)  # fmt: skip
+            out |= self._score(reps, rep_ids, sampled, "heldout_sampled")
         return out
 
     def _score(self, prompts: list[Any], ids: list[list[int]], params: SamplingParams,
