@@ -5,6 +5,7 @@ real tokens, written from the formulas in InstructGPT / DeepSpeed-Chat); toleran
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 import torch
@@ -94,3 +95,16 @@ def test_value_loss_is_the_clipped_squared_error() -> None:
 
 def test_masked_mean_of_nothing_is_zero() -> None:
     assert float(masked_mean(torch.ones(2, 3), torch.zeros(2, 3))) == 0.0
+
+
+def test_masked_whiten_uses_only_the_real_tokens() -> None:
+    from zchat.ppo.losses import masked_whiten
+
+    x = torch.tensor([[1.0, 2.0, 7.0], [3.0, 100.0, -50.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    real = [1.0, 2.0, 7.0, 3.0]
+    mean = statistics.fmean(real)
+    std = statistics.pstdev(real)  # the biased variance, as TRL's whiten
+    got = masked_whiten(x, mask)
+    want = [[(v - mean) / std for v in real[:3]], [(real[3] - mean) / std, 0.0, 0.0]]
+    torch.testing.assert_close(got, torch.tensor(want), atol=1e-6, rtol=1e-6)

@@ -70,6 +70,12 @@ class PPOConfig(ZModel):
     actor_lr: float = 9.65e-6
     critic_lr: float = 5e-6
     ppo_epochs: int = 1
+    whiten_advantages: bool = False
+    """Shift and scale each rank's advantages to mean 0, variance 1 over its response tokens
+    before the policy loss (TRL's and OpenRLHF's practice; DeepSpeed-Chat does not). With a
+    critic started from the reward model, whose values before the last token are not yet
+    returns, the raw advantages were mostly of one sign (mean ~+1.5) and pushed up every
+    sampled token alike."""
     gradient_clipping: float = 1.0
     actor_lora_dim: int = 0
     """LoRA rank of the actor's matched linear layers (0: no LoRA)."""

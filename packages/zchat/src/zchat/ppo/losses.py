@@ -10,8 +10,10 @@ in these tensors). ``logprobs`` are the actor's log-probabilities of the tokens 
   ``[-clip_reward, clip_reward]``, is added at each response's last real token.
 * advantages (:func:`gae`): generalized advantage estimation, ``delta_t = r_t + gamma *
   V_{t+1} - V_t`` and ``A_t = delta_t + gamma * lam * A_{t+1}`` backward from the last real
-  token (``V`` after it is 0: the episode ends); returns ``A + V``. Not whitened
-  (DeepSpeed-Chat does not whiten either).
+  token (``V`` after it is 0: the episode ends); returns ``A + V``. DeepSpeed-Chat uses
+  them as they are; with ``whiten_advantages`` (:func:`masked_whiten`, as TRL and OpenRLHF
+  do) the policy loss gets them shifted and scaled to mean 0, variance 1 over the batch's
+  response tokens (the returns keep the raw ones).
 * policy loss (:func:`policy_loss`): ``max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps))``
   with ``ratio = exp(logp - logp_old)``, the masked mean over tokens.
 * value loss (:func:`value_loss`): ``0.5 * max((V - R)^2, (V_clip - R)^2)`` with ``V_clip``
@@ -27,6 +29,15 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of ``x`` over the positions where ``mask`` is 1 (0 when there are none)."""
     m = mask.to(x.dtype)
     return (x * m).sum() / m.sum().clamp(min=1.0)
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """``x`` shifted and scaled to mean 0 and variance 1 (the biased one) over the positions
+    where ``mask`` is 1; 0 elsewhere."""
+    m = mask.to(x.dtype)
+    mean = masked_mean(x, m)
+    var = masked_mean((x - mean) ** 2, m)
+    return (x - mean) * torch.rsqrt(var + eps) * m
 
 
 def kl_penalized_rewards(

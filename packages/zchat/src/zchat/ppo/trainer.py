@@ -73,7 +73,14 @@ from zchat.hybrid.engine import rss_bytes
 from zchat.lora import lora_disabled, merge_lora_
 from zchat.ppo.config import PPOConfig
 from zchat.ppo.experience import Batch, critic_values, token_logprobs
-from zchat.ppo.losses import gae, kl_penalized_rewards, masked_mean, policy_loss, value_loss
+from zchat.ppo.losses import (
+    gae,
+    kl_penalized_rewards,
+    masked_mean,
+    masked_whiten,
+    policy_loss,
+    value_loss,
+)
 from zchat.ppo.models import build_actor, build_critic, check_lora_names
 from zserve.sampling import SamplingParams
 
@@ -174,6 +181,8 @@ class PPOTrainer:
         rewards = kl_penalized_rewards(old_lp, ref_lp, scores, batch.mask, cfg.kl_coef,
                                        cfg.clip_reward)  # fmt: skip
         adv, ret = gae(rewards, old_v, batch.mask, cfg.gamma, cfg.lam)
+        if cfg.whiten_advantages:
+            adv = masked_whiten(adv, batch.mask)
         trim_malloc()
         mem["experience"] = rss_bytes()
         t2 = time.perf_counter()
