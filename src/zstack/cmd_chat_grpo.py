@@ -9,6 +9,12 @@ from pathlib import Path
 
 import typer
 
+MEASURED = {"actor_lora_dim": 8, "actor_lora_module_name": "layers.", "only_optimize_lora": True,
+            "heldout_samples": 4}  # fmt: skip
+"""What `z chat grpo` runs with unless the config or a flag says otherwise: the LoRA-only
+recipe measured on SmolLM2 (zchat.grpo's docstring; "layers." names a LLaMA-family model's
+decoder blocks), and 4 fixed-seed sampled answers per held-out prompt."""
+
 
 def chat_grpo(
     actor: Path | None = typer.Option(
@@ -46,7 +52,7 @@ def chat_grpo(
                  group_size=group_size, max_new_tokens=max_new_tokens, micro_batch=micro_batch, kl_coef=kl_coef, lr=lr,
                  train_prompts=train_prompts, heldout_prompts=heldout_prompts, seed=seed,
                  heldout_samples=heldout_samples)  # fmt: skip
-    data: dict = {"actor": "runs/chat/sft", "out": "runs/chat/grpo"}
+    data: dict = {"actor": "runs/chat/sft", "out": "runs/chat/grpo", **MEASURED}
     try:
         if config is not None:
             data.update(json.loads(config.read_text()))
