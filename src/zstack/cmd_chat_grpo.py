@@ -10,10 +10,11 @@ from pathlib import Path
 import typer
 
 MEASURED = {"actor_lora_dim": 8, "actor_lora_module_name": "layers.", "only_optimize_lora": True,
-            "heldout_samples": 4}  # fmt: skip
+            "heldout_samples": 4, "train_prompts": 1024, "heldout_prompts": 128}  # fmt: skip
 """What `z chat grpo` runs with unless the config or a flag says otherwise: the LoRA-only
 recipe measured on SmolLM2 (zchat.grpo's docstring; "layers." names a LLaMA-family model's
-decoder blocks), and 4 fixed-seed sampled answers per held-out prompt."""
+decoder blocks), 4 fixed-seed sampled answers per held-out prompt, and the 1024 / 128
+prompt split of `z chat e2e`'s stages."""
 
 
 def chat_grpo(

@@ -26,7 +26,25 @@ group 8, micro_batch 4, max_new_tokens 6, beta 0.04, load 7-18 on 2 cores, 30-90
 
 So at 16 samples per step only DeepSeekMath's 1e-6 (the default) stays stable, and 20 such
 steps do not clearly improve the held-out accuracy: mean change +0.010 (-1, +1, +2 prompts)
-against a run-to-run spread of 0.047: GRPO's improvement is not shown here.
+against a run-to-run spread of 0.047.
+
+With LoRA (PPO's keys: rank 8 on every linear of the decoder blocks, ``only_optimize_lora``,
+LoRA lr 5e-4, the frozen base as the reference) and fixed-seed sampled held-out answers
+(``heldout_samples`` 4: what GRPO maximises is the sampling policy's expected reward), the
+same SFT model (1024 training / 128 held-out prompts, 2 ranks x 4 prompts x group 4 = 32
+samples a step, 8 new tokens, 2 gloo ranks, 1 thread each, quiet machine, 14-18 s a step;
+``/tmp/rlhf/grpo_run.py STEPS SEEDS``):
+
+    held-out accuracy       greedy (128)        sampled (512 = 128 x 4)
+    SFT                     0.398               0.178
+    10 steps, seeds 0/1/2   0.414/0.375/0.391   0.250/0.199/0.223 (mean 0.224, SD 0.025)
+    20 steps, seeds 0/1/2   0.406/0.406/0.398   0.303/0.283/0.287 (mean 0.291, SD 0.010)
+
+After 20 steps the sampled accuracy rose by +0.113 on average (+0.105 to +0.125 per seed)
+against a run-to-run standard deviation of 0.010 (range 0.020); 7.3-7.8 min a seed. The
+greedy accuracy did not move beyond its spread (+0.005, SD 0.005): the greedy answer is
+already the SFT model's mode, and GRPO sharpens the sampling distribution towards it.
+``z chat grpo`` runs this recipe by default (its ``MEASURED`` keys).
 """
 
 from __future__ import annotations
