@@ -51,6 +51,13 @@ fp32,bf16,w8a8,w4 --repeats 3 --concurrent 16 --prompt-tokens 64 --decode-tokens
   110.7): only fp32 meets 1/1.5; 16 concurrent 1.80, 2.10, 1.45, 0.99 (W4 47.1 / 47.5: level,
   a hair under the bar). Our decode gains little from the second core (fp32 37.6 tok/s at 2
   threads against ~42 at 1) while llama.cpp's gains ~1.5x: 2-thread decode is what is left.
+* ``--threads 2`` after a decode step stopped waking torch's OpenMP worker (the engine runs
+  a step of <= 4 tokens on the native kernels with torch single-threaded:
+  ``zserve.model.native.torch_single_threaded``), load ~1-2, same command: batch-1 decode
+  fp32 0.841 (38.9 / 46.3 tok/s), bf16 0.681 (55.3 / 81.2), W8A8 0.672 (81.4 / 121.2), W4
+  0.709 (69.4 / 97.9): every pair meets 1/1.5 (W8A8 by a hair); 16 concurrent 1.92, 2.10,
+  1.37, 1.06. Medians of 3 rounds; the rounds of our decode spread 36-40 (fp32), 48-61 (bf16),
+  76-85 (W8A8), 62-70 (W4) tok/s.
 """
 
 from __future__ import annotations

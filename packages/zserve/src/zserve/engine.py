@@ -270,6 +270,24 @@ class Engine:
             )
             spans.append((rows, n))
             rows += n
+        with self._decode_threads(chunks):
+            results += self._run(sched, chunks, spans, drafts)
+        return results
+
+    def _decode_threads(self, chunks: list[Any]) -> Any:
+        """A decode step on the CPU's native kernels runs torch single-threaded
+        (:func:`zserve.model.native.torch_single_threaded`)."""
+        from zserve.model import native
+
+        small = sum(len(c.token_ids) for c in chunks) <= native.LINEAR_MAX_ROWS
+        on_kernels = bool(getattr(getattr(self.runner, "model", None), "native", False))
+        return native.torch_single_threaded(small and on_kernels)
+
+    def _run(self, sched: Any, chunks: list[Any], spans: list[tuple[int, int]],
+             drafts: list[list[int]]) -> list[RequestOutput]:  # fmt: skip
+        """The forward of one scheduled step and everything after it: sampling,
+        verification of drafts, the step's outputs."""
+        results: list[RequestOutput] = []
         logits = self.runner.forward(chunks)
         self.num_forward_tokens += sched.num_tokens + sum(map(len, drafts))
         self.scheduler.update(sched)

@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -72,6 +73,29 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 #: Rows up to which :func:`linear` runs on the kernel (decode steps); more go to torch.
 LINEAR_MAX_ROWS = 4
+
+
+@contextmanager
+def torch_single_threaded(active: bool) -> Iterator[None]:
+    """torch's intra-op threads set to 1 inside the block when ``active`` (restored after).
+
+    A decode step of at most :data:`LINEAR_MAX_ROWS` tokens spends its time in the native
+    kernels, which run on znative's own team; torch's remaining ops there are a few small
+    ones, but the step's largest (the sampler's reductions over the 49152-wide logits row)
+    are past torch's grain size, so its OpenMP worker woke each step and then spun for the
+    next parallel region, on the core the team's helper needed. Measured (SmolLM2 fp32,
+    batch-1 decode, 2 cores, ``ZNATIVE_NUM_THREADS=2``): 33.8 tok/s with 2 torch threads,
+    39.7 with 1; bf16 54.7 vs 55.5. Prefill and batched steps keep torch's threads (their
+    GEMMs are torch's)."""
+    saved = torch.get_num_threads()
+    if not active or saved == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
 
 
 def linear(x: torch.Tensor, weight: Any, bias: torch.Tensor | None = None) -> torch.Tensor:
