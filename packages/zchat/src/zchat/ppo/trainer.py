@@ -52,6 +52,13 @@ against a standard deviation over seeds of 0.109 (range 0.211); the greedy answe
 not move beyond their spread (+0.015 against 0.036). Rollout reward on training prompts
 rose from ~1.4 at step 1 to 2.7-3.6 at step 10, KL <= 0.035 per token.
 
+Not robust across pipelines: ``z chat e2e``'s own run (a fresh SFT model, greedy reward 3.865
+/ accuracy 0.359, sampled 3.155 / 0.160, and a fresh block-warmed reward model, 0.859) went
+sampled 3.155 -> 3.145 and greedy 3.865 -> 3.806 over the same 10 steps, and so did the same
+SFT and reward model with ``whiten_advantages`` (3.155 -> 3.145); its rollout rewards barely
+moved (2.7 at step 1, 2.9 at step 10). On the first SFT model ``whiten_advantages`` seed 0
+went sampled 2.835 -> 3.072 (greedy 4.179 -> 4.224), like the unwhitened seeds.
+
 Metrics (means over ranks; memory and time per rank) go to ``metrics.jsonl`` every step,
 with a live progress line on rank 0; the held-out prompts are scored greedily before the
 first step and after the last (and every ``eval_every`` steps).
