@@ -16,9 +16,16 @@
 //! A helper that claimed a task and was then descheduled keeps the caller
 //! waiting for it (for a scheduler time slice, milliseconds, on a machine whose
 //! cores other processes also use): when the caller waits longer than it worked
-//! itself, the team stands down for [`BACKOFF`] and loops run on the caller
-//! alone (the helpers go to sleep), so a busy machine costs at most one late
-//! loop per [`BACKOFF`] instead of one per kernel call. It stands down too when,
+//! itself, the team stands down for [`BACKOFF_PER_WAIT`] times that wait (at
+//! most [`BACKOFF_MAX`]) and loops run on the caller alone (the helpers go to
+//! sleep), so a busy machine loses at most 1/[`BACKOFF_PER_WAIT`] of its time to
+//! late helpers instead of a wait per kernel call, while a short hiccup (a
+//! virtual CPU paused for 50-300 µs, seen several times a second on this
+//! project's 2-core VMs) stands the team down for milliseconds, not for the
+//! 100 ms a fixed stand-down took: that made two threads no faster than one on
+//! SmolLM2's INT4 decode products (measured: 120 products of a step 7.4 ms on
+//! one thread, 7.3 ms on two with the fixed 100 ms, 4.8 ms with this rule;
+//! weights in cache). It stands down too when,
 //! over [`WINDOW`] loops, the helpers ran under a quarter of the tasks: their
 //! spinning then only takes CPU time from the caller (measured: 120 INT4 decode
 //! products took 21 ms instead of 12.6 on two threads while another process
@@ -36,8 +43,12 @@ use std::time::{Duration, Instant};
 /// than the Python-side gap between two kernels of a decode step.
 const SPIN: Duration = Duration::from_micros(300);
 
-/// How long the team stands down after a loop whose caller waited on a late helper.
-const BACKOFF: Duration = Duration::from_millis(100);
+/// How long the team stands down after a loop whose caller waited on a late
+/// helper, per unit of that wait (see [`BACKOFF_MAX`]).
+const BACKOFF_PER_WAIT: u32 = 16;
+
+/// The longest stand-down: what a helper descheduled for a time slice (ms) buys.
+const BACKOFF_MAX: Duration = Duration::from_millis(100);
 
 /// Waits shorter than this never count as a late helper (a task's own length).
 const LATE: Duration = Duration::from_micros(50);
@@ -99,7 +110,7 @@ struct Team {
     epoch: AtomicU64,
     busy: AtomicBool,
     helpers: usize,
-    /// Loops run inline until this many nanoseconds after `start` (see [`BACKOFF`]).
+    /// Loops run inline until this many nanoseconds after `start` (see [`BACKOFF_MAX`]).
     backoff_until: AtomicU64,
     start: Instant,
     /// Loops, tasks and tasks the helpers ran in the current [`WINDOW`] (written
@@ -228,7 +239,12 @@ pub fn run<F: Fn(usize) + Sync>(n: usize, f: F) {
             .for_each(|c| c.store(0, Ordering::Relaxed));
     }
     if late || (l >= WINDOW && 4 * h < t) {
-        let until = (end + BACKOFF).as_nanos() as u64;
+        let backoff = if late {
+            (waited * BACKOFF_PER_WAIT).min(BACKOFF_MAX)
+        } else {
+            BACKOFF_MAX
+        };
+        let until = (end + backoff).as_nanos() as u64;
         team.backoff_until.store(until, Ordering::Relaxed);
     }
     team.slot.lock().unwrap_or_else(|e| e.into_inner()).job = None;
