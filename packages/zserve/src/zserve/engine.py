@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -134,6 +135,9 @@ class Engine:
     ) -> None:
         self.config = config
         self.runner = runner
+        self._step_threads: Callable[[int, int], AbstractContextManager[None]] | None = getattr(
+            getattr(runner, "model", None), "step_threads", None
+        )
         self.tokenizer = tokenizer
         self.model_name = name
         self.max_model_len = served_max_model_len(runner)
@@ -270,18 +274,12 @@ class Engine:
             )
             spans.append((rows, n))
             rows += n
-        with self._decode_threads(chunks):
+        tokens = sum(len(c.token_ids) for c in chunks)
+        # The model's threads for this forward (a CPU model on znative's kernels), if any.
+        threads = self._step_threads(tokens, rows) if self._step_threads else nullcontext()
+        with threads:
             results += self._run(sched, chunks, spans, drafts)
         return results
-
-    def _decode_threads(self, chunks: list[Any]) -> Any:
-        """A decode step on the CPU's native kernels runs torch single-threaded
-        (:func:`zserve.model.native.torch_single_threaded`)."""
-        from zserve.model import native
-
-        small = sum(len(c.token_ids) for c in chunks) <= native.LINEAR_MAX_ROWS
-        on_kernels = bool(getattr(getattr(self.runner, "model", None), "native", False))
-        return native.torch_single_threaded(small and on_kernels)
 
     def _run(self, sched: Any, chunks: list[Any], spans: list[tuple[int, int]],
              drafts: list[list[int]]) -> list[RequestOutput]:  # fmt: skip
