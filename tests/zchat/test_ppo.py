@@ -101,6 +101,33 @@ def test_one_process_step_writes_metrics_and_saves_the_actor(
     assert moved > 1e-4
 
 
+def test_critic_warmup_steps_train_the_critic_alone(
+    dirs: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """``critic_warmup_steps`` 1 of 2: step 1 steps the critic's optimizer only, step 2 both;
+    a warm-up as long as the run is refused."""
+    from zchat.ppo.trainer import PPOTrainer
+
+    with pytest.raises(ValueError, match=r"`critic_warmup_steps` 2 >= `steps` 2: the actor"):
+        config(dirs, tmp_path, steps=2, critic_warmup_steps=2)
+    trainer = PPOTrainer(
+        config(dirs, tmp_path / "w", world=1, steps=2, critic_warmup_steps=1), 0, 1
+    )
+    stepped: list[str] = []
+    for name in ("actor", "critic"):
+        engine = getattr(trainer, name)
+
+        def counted(*a: Any, _real: Any = engine.step, _name: str = name, **k: Any) -> Any:
+            stepped.append(_name)
+            return _real(*a, **k)
+
+        engine.step = counted
+    trainer.step(0)
+    assert stepped == ["critic"]
+    trainer.step(1)
+    assert stepped == ["critic", "actor", "critic"]
+
+
 def _rank(rank: int, world: int, cfg: Any) -> list[dict[str, Any]]:
     from zchat.ppo.trainer import PPOTrainer
 

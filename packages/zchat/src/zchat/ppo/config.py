@@ -76,6 +76,11 @@ class PPOConfig(ZModel):
     critic started from the reward model, whose values before the last token are not yet
     returns, the raw advantages were mostly of one sign (mean ~+1.5) and pushed up every
     sampled token alike."""
+    critic_warmup_steps: int = 0
+    """The first this many steps train the critic alone (the actor is frozen: its rollouts
+    still feed the critic); OpenRLHF's ``freezing_actor_steps``. A critic started from the
+    reward model has not yet learned values before the last token, and the advantages of
+    the first steps are mostly its error."""
     gradient_clipping: float = 1.0
     actor_lora_dim: int = 0
     """LoRA rank of the actor's matched linear layers (0: no LoRA)."""
@@ -107,7 +112,8 @@ class PPOConfig(ZModel):
             self,
             {"train_prompts": 1, "heldout_prompts": 1, "steps": 1, "prompts_per_rank": 1,
              "max_new_tokens": 1, "gamma": 0, "lam": 0, "ppo_epochs": 1, "world": 1,
-             "threads": 1, "eval_every": 0, "heldout_samples": 0, "actor_lora_dim": 0, "critic_lora_dim": 0},
+             "threads": 1, "eval_every": 0, "heldout_samples": 0, "actor_lora_dim": 0, "critic_lora_dim": 0,
+             "critic_warmup_steps": 0},
             ("temperature", "clip_reward", "cliprange", "cliprange_value", "actor_lr",
              "critic_lr", "gradient_clipping", "actor_lora_learning_rate",
              "critic_lora_learning_rate"),
@@ -121,6 +127,11 @@ class PPOConfig(ZModel):
             raise ValueError(
                 f"`cliprange` {self.cliprange} must be < 1, `gamma` {self.gamma} and `lam` "
                 f"{self.lam} <= 1"
+            )
+        if self.critic_warmup_steps >= self.steps:
+            raise ValueError(
+                f"`critic_warmup_steps` {self.critic_warmup_steps} >= `steps` {self.steps}: the "
+                "actor would never train; lower it or raise `steps`"
             )
         if self.only_optimize_lora and not (self.actor_lora_dim or self.critic_lora_dim):
             raise ValueError(

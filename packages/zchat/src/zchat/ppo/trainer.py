@@ -195,11 +195,13 @@ class PPOTrainer:
         t2 = time.perf_counter()
         self.actor.train()
         self.critic.train()
+        train_actor = step >= cfg.critic_warmup_steps
         for _ in range(cfg.ppo_epochs):
-            lp = token_logprobs(self.actor, batch)
+            lp = token_logprobs(self.actor, batch) if train_actor else old_lp
             pg, info = policy_loss(lp, old_lp, adv, batch.mask, cfg.cliprange)
-            self.actor.backward(pg)
-            self.actor.step()
+            if train_actor:
+                self.actor.backward(pg)
+                self.actor.step()
             v = critic_values(self.critic, batch)
             vf = value_loss(v, old_v, ret, batch.mask, cfg.cliprange_value)
             self.critic.backward(vf)
