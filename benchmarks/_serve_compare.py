@@ -58,6 +58,18 @@ fp32,bf16,w8a8,w4 --repeats 3 --concurrent 16 --prompt-tokens 64 --decode-tokens
   0.709 (69.4 / 97.9): every pair meets 1/1.5 (W8A8 by a hair); 16 concurrent 1.92, 2.10,
   1.37, 1.06. Medians of 3 rounds; the rounds of our decode spread 36-40 (fp32), 48-61 (bf16),
   76-85 (W8A8), 62-70 (W4) tok/s.
+* After the team's stand-down after a late helper became 16x the wait (it was a fixed 100
+  ms, taken several times a second on this VM, so two threads mostly ran as one), the INT4
+  decode products took two long tasks per thread, and a step whose projections all run on
+  the kernels (W4, W8A8 without outlier rows) runs torch single-threaded (prefill too), same
+  command, two runs 40 min apart, load ~1.9: ``--threads 2`` decode fp32 0.779 / 0.865, bf16
+  0.633 / 0.722, W8A8 0.629 / 0.664, W4 0.625 / 0.863 (77.1 / 89.4 tok/s); 16 concurrent
+  1.86 / 1.64, 1.90 / 2.21, 1.52 / 1.60, 1.61 / 1.76; W4 prefill 1.62 / 1.94 (was 1.05).
+  ``--threads 1`` (load 1.0): decode 1.026, 0.711, 1.142, 0.854; 16 concurrent 2.15, 2.42,
+  2.20, 1.61. The rounds of one side spread by up to 1.5x (W4 llama.cpp 88-121 tok/s), so a
+  2-thread decode ratio near 0.67 lands on either side of the bar from run to run; our step
+  spends ~4.5 ms of ~12 in Python between the kernels (the kernels timed inside an engine
+  step), which a fused native decode layer would remove.
 """
 
 from __future__ import annotations
