@@ -28,7 +28,7 @@ def test_threads_inside_and_restored(active: bool) -> None:
 
 
 def _threads_inside(engine: Engine, tokens: int, logit_rows: int) -> int:
-    with engine._step_threads(tokens, logit_rows):  # type: ignore[misc]
+    with engine.runner.model.step_threads(tokens, logit_rows):
         return torch.get_num_threads()
 
 

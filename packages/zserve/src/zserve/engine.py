@@ -274,11 +274,12 @@ class Engine:
             )
             spans.append((rows, n))
             rows += n
-        tokens = sum(len(c.token_ids) for c in chunks)
+        tokens = sched.num_tokens + sum(map(len, drafts))
         # The model's threads for this forward (a CPU model on znative's kernels), if any.
         threads = self._step_threads(tokens, rows) if self._step_threads else nullcontext()
         with threads:
             results += self._run(sched, chunks, spans, drafts)
+        self.num_forward_tokens += tokens
         return results
 
     def _run(self, sched: Any, chunks: list[Any], spans: list[tuple[int, int]],
@@ -287,7 +288,6 @@ class Engine:
         verification of drafts, the step's outputs."""
         results: list[RequestOutput] = []
         logits = self.runner.forward(chunks)
-        self.num_forward_tokens += sched.num_tokens + sum(map(len, drafts))
         self.scheduler.update(sched)
         last_rows = []
         verified: list[tuple[Sequence, list[int], torch.Tensor]] = []

@@ -313,24 +313,24 @@ class LlamaModel:
 
     def _rows_on_kernels(self) -> tuple[int, int]:
         """(tokens, logit rows) up to which every projection of a forward, and the LM head,
-        run on znative's kernels: a bound zquant layer up to its ``max_rows``, a plain matrix
-        up to :data:`native.LINEAR_MAX_ROWS` (so are Mixtral's torch-op experts), a zquant
-        module with torch ops inside (W4A8's fake-quantized MLP) never; (0, 0) off the native
-        path."""
+        run on znative's kernels (:func:`native.kernel_rows`, the rule :func:`native.linear`
+        routes by; Mixtral's torch-op experts are capped like a plain matrix); (0, 0) off
+        the native path."""
         if not self.native:
             return 0, 0
+        dtype = self.cos.dtype
 
-        def rows(w: object) -> int:
-            if isinstance(w, BoundLinear):
-                return w.max_rows
-            return native.LINEAR_MAX_ROWS if isinstance(w, torch.Tensor) else 0
+        def rows(owner: object, name: str) -> int:
+            return native.kernel_rows(
+                getattr(owner, name), dtype, getattr(owner, name + "_bias", None)
+            )
 
-        *body, (owner, name) = self._projections()
-        layer_rows = min(rows(getattr(o, n)) for o, n in body)
+        *body, head = self._projections()
+        layer_rows = min(rows(*slot) for slot in body)
         if not all(isinstance(layer.mlp, DenseMLP) for layer in self.layers):
             # Mixtral's experts are torch ops: small at a decode step's few rows.
             layer_rows = min(layer_rows, native.LINEAR_MAX_ROWS)
-        return layer_rows, rows(getattr(owner, name))
+        return layer_rows, rows(*head)
 
     def step_threads(self, tokens: int, logit_rows: int) -> AbstractContextManager[None]:
         """Where a forward of ``tokens`` tokens and ``logit_rows`` logit rows runs all its

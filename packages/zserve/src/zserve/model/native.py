@@ -98,6 +98,18 @@ def torch_single_threaded(active: bool) -> Iterator[None]:
         torch.set_num_threads(saved)
 
 
+def kernel_rows(weight: Any, dtype: torch.dtype, bias: torch.Tensor | None = None) -> int:
+    """Rows up to which :func:`linear` of ``dtype`` activations through ``weight`` (+ ``bias``)
+    runs on a znative kernel: a plain matrix of that dtype with no bias up to
+    :data:`LINEAR_MAX_ROWS`, a bound zquant layer up to its ``max_rows``, anything else
+    (a module with torch ops inside) never."""
+    if not isinstance(weight, torch.Tensor):
+        return int(getattr(weight, "max_rows", 0))
+    if bias is not None or weight.dtype != dtype or dtype not in DTYPES:
+        return 0
+    return LINEAR_MAX_ROWS
+
+
 def linear(x: torch.Tensor, weight: Any, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for ``x (M, K)``; on ``znative.linear_rows`` when the
     weight is a plain float32/bfloat16 matrix of ``x``'s dtype, there is no bias and
@@ -109,12 +121,7 @@ def linear(x: torch.Tensor, weight: Any, bias: torch.Tensor | None = None) -> to
     """
     if not isinstance(weight, torch.Tensor):
         return weight(x)  # type: ignore[no-any-return]
-    if (
-        bias is not None
-        or x.dtype != weight.dtype
-        or x.dtype not in DTYPES
-        or not 0 < x.shape[0] <= LINEAR_MAX_ROWS  # no rows: a chunk without logits
-    ):
+    if not 0 < x.shape[0] <= kernel_rows(weight, x.dtype, bias):  # 0 rows: no logits
         return torch.nn.functional.linear(x, weight, bias)
     x = x.contiguous()
     out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
