@@ -159,3 +159,33 @@ def test_directory_model_weights_are_packed(tmp_path: Path) -> None:
     assert handed.model.embed.data_ptr() == weights["model.embed_tokens.weight"].data_ptr()
     chunks = [SeqChunk(0, [3, 9, 27, 81], 0, [0]), SeqChunk(1, [5, 7], 0, [1])]
     torch.testing.assert_close(r.forward(chunks), handed.forward(chunks), rtol=0, atol=0)
+
+
+def test_host_views_follow_a_new_kv_cache(model_dir: Path) -> None:
+    """The numpy views a forward takes once (native.HostViews) are retaken when a slot holds
+    another tensor: a runner given a fresh KV cache between forwards writes to the new cache
+    and gives the logits of a runner that had it from the start; an array passed where a
+    tensor was is used as it is."""
+    from zserve.kv_cache import KVCache
+
+    views = native.HostViews()
+    t = torch.ones(4, dtype=torch.bfloat16)
+    first = views("w", t)
+    assert first.dtype.name == "int16" and views("w", t) is first
+    assert native.np_view(first) is first
+    other = torch.ones(4, dtype=torch.bfloat16)
+    assert views("w", other) is not first  # same slot, another tensor: a new view
+
+    batches = _batches()
+    fast, ref = _runner(model_dir, torch.float32, True), _runner(model_dir, torch.float32, True)
+    fast.forward(batches[0])  # views of the first cache taken
+    old = fast.kv_cache
+    fast.kv_cache = KVCache(num_layers=old.num_layers, num_blocks=old.num_blocks,
+                            block_size=old.block_size, num_kv_heads=old.num_kv_heads,
+                            head_dim=old.head_dim, dtype=old.dtype, device=old.device)  # fmt: skip
+    saved = old._storage.clone()
+    for chunks in batches:
+        got, want = fast.forward(chunks), ref.forward(chunks)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert torch.equal(old._storage, saved)  # the old cache was not written
+    assert torch.equal(fast.kv_cache._storage, ref.kv_cache._storage)

@@ -310,6 +310,7 @@ class LlamaModel:
         if self.native and isinstance(checkpoint, SafetensorsCheckpoint):
             self._pack_weights()  # handed-over weights (zchat's hybrid engine) stay shared
         self._kernel_rows = self._rows_on_kernels()
+        self._host_views = native.HostViews()
 
     def _rows_on_kernels(self) -> tuple[int, int]:
         """(tokens, logit rows) up to which every projection of a forward, and the LM head,
@@ -428,18 +429,29 @@ class LlamaModel:
         # index_select, not advanced indexing: the latter's parallel kernel stalls for
         # milliseconds on a CPU shared with other work (see attention._gather).
         x = self.embed.index_select(0, token_ids)  # (T, hidden)
-        if not self.native:
+        if self.native:  # numpy views of what every layer's kernels read, taken once
+            views, arrays = self._host_views, native.plan_arrays(plan)
+            cos, sin = views("cos", self.cos), views("sin", self.sin)
+            on_kernel = attention is native.ragged_paged_attention_native
+        else:
             cos = self.cos.index_select(0, plan.positions).unsqueeze(1)  # (T, 1, d)
             sin = self.sin.index_select(0, plan.positions).unsqueeze(1)
         for i, w in enumerate(self.layers):
-            h = norm(x, w.input_norm, c.rms_norm_eps)
-            qkv = self.project(h, w.qkv, w.qkv_bias)  # (T, q + 2 kv)
             k_cache, v_cache = kv_cache.keys[i], kv_cache.values[i]
+            extra = {}
+            if self.native:
+                post_norm = views(("post_norm", i), w.post_norm)
+                h = norm(x, views(("input_norm", i), w.input_norm), c.rms_norm_eps)
+                k_np, v_np = views(("k", i), k_cache), views(("v", i), v_cache)
+                if on_kernel:
+                    extra = {"host": (k_np, v_np, arrays)}
+            else:
+                post_norm = w.post_norm
+                h = norm(x, w.input_norm, c.rms_norm_eps)
+            qkv = self.project(h, w.qkv, w.qkv_bias)  # (T, q + 2 kv)
             if self.native:  # rotary in place and the cache write, one kernel call
                 qkv = qkv.contiguous()
-                native.rotary_kv_write_(
-                    qkv, self.cos, self.sin, plan, k_cache, v_cache, heads, kv_heads
-                )
+                native.rotary_kv_write_(qkv, cos, sin, plan, k_np, v_np, heads, kv_heads, arrays)
                 q = qkv[:, : c.q_size].view(t, heads, d)
                 k = qkv[:, c.q_size : c.q_size + c.kv_size].view(t, kv_heads, d)
             else:
@@ -449,9 +461,9 @@ class LlamaModel:
             v = qkv[:, c.q_size + c.kv_size :].view(t, kv_heads, d)
             if not self.native:
                 kv_cache.write(i, plan.slots, k, v)
-            o = attention(q, k, v, k_cache, v_cache, plan, self.scale)
+            o = attention(q, k, v, k_cache, v_cache, plan, self.scale, **extra)
             x = x + self.project(o.reshape(t, c.q_size), w.o, w.o_bias)
-            x = x + w.mlp(norm(x, w.post_norm, c.rms_norm_eps))
+            x = x + w.mlp(norm(x, post_norm, c.rms_norm_eps))
         # Only the rows whose logits are wanted go through the final norm and the LM head.
         x = norm(x.index_select(0, logit_rows), self.norm, c.rms_norm_eps)
         if not isinstance(self.lm_head, torch.Tensor):  # a quantized head: a zquant module

@@ -39,6 +39,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import torch
 
 import znative
@@ -57,14 +58,46 @@ def available(device: torch.device, dtype: torch.dtype) -> bool:
     )
 
 
-def np_view(t: torch.Tensor) -> Any:
+def np_view(t: torch.Tensor | np.ndarray) -> np.ndarray:
     """A numpy view (``Tensor.numpy()``) of a contiguous CPU tensor, bfloat16 as its int16
-    bits, no copy."""
+    bits, no copy; an array already taken (a long-lived tensor's, see :class:`HostViews`)
+    as it is."""
+    if isinstance(t, np.ndarray):
+        return t
     return (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy()
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """:func:`zserve.model.llama.rms_norm` of ``x (T, hidden)`` in one kernel call."""
+class HostViews:
+    """The numpy views of a forward's long-lived tensors, taken once instead of at every
+    kernel call (a decode step made ~810 ``Tensor.numpy()`` calls, 27 a layer, ~1 us
+    each): the rotary tables and norm weights of a model, the key/value blocks of each
+    layer of a KV cache, the index arrays of an :class:`AttentionPlan` (one per forward).
+    Each view is retaken when its slot holds another tensor (a KV cache rebuilt), so a
+    stale view is never used; a view keeps its tensor alive, so this lives no longer
+    than the model that owns it."""
+
+    def __init__(self) -> None:
+        self._slots: dict[object, tuple[torch.Tensor, np.ndarray]] = {}
+
+    def __call__(self, key: object, t: torch.Tensor) -> np.ndarray:
+        """The view of ``t``, held under ``key`` until the slot gets another tensor."""
+        hit = self._slots.get(key)
+        if hit is None or hit[0] is not t:
+            hit = (t, np_view(t))
+            self._slots[key] = hit
+        return hit[1]
+
+
+def plan_arrays(plan: AttentionPlan) -> tuple[np.ndarray, ...]:
+    """``(positions, slots, decode_blocks, decode_lens)`` of a CPU plan as numpy views."""
+    return tuple(
+        t.numpy() for t in (plan.positions, plan.slots, plan.decode_blocks, plan.decode_lens)
+    )
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | np.ndarray, eps: float) -> torch.Tensor:
+    """:func:`zserve.model.llama.rms_norm` of ``x (T, hidden)`` in one kernel call (``weight``
+    may be its numpy view, taken before)."""
     x = x.contiguous()
     out = torch.empty_like(x)
     znative.rms_norm(np_view(x), np_view(weight), np_view(out), eps=eps)
@@ -179,23 +212,27 @@ def pack_on_huge_pages(slots: Sequence[tuple[object, str]]) -> None:
 
 def rotary_kv_write_(
     qkv: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
+    cos: torch.Tensor | np.ndarray,
+    sin: torch.Tensor | np.ndarray,
     plan: AttentionPlan,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    k_cache: torch.Tensor | np.ndarray,
+    v_cache: torch.Tensor | np.ndarray,
     num_heads: int,
     num_kv_heads: int,
+    arrays: tuple[np.ndarray, ...] | None = None,
 ) -> None:
     """Rotate the q/k heads of ``qkv (T, (H + 2 KV) * d)`` in place by the full ``cos``/``sin``
-    tables at ``plan.positions``; write k (rotated) and v to the caches at ``plan.slots``."""
+    tables at ``plan.positions``; write k (rotated) and v to the caches at ``plan.slots``.
+    ``cos``, ``sin`` and the caches may be numpy views taken before; ``arrays`` the plan's
+    (:func:`plan_arrays`)."""
     d = cos.shape[-1]
+    positions, slots, _, _ = plan_arrays(plan) if arrays is None else arrays
     znative.rotary_kv_write(
         np_view(qkv),
         np_view(cos),
         np_view(sin),
-        plan.positions.numpy(),
-        plan.slots.numpy(),
+        positions,
+        slots,
         np_view(k_cache),
         np_view(v_cache),
         num_heads=num_heads,
@@ -207,24 +244,27 @@ def rotary_kv_write_(
 def decode_attention_(
     out: torch.Tensor,
     q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    k_cache: torch.Tensor | np.ndarray,
+    v_cache: torch.Tensor | np.ndarray,
     plan: AttentionPlan,
     scale: float,
+    arrays: tuple[np.ndarray, ...] | None = None,
 ) -> None:
-    """Attention of the plan's 1-token chunks, read through their block tables, into ``out``."""
+    """Attention of the plan's 1-token chunks, read through their block tables, into ``out``
+    (the caches may be numpy views taken before; ``arrays`` the plan's, :func:`plan_arrays`)."""
     n = plan.decode_rows.numel()
     if not n:
         return
     whole = n == plan.num_tokens  # every chunk a decode: rows are 0 .. T-1 in order
     q_d = q.contiguous() if whole else q.index_select(0, plan.decode_rows)
     o = out if whole else torch.empty_like(q_d)
+    _, _, blocks, lens = plan_arrays(plan) if arrays is None else arrays
     znative.paged_decode_attention(
         np_view(q_d),
         np_view(k_cache),
         np_view(v_cache),
-        plan.decode_blocks.numpy(),
-        plan.decode_lens.numpy(),
+        blocks,
+        lens,
         np_view(o),
         scale=scale,
     )
@@ -240,10 +280,15 @@ def ragged_paged_attention_native(
     v_cache: torch.Tensor,
     plan: AttentionPlan,
     scale: float,
+    host: tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]] | None = None,
 ) -> torch.Tensor:
     """:func:`zserve.model.attention.ragged_paged_attention` with the decodes on the kernel
-    (prompt chunks stay on torch SDPA, which is already one call per chunk)."""
+    (prompt chunks stay on torch SDPA, which is already one call per chunk). ``host``: the
+    caches' numpy views and the plan's arrays (:func:`plan_arrays`), taken before."""
     out = torch.empty(q.shape, dtype=q.dtype)
     prefill_attention_(out, q, k, v, k_cache, v_cache, plan, scale)
-    decode_attention_(out, q, k_cache, v_cache, plan, scale)
+    if host is None:
+        decode_attention_(out, q, k_cache, v_cache, plan, scale)
+    else:
+        decode_attention_(out, q, host[0], host[1], plan, scale, host[2])
     return out
