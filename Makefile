@@ -87,7 +87,7 @@ stubtest: $(STAMP)/native
 	$(PY) -m mypy.stubtest znative._native
 
 test-python: setup
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -m "not slow" --durations=30
 
 bench: setup
 	$(BIN)/z bench adam --numel $(NUMEL) --json

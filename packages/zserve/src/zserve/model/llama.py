@@ -462,8 +462,9 @@ class LlamaModel:
             if not self.native:
                 kv_cache.write(i, plan.slots, k, v)
             o = attention(q, k, v, k_cache, v_cache, plan, self.scale, **extra)
-            x = x + self.project(o.reshape(t, c.q_size), w.o, w.o_bias)
-            x = x + w.mlp(norm(x, post_norm, c.rms_norm_eps))
+            # in place: x is this forward's own (index_select's output), the sums as x + y's
+            x += self.project(o.reshape(t, c.q_size), w.o, w.o_bias)
+            x += w.mlp(norm(x, post_norm, c.rms_norm_eps))
         # Only the rows whose logits are wanted go through the final norm and the LM head.
         x = norm(x.index_select(0, logit_rows), self.norm, c.rms_norm_eps)
         if not isinstance(self.lm_head, torch.Tensor):  # a quantized head: a zquant module
