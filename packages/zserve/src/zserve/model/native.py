@@ -39,13 +39,15 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-import numpy as np
 import torch
 
 import znative
 from zserve.model.attention import AttentionPlan, prefill_attention_
 
 DTYPES = (torch.float32, torch.bfloat16)
+
+HostArray = Any
+"""A numpy array (``Tensor.numpy()``'s; zserve does not import numpy itself)."""
 
 
 def available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -58,11 +60,11 @@ def available(device: torch.device, dtype: torch.dtype) -> bool:
     )
 
 
-def np_view(t: torch.Tensor | np.ndarray) -> np.ndarray:
+def np_view(t: torch.Tensor | HostArray) -> HostArray:
     """A numpy view (``Tensor.numpy()``) of a contiguous CPU tensor, bfloat16 as its int16
     bits, no copy; an array already taken (a long-lived tensor's, see :class:`HostViews`)
     as it is."""
-    if isinstance(t, np.ndarray):
+    if not isinstance(t, torch.Tensor):
         return t
     return (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy()
 
@@ -77,9 +79,9 @@ class HostViews:
     than the model that owns it."""
 
     def __init__(self) -> None:
-        self._slots: dict[object, tuple[torch.Tensor, np.ndarray]] = {}
+        self._slots: dict[object, tuple[torch.Tensor, HostArray]] = {}
 
-    def __call__(self, key: object, t: torch.Tensor) -> np.ndarray:
+    def __call__(self, key: object, t: torch.Tensor) -> HostArray:
         """The view of ``t``, held under ``key`` until the slot gets another tensor."""
         hit = self._slots.get(key)
         if hit is None or hit[0] is not t:
@@ -88,14 +90,14 @@ class HostViews:
         return hit[1]
 
 
-def plan_arrays(plan: AttentionPlan) -> tuple[np.ndarray, ...]:
+def plan_arrays(plan: AttentionPlan) -> tuple[HostArray, ...]:
     """``(positions, slots, decode_blocks, decode_lens)`` of a CPU plan as numpy views."""
     return tuple(
         t.numpy() for t in (plan.positions, plan.slots, plan.decode_blocks, plan.decode_lens)
     )
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | np.ndarray, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | HostArray, eps: float) -> torch.Tensor:
     """:func:`zserve.model.llama.rms_norm` of ``x (T, hidden)`` in one kernel call (``weight``
     may be its numpy view, taken before)."""
     x = x.contiguous()
@@ -212,14 +214,14 @@ def pack_on_huge_pages(slots: Sequence[tuple[object, str]]) -> None:
 
 def rotary_kv_write_(
     qkv: torch.Tensor,
-    cos: torch.Tensor | np.ndarray,
-    sin: torch.Tensor | np.ndarray,
+    cos: torch.Tensor | HostArray,
+    sin: torch.Tensor | HostArray,
     plan: AttentionPlan,
-    k_cache: torch.Tensor | np.ndarray,
-    v_cache: torch.Tensor | np.ndarray,
+    k_cache: torch.Tensor | HostArray,
+    v_cache: torch.Tensor | HostArray,
     num_heads: int,
     num_kv_heads: int,
-    arrays: tuple[np.ndarray, ...] | None = None,
+    arrays: tuple[HostArray, ...] | None = None,
 ) -> None:
     """Rotate the q/k heads of ``qkv (T, (H + 2 KV) * d)`` in place by the full ``cos``/``sin``
     tables at ``plan.positions``; write k (rotated) and v to the caches at ``plan.slots``.
@@ -244,11 +246,11 @@ def rotary_kv_write_(
 def decode_attention_(
     out: torch.Tensor,
     q: torch.Tensor,
-    k_cache: torch.Tensor | np.ndarray,
-    v_cache: torch.Tensor | np.ndarray,
+    k_cache: torch.Tensor | HostArray,
+    v_cache: torch.Tensor | HostArray,
     plan: AttentionPlan,
     scale: float,
-    arrays: tuple[np.ndarray, ...] | None = None,
+    arrays: tuple[HostArray, ...] | None = None,
 ) -> None:
     """Attention of the plan's 1-token chunks, read through their block tables, into ``out``
     (the caches may be numpy views taken before; ``arrays`` the plan's, :func:`plan_arrays`)."""
@@ -280,7 +282,7 @@ def ragged_paged_attention_native(
     v_cache: torch.Tensor,
     plan: AttentionPlan,
     scale: float,
-    host: tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]] | None = None,
+    host: tuple[HostArray, HostArray, tuple[HostArray, ...]] | None = None,
 ) -> torch.Tensor:
     """:func:`zserve.model.attention.ragged_paged_attention` with the decodes on the kernel
     (prompt chunks stay on torch SDPA, which is already one call per chunk). ``host``: the
