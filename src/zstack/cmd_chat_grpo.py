@@ -9,13 +9,6 @@ from pathlib import Path
 
 import typer
 
-MEASURED = {"actor_lora_dim": 8, "actor_lora_module_name": "layers.", "only_optimize_lora": True,
-            "heldout_samples": 4, "train_prompts": 1024, "heldout_prompts": 128}  # fmt: skip
-"""What `z chat grpo` runs with unless the config or a flag says otherwise: the LoRA-only
-recipe measured on SmolLM2 (zchat.grpo's docstring; "layers." names a LLaMA-family model's
-decoder blocks), 4 fixed-seed sampled answers per held-out prompt, and the 1024 / 128
-prompt split of `z chat e2e`'s stages."""
-
 
 def chat_grpo(
     actor: Path | None = typer.Option(
@@ -46,14 +39,14 @@ def chat_grpo(
     import time
 
     from zchat.config import load_config
-    from zchat.grpo import GRPOConfig, grpo_rank, prepare_grpo
+    from zchat.grpo import RECIPE, GRPOConfig, grpo_rank, prepare_grpo
     from zchat.ranks import RankFailed, run_on_ranks
 
     flags = dict(actor=actor, out=out, world=nproc, steps=steps, prompts_per_rank=prompts_per_rank,
                  group_size=group_size, max_new_tokens=max_new_tokens, micro_batch=micro_batch, kl_coef=kl_coef, lr=lr,
                  train_prompts=train_prompts, heldout_prompts=heldout_prompts, seed=seed,
                  heldout_samples=heldout_samples)  # fmt: skip
-    data: dict = {"actor": "runs/chat/sft", "out": "runs/chat/grpo", **MEASURED}
+    data: dict = {"actor": "runs/chat/sft", "out": "runs/chat/grpo", **RECIPE}
     try:
         if config is not None:
             data.update(json.loads(config.read_text()))

@@ -67,18 +67,22 @@ def chat_ppo(
     seed: int | None = typer.Option(None, "--seed", help="Rollout sampling seed."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
-    """PPO (DeepSpeed-Chat step 3) with the hybrid engine: held-out reward before and after."""
+    """PPO (DeepSpeed-Chat step 3) with the hybrid engine: held-out reward before and after.
+    Runs zchat.ppo.config.RECIPE (LoRA only, 20 steps of 16 prompts per rank) unless the
+    config or a flag says otherwise."""
     import json
 
     from zchat.config import load_config
     from zchat.ppo import PPOConfig
+    from zchat.ppo.config import RECIPE
     from zchat.ppo.trainer import prepare_ppo
 
     flags = dict(actor=actor, reward=reward, out=out, world=nproc, steps=steps,
                  prompts_per_rank=prompts_per_rank, max_new_tokens=max_new_tokens,
                  kl_coef=kl_coef, actor_lr=actor_lr, critic_lr=critic_lr,
                  train_prompts=train_prompts, heldout_prompts=heldout_prompts, seed=seed)  # fmt: skip
-    data: dict = {"actor": "runs/chat/sft", "reward": "runs/chat/reward", "out": "runs/chat/ppo"}
+    data: dict = {"actor": "runs/chat/sft", "reward": "runs/chat/reward", "out": "runs/chat/ppo",
+                  **RECIPE}  # fmt: skip
     try:
         if config is not None:
             data.update(json.loads(config.read_text()))

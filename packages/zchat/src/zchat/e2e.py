@@ -11,11 +11,9 @@ model), ``reward/`` (the reward model), ``ppo/`` (the PPO actor and ``metrics.js
 SFT's and the reward stage's metrics sit beside their directories as ``*.metrics.jsonl``.
 
 The defaults below (:data:`STAGE_DEFAULTS`) are the sizes measured on SmolLM2-135M-Instruct
-with 2 CPU ranks on the arithmetic task (see :mod:`zchat.ppo.trainer`): PPO trains LoRA
-only (rank 8 on every linear layer of the decoder blocks, DeepSpeed-Chat's keys), 8 new
-tokens per rollout (the answers are a few tokens), 20 steps of 16 prompts per rank with
-whitened advantages: on the e2e's own SFT and reward models this raised the held-out sampled
-reward by +0.23 and +0.18 on two seeds, where 8 prompts per rank gained +0.06.
+with 2 CPU ranks on the arithmetic task; the PPO stage's are :data:`zchat.ppo.config.RECIPE`
+(LoRA only, 20 steps of 16 prompts per rank, whitened advantages; see
+:mod:`zchat.ppo.trainer` for what it measured).
 """
 
 from __future__ import annotations
@@ -23,6 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
+from zchat.ppo.config import RECIPE as PPO_RECIPE
 from zcore.config import ZModel
 
 STAGE_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -30,11 +29,7 @@ STAGE_DEFAULTS: dict[str, dict[str, Any]] = {
     "reward": {"score_at": "before_eos", "warmup_blocks": 4, "warmup_epochs": 3,
                "warmup_batch": 16, "steps": 0, "train_examples": 1024,
                "heldout_examples": 128},
-    "ppo": {"steps": 20, "prompts_per_rank": 16, "max_new_tokens": 8, "train_prompts": 1024,
-            "heldout_prompts": 128, "heldout_samples": 4, "whiten_advantages": True,
-            "actor_lora_dim": 8, "critic_lora_dim": 8,
-            "actor_lora_module_name": "layers.", "critic_lora_module_name": "layers.",
-            "only_optimize_lora": True},
+    "ppo": PPO_RECIPE,
 }  # fmt: skip
 """What each stage runs with unless the config's block says otherwise."""
 

@@ -35,6 +35,21 @@ def check_ranges(cfg: ZModel, at_least: dict[str, float], positive: tuple[str, .
             raise ValueError(f"`{key}` must be > 0, got {getattr(cfg, key)}")
 
 
+RECIPE: dict[str, Any] = {
+    "steps": 20, "prompts_per_rank": 16, "max_new_tokens": 8, "train_prompts": 1024,
+    "heldout_prompts": 128, "heldout_samples": 4, "whiten_advantages": True,
+    "actor_lora_dim": 8, "critic_lora_dim": 8, "actor_lora_module_name": "layers.",
+    "critic_lora_module_name": "layers.", "only_optimize_lora": True,
+}  # fmt: skip
+"""What `z chat ppo` and `z chat e2e`'s PPO stage run with unless a config or flag says
+otherwise: the recipe measured on SmolLM2-135M-Instruct with 2 CPU ranks on the arithmetic
+task (:mod:`zchat.ppo.trainer`'s docstring). LoRA only, rank 8 on every linear layer of the
+decoder blocks (DeepSpeed-Chat's keys; ``"layers."`` names a LLaMA-family model's blocks),
+8 new tokens per rollout (the answers are a few tokens), 20 steps of 16 prompts per rank,
+advantages whitened, 4 fixed-seed sampled answers per held-out prompt, and the 1024 / 128
+prompt split of the e2e's stages. The class defaults stay DeepSpeed-Chat's."""
+
+
 class PPOConfig(ZModel):
     """What ``z chat ppo`` trains, on what, and how. Unknown keys are refused (a typo such
     as ``kl_cof`` fails instead of keeping the default)."""
