@@ -47,7 +47,8 @@ task (:mod:`zchat.ppo.trainer`'s docstring). LoRA only, rank 8 on every linear l
 decoder blocks (DeepSpeed-Chat's keys; ``"layers."`` names a LLaMA-family model's blocks),
 8 new tokens per rollout (the answers are a few tokens), 20 steps of 16 prompts per rank,
 advantages whitened, 4 fixed-seed sampled answers per held-out prompt, and the 1024 / 128
-prompt split of the e2e's stages. The class defaults stay DeepSpeed-Chat's."""
+prompt split of the e2e's stages (held-out sampled reward +0.143 over 3 seeds, see
+:mod:`zchat.ppo.trainer`). The class defaults stay DeepSpeed-Chat's."""
 
 
 class PPOConfig(ZModel):
