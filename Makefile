@@ -133,14 +133,20 @@ bench-deepspeed: setup $(DS_DONE) ds-aio
 # llama.cpp for `z bench serve --compare llama.cpp`, never a dependency: llama-cpp-python built
 # from its sdist (cmake from pip, a release build for this CPU: GGML_NATIVE) into LLAMACPP_DIR,
 # which only these runs put on PYTHONPATH. The build is ~600 CPU-seconds (about 5 minutes on
-# two idle cores; 50 on two cores shared with other work).
+# two idle cores; 50 on two cores shared with other work). AMX is left out of the native
+# flags: on a Xeon with AMX-INT8 this release's Q8_0 path ran `tileloadd` with no tile
+# configuration loaded and died with SIGILL (`z bench serve --compare llama.cpp`'s W8A8 pair,
+# even with the process granted the tile state); its AVX-512/VNNI kernels run instead.
+# `--no-cache`: uv would otherwise reuse a wheel built with other flags.
 LLAMACPP_DIR  ?= $(HOME)/.cache/zstack/llama-cpp
 LLAMACPP_PKGS := llama-cpp-python==0.3.36 diskcache==5.6.3
-LLAMACPP_DONE := $(LLAMACPP_DIR)/.installed-$(subst ==,-,$(word 1,$(LLAMACPP_PKGS)))
+LLAMACPP_DONE := $(LLAMACPP_DIR)/.installed-$(subst ==,-,$(word 1,$(LLAMACPP_PKGS)))-noamx
 LLAMACPP_ENV  := PYTHONPATH="$(LLAMACPP_DIR)"
+LLAMACPP_CFLAGS := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 $(LLAMACPP_DONE): $(STAMP)/deps
-	CMAKE_ARGS="-DGGML_NATIVE=ON -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF" CMAKE_BUILD_PARALLEL_LEVEL="$$(nproc)" \
-	  $(UV) pip install --python $(PY) --target $(LLAMACPP_DIR) --no-deps $(LLAMACPP_PKGS)
+	CMAKE_ARGS="-DGGML_NATIVE=ON -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DCMAKE_C_FLAGS='$(LLAMACPP_CFLAGS)' -DCMAKE_CXX_FLAGS='$(LLAMACPP_CFLAGS)'" \
+	  CMAKE_BUILD_PARALLEL_LEVEL="$$(nproc)" \
+	  $(UV) pip install --python $(PY) --target $(LLAMACPP_DIR) --no-deps --no-cache --reinstall $(LLAMACPP_PKGS)
 	$(LLAMACPP_ENV) $(PY) -c "import llama_cpp" || { \
 	  echo "error: llama_cpp does not import from $(LLAMACPP_DIR); see the build output above" >&2; exit 1; }
 	@touch "$@"

@@ -58,6 +58,14 @@ fp32,bf16,w8a8,w4 --repeats 3 --concurrent 16 --prompt-tokens 64 --decode-tokens
   0.709 (69.4 / 97.9): every pair meets 1/1.5 (W8A8 by a hair); 16 concurrent 1.92, 2.10,
   1.37, 1.06. Medians of 3 rounds; the rounds of our decode spread 36-40 (fp32), 48-61 (bf16),
   76-85 (W8A8), 62-70 (W4) tok/s.
+* On a 2-core Xeon with AMX (Sapphire Rapids), after the numpy views of each forward's
+  long-lived tensors were taken once (``zserve.model.native.HostViews``), llama.cpp built
+  without AMX (its AMX Q8_0 path died with SIGILL here; see the Makefile), same command,
+  medians of 3 rounds, ours/theirs in the same run:
+  ``--threads 2`` (load ~1.8): batch-1 decode fp32 0.694 (31.6 / 45.6 tok/s), bf16 0.789
+  (42.0 / 53.1), W8A8 0.848 (68.4 / 80.7), W4 0.779 (73.3 / 94.1); 16 concurrent 2.86, 4.56,
+  1.99, 2.12. ``--threads 1`` (load 1.0): decode 0.858, 0.960, 0.974, 0.836; 16 concurrent
+  3.39, 6.47, 2.72, 2.00. Every bar met at both thread counts in this run.
 * After the team's stand-down after a late helper became 16x the wait (it was a fixed 100
   ms, taken several times a second on this VM, so two threads mostly ran as one), the INT4
   decode products took two long tasks per thread, and a step whose projections all run on
