@@ -152,6 +152,42 @@ def test_greedy_generation_is_sensible(request, fixture: str) -> None:
     assert "Paris" in text, text
 
 
+@pytest.mark.parametrize("fixture", ["w8a8_dir", "fp6_dir"])
+def test_decode_program_equals_the_per_op_forward(request, fixture: str) -> None:
+    """A decode step as direct kernel calls (zserve.model.native_decode: the quantized layers'
+    bound INT8 / dequantize-GEMM calls) gives the per-op forward's logits bit for bit, at one
+    decoding sequence and at three. The skipped layers run F.linear inside a module in a
+    quantized directory, which the program does not cover (None); made plain matrices here
+    on both sides (what the per-op path runs on `znative.linear_rows`), the program runs."""
+    from zserve.model.native_decode import DecodeProgram
+    from zserve.model.quantized import DenseLinear
+    from zserve.runner import ModelRunner, SeqChunk
+
+    model_dir = request.getfixturevalue(fixture)
+    fast, ref = (ModelRunner(model_dir, num_blocks=8, block_size=16) for _ in range(2))
+    assert fast.model.decode_program is None  # the kept layers' F.linear
+    for model in (fast.model, ref.model):
+        for layer in model.layers:
+            for owner, name in ((layer, "qkv"), (layer, "o"), (layer.mlp, "gate_up"),
+                                (layer.mlp, "down")):  # fmt: skip
+                if isinstance(w := getattr(owner, name), DenseLinear):
+                    assert w.bias is None
+                    setattr(owner, name, w.weight)
+    program = fast.model.decode_program = DecodeProgram.build(fast.model)
+    assert program is not None
+    ref.model.decode_program = None
+    tables = [[2 * s, 2 * s + 1] for s in range(3)]
+    steps = [[SeqChunk(s, list(range(100 + s, 120 + s)), 0, tables[s]) for s in range(3)]]
+    steps += [[SeqChunk(0, [5], 20, tables[0])]]
+    steps += [[SeqChunk(s, [7 + s], 20 + (s == 0), tables[s]) for s in range(3)]]
+    ran, run = [], program.run
+    program.run = lambda *args: ran.append(1) or run(*args)  # type: ignore[method-assign]
+    for chunks in steps:
+        assert torch.equal(fast.forward(chunks), ref.forward(chunks))
+    assert len(ran) == 2  # the decode steps
+    assert torch.equal(fast.kv_cache._storage, ref.kv_cache._storage)
+
+
 def test_fused_projection_equals_its_parts() -> None:
     """q/k/v (and gate/up) share one packed weight: rows concatenated, outputs identical."""
     from zquant.nn import OutlierQuantLinear, QuantLinear

@@ -31,6 +31,7 @@ from zserve.model import native
 from zserve.model.attention import AttentionPlan, ragged_paged_attention
 from zserve.model.config import LlamaConfig
 from zserve.model.mixtral import SparseMoE
+from zserve.model.native_decode import DecodeProgram
 from zserve.model.quantized import QuantizedLinears, is_zquant_dir
 from zserve.model.quantized_bound import BoundLinear
 
@@ -311,6 +312,10 @@ class LlamaModel:
             self._pack_weights()  # handed-over weights (zchat's hybrid engine) stay shared
         self._kernel_rows = self._rows_on_kernels()
         self._host_views = native.HostViews()
+        dense = all(isinstance(layer.mlp, DenseMLP) for layer in self.layers)
+        self.decode_program = DecodeProgram.build(self) if self.native and dense else None
+        """Decode steps as direct kernel calls on views taken here, after the packing
+        (:mod:`zserve.model.native_decode`); None: every step takes the per-op path."""
 
     def _rows_on_kernels(self) -> tuple[int, int]:
         """(tokens, logit rows) up to which every projection of a forward, and the LM head,
@@ -422,6 +427,32 @@ class LlamaModel:
 
         Writes every token's key/value to ``kv_cache`` at ``plan.slots``.
         """
+        norm = native.rms_norm if self.native else rms_norm
+        program = self.decode_program
+        if (
+            self.native
+            and program is not None
+            and attention is native.ragged_paged_attention_native
+            and program.covers(plan)
+        ):
+            x = program.run(token_ids, plan, kv_cache)
+        else:
+            x = self._layers_per_op(token_ids, plan, kv_cache, attention)
+        # Only the rows whose logits are wanted go through the final norm and the LM head.
+        x = norm(x.index_select(0, logit_rows), self.norm, self.config.rms_norm_eps)
+        if not isinstance(self.lm_head, torch.Tensor):  # a quantized head: a zquant module
+            return self.lm_head(x).float()
+        head = native.lm_head if self.native else F.linear
+        return head(x, self.lm_head).float()
+
+    def _layers_per_op(
+        self,
+        token_ids: torch.Tensor,
+        plan: AttentionPlan,
+        kv_cache: KVCache,
+        attention: AttentionFn,
+    ) -> torch.Tensor:
+        """The hidden states ``(T, hidden)`` after the last layer, an op (or a kernel) a call."""
         c = self.config
         t = token_ids.numel()
         heads, kv_heads, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
@@ -465,9 +496,4 @@ class LlamaModel:
             # in place: x is this forward's own (index_select's output), the sums as x + y's
             x += self.project(o.reshape(t, c.q_size), w.o, w.o_bias)
             x += w.mlp(norm(x, post_norm, c.rms_norm_eps))
-        # Only the rows whose logits are wanted go through the final norm and the LM head.
-        x = norm(x.index_select(0, logit_rows), self.norm, c.rms_norm_eps)
-        if not isinstance(self.lm_head, torch.Tensor):  # a quantized head: a zquant module
-            return self.lm_head(x).float()
-        head = native.lm_head if self.native else F.linear
-        return head(x, self.lm_head).float()
+        return x

@@ -69,6 +69,13 @@ class BoundLinear:
             self._args = (args.pop("data"), args.pop("scale"), bias)
             self._kwargs = args
 
+    def kernel_call(self) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+        """``(kernel, args, kwargs)``: ``kernel(x, *args, out, **kwargs)`` is this layer's call
+        on float32 ``x (T, in)`` of at most :attr:`max_rows` rows (valid until the next
+        :meth:`bind`)."""
+        w, scale, bias = self._args
+        return self._kernel, (w, scale, bias), self._kwargs
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
         if (
