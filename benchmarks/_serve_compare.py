@@ -78,6 +78,16 @@ fp32,bf16,w8a8,w4 --repeats 3 --concurrent 16 --prompt-tokens 64 --decode-tokens
   2-thread decode ratio near 0.67 lands on either side of the bar from run to run; our step
   spends ~4.5 ms of ~12 in Python between the kernels (the kernels timed inside an engine
   step), which a fused native decode layer would remove.
+* After a decode step's layers became direct kernel calls on views and buffers prepared once
+  (``zserve.model.native_decode.DecodeProgram``: the Python between the kernels fell from
+  ~1.03 M to ~142 k function calls per 198 bf16 decode steps under cProfile), same command,
+  2-core Sapphire Rapids (llama.cpp without AMX), ``--threads 2``, load ~1.9: batch-1 decode
+  fp32 0.908 (35.5 / 39.1 tok/s), bf16 0.930 (45.1 / 48.5), W8A8 0.971 (69.1 / 71.1), W4
+  1.144 (85.0 / 74.2); 16 concurrent 2.80, 4.65, 2.23, 2.18. A second run 15 min later
+  (load ~2.1; both sides slower, llama.cpp fp32 32.8 tok/s): decode 0.822, 0.855, 0.965,
+  0.830; 16 concurrent 2.70, 3.89, 1.74, 2.05. ``--threads 1`` (load 1.0): decode 0.903,
+  0.824, 0.981, 1.120; 16 concurrent 3.17, 6.70, 2.25, 1.83. Lowest decode ratio of the
+  three runs 0.822 (the bar 0.667; before, 0.63-0.69 at the low end).
 """
 
 from __future__ import annotations
