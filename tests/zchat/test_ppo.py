@@ -104,8 +104,9 @@ def test_one_process_step_writes_metrics_and_saves_the_actor(
 def test_critic_warmup_steps_train_the_critic_alone(
     dirs: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    """``critic_warmup_steps`` 1 of 2: step 1 steps the critic's optimizer only, step 2 both;
-    a warm-up as long as the run is refused."""
+    """``critic_warmup_steps`` 1 of 2: step 1 steps the critic's optimizer only (and logs
+    no policy loss for the frozen actor), step 2 both; a warm-up as long as the run is
+    refused."""
     from zchat.ppo.trainer import PPOTrainer
 
     with pytest.raises(ValueError, match=r"`critic_warmup_steps` 2 >= `steps` 2: the actor"):
@@ -122,10 +123,12 @@ def test_critic_warmup_steps_train_the_critic_alone(
             return _real(*a, **k)
 
         engine.step = counted
-    trainer.step(0)
+    warm = trainer.step(0)
     assert stepped == ["critic"]
-    trainer.step(1)
+    assert warm["actor_trained"] == 0 and warm["actor_loss"] == 0 and warm["clip_frac"] == 0
+    trained = trainer.step(1)
     assert stepped == ["critic", "actor", "critic"]
+    assert trained["actor_trained"] == 1
 
 
 def _rank(rank: int, world: int, cfg: Any) -> list[dict[str, Any]]:

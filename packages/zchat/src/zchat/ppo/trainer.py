@@ -223,10 +223,12 @@ class PPOTrainer:
         self.actor.train()
         self.critic.train()
         train_actor = step >= cfg.critic_warmup_steps
+        # a warm-up step's actor is frozen: no policy loss, and 0 logged for it
+        pg, info = torch.zeros(()), {"clip_frac": 0.0, "approx_kl": 0.0}
         for _ in range(cfg.ppo_epochs):
-            lp = token_logprobs(self.actor, batch) if train_actor else old_lp
-            pg, info = policy_loss(lp, old_lp, adv, batch.mask, cfg.cliprange)
             if train_actor:
+                lp = token_logprobs(self.actor, batch)
+                pg, info = policy_loss(lp, old_lp, adv, batch.mask, cfg.cliprange)
                 self.actor.backward(pg)
                 self.actor.step()
             v = critic_values(self.critic, batch)
@@ -240,6 +242,7 @@ class PPOTrainer:
             "reward": float(scores.mean()),
             "kl": float(masked_mean(old_lp - ref_lp, batch.mask)),
             "actor_loss": float(pg.detach()),
+            "actor_trained": float(train_actor),
             "critic_loss": float(vf.detach()),
             "clip_frac": info["clip_frac"],
             "approx_kl": info["approx_kl"],
