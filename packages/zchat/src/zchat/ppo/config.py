@@ -50,7 +50,7 @@ the actor's LoRA at 4x DeepSpeed-Chat's rate (2e-3: LoRA's update is scaled by 1
 at 5e-4 the policy barely left the reference in 20 steps, KL ~0.01 per token), 8 new
 tokens per rollout (the answers are a few tokens), 20 steps of 16 prompts per rank,
 advantages whitened, 4 fixed-seed sampled answers per held-out prompt, and the 1024 / 128
-prompt split of the e2e's stages (held-out sampled reward +0.44 over 3 seeds, see
+prompt split of the e2e's stages (held-out sampled reward +0.33 over 4 seeds, see
 :mod:`zchat.ppo.trainer`). The class defaults stay DeepSpeed-Chat's."""
 
 
