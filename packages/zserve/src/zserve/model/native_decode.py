@@ -41,14 +41,16 @@ KernelCall = tuple[Any, tuple[Any, ...], dict[str, Any]]
 
 
 def kernel_call(weight: Any, dtype: torch.dtype) -> tuple[KernelCall, int] | None:
-    """The kernel call of a projection and its row limit, or None where the per-op path
-    would not call one kernel (a module with torch ops inside, a mismatched dtype)."""
-    if isinstance(weight, torch.Tensor):
-        if weight.dtype != dtype or dtype not in native.DTYPES or not weight.is_contiguous():
-            return None
-        return (znative.linear_rows, (np_view(weight),), {}), native.LINEAR_MAX_ROWS
+    """The kernel call of a projection and its row limit (:func:`native.kernel_rows`, the
+    per-op path's routing rule), or None where the per-op path would not call one kernel
+    (a module with torch ops inside, a mismatched dtype)."""
+    rows = native.kernel_rows(weight, dtype)
+    if not rows:
+        return None
+    if isinstance(weight, torch.Tensor) and weight.is_contiguous():
+        return (znative.linear_rows, (np_view(weight),), {}), rows
     if isinstance(weight, BoundLinear) and dtype == torch.float32:  # its rule for a call
-        return weight.kernel_call(), weight.max_rows
+        return weight.kernel_call(), rows
     return None
 
 
