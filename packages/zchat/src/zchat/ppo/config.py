@@ -40,18 +40,20 @@ RECIPE: dict[str, Any] = {
     "heldout_prompts": 128, "heldout_samples": 4, "whiten_advantages": True,
     "actor_lora_dim": 8, "critic_lora_dim": 8, "actor_lora_module_name": "layers.",
     "critic_lora_module_name": "layers.", "only_optimize_lora": True,
-    "actor_lora_learning_rate": 2e-3,
+    "actor_lora_learning_rate": 2e-3, "critic_lora_learning_rate": 2e-3, "critic_lr": 1e-3,
 }  # fmt: skip
 """What `z chat ppo` and `z chat e2e`'s PPO stage run with unless a config or flag says
 otherwise: the recipe measured on SmolLM2-135M-Instruct with 2 CPU ranks on the arithmetic
-task (:mod:`zchat.ppo.trainer`'s docstring). LoRA only, rank 8 on every linear layer of the
-decoder blocks (DeepSpeed-Chat's keys; ``"layers."`` names a LLaMA-family model's blocks),
-the actor's LoRA at 4x DeepSpeed-Chat's rate (2e-3: LoRA's update is scaled by 1/rank, and
-at 5e-4 the policy barely left the reference in 20 steps, KL ~0.01 per token), 8 new
-tokens per rollout (the answers are a few tokens), 20 steps of 16 prompts per rank,
-advantages whitened, 4 fixed-seed sampled answers per held-out prompt, and the 1024 / 128
-prompt split of the e2e's stages (held-out sampled reward +0.33 over 4 seeds, see
-:mod:`zchat.ppo.trainer`). The class defaults stay DeepSpeed-Chat's."""
+task (``packages/zchat/PPO-RECIPE.md`` has every run that chose it). LoRA only, rank 8 on
+every linear layer of the decoder blocks (DeepSpeed-Chat's keys; ``"layers."`` names a
+LLaMA-family model's blocks), both LoRAs at 4x DeepSpeed-Chat's rate (2e-3: LoRA's update is
+scaled by 1/rank; at 5e-4 the policy barely left the reference in 20 steps, KL ~0.01 per
+token, and the critic's loss was still falling at step 20), the critic's value head at 1e-3
+(``critic_lr``: with ``only_optimize_lora`` it is the only non-LoRA tensor trained, and at
+DeepSpeed-Chat's 5e-6 it did not move), 8 new tokens per rollout (the answers are a few
+tokens), 20 steps of 16 prompts per rank, advantages whitened, 4 fixed-seed sampled answers
+per held-out prompt, and the 1024 / 128 prompt split of the e2e's stages. The class defaults
+stay DeepSpeed-Chat's."""
 
 
 class PPOConfig(ZModel):

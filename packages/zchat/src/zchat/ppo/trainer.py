@@ -18,76 +18,22 @@ copy of the SFT model too, except with a LoRA-only actor (``only_optimize_lora``
 :mod:`zchat.ppo.models`): its frozen base *is* the SFT model, so the reference's
 log-probabilities are the actor's own forward with the LoRA layers off.
 
-Measured (SmolLM2-135M-Instruct SFT + reward model of ``z chat sft`` 12 steps x 8 and
-``z chat reward`` 20 steps x 4 pairs; 2 gloo ranks, 1 thread each, 2-core box at load
-12-13 from other jobs): ``/tmp/zppo/meas.py 10 0,1,2 '{"tag":"lora"}'`` (PPOConfig with
-``actor_lora_dim`` = ``critic_lora_dim`` = 8 on ``"layers."``, ``only_optimize_lora``,
-LoRA lr 5e-4 (DeepSpeed-Chat's), 8 prompts per rank, ``max_new_tokens`` 8, 10 steps):
-a step 125-153 s when nothing else of ours ran (rollout 17-24 s, experience 49-59 s,
-training 60-81 s); memory per rank 1.7-2.0 GiB at a step's start, 2.7-3.1 GiB with the rollout's
-weights gathered, 3.9-4.4 GiB after training (full fine-tuning before LoRA: 3.1 / 3.7 /
-6.3 GB and an OOM kill at step 3); the run's three processes together peaked at 9.2 GiB.
-At load 4 a step took 38-42 s (rollout 6 s, experience 15-16 s, training 18-19 s).
-Held-out (64 prompts, greedy, 8 tokens; reward model score / ``check_sum`` exact match):
-SFT 0.8238 / 0.266; after PPO seeds 0, 1, 2: 0.8282 / 0.250, 0.8235 / 0.266,
-0.8316 / 0.234. Reward gain +0.0040 mean over seeds, standard deviation 0.0040, range
-0.0080 (-0.0002 to +0.0078); exact match fell (0.250 mean): PPO's held-out bar is *not*
-met at this budget (10 steps x 16 rollouts of a reward model with 0.59 held-out pairwise
-accuracy). Rollout reward on the training prompts, step 1 -> 10: 0.59 -> 0.75,
-0.54 -> 0.81, 0.70 -> 0.65; KL to the reference stayed <= 0.05 per token.
-
-With the block-warmed reward model (:mod:`zchat.reward_blocks`: 0.867 held-out pair
-accuracy) and the same LoRA PPO, 10 steps, 1024 training / 128 held-out prompts (the reward
-model's split), ``heldout_samples`` 4, 2 ranks, quiet machine (21-29 s a step), seeds 0-2
-(``z chat e2e``'s PPO block; seed 0's sampled score was taken from its saved actor, whose
-greedy score matched the run's own to the last digit):
-
-    SFT           greedy reward 4.179 (accuracy 0.398); sampled 2.835 (0.178)
-    PPO seed 0    greedy 4.157 (0.406); sampled 3.102 (0.221)
-    PPO seed 1    greedy 4.229 (0.406); sampled 2.891 (0.189)
-    PPO seed 2    greedy 4.197 (0.398); sampled 3.044 (0.197)
-
-The sampled policy's held-out reward (what PPO maximises) rose on every seed: +0.177 mean
-against a standard deviation over seeds of 0.109 (range 0.211); the greedy answers' did
-not move beyond their spread (+0.015 against 0.036). Rollout reward on training prompts
-rose from ~1.4 at step 1 to 2.7-3.6 at step 10, KL <= 0.035 per token.
-
-Not robust across pipelines: ``z chat e2e``'s own run (a fresh SFT model, greedy reward 3.865
-/ accuracy 0.359, sampled 3.155 / 0.160, and a fresh block-warmed reward model, 0.859) went
-sampled 3.155 -> 3.145 and greedy 3.865 -> 3.806 over the same 10 steps, and so did the same
-SFT and reward model with ``whiten_advantages`` (3.155 -> 3.145); its rollout rewards barely
-moved (2.7 at step 1, 2.9 at step 10). On the first SFT model ``whiten_advantages`` seed 0
-went sampled 2.835 -> 3.072 (greedy 4.179 -> 4.224), like the unwhitened seeds.
-
-On the e2e's own pipeline the larger rollout batch helped: 16 prompts per rank (32 a step),
-20 steps, whitened advantages (:data:`zchat.ppo.config.RECIPE`, the e2e's and
-``z chat ppo``'s default). Same SFT model (sampled 3.155) and reward model, held-out sampled
-reward after 20 steps: seed 0 3.389 (``z chat e2e``'s own run, 38 min end to end), seed 1
-3.331, seed 2 3.172 (``z chat ppo --actor RUN/sft --reward RUN/reward --seed S``, 22 min
-each). Every seed rose, by +0.143 on average; the seeds' standard deviation is 0.112 and their
-range 0.217, so the gain beats the standard deviation but not the range: seed 2 gained only
-+0.017. Greedy reward 3.865 -> 3.904 / 3.881 / 3.796, within its spread; greedy exact-match
-0.359 -> 0.320 (seed 0) / 0.383 (seed 2): PPO climbs the reward model, not the checker.
-Variants that did worse on seeds 0-1: 8 prompts per rank +0.06, a 5-step critic warm-up
-(``critic_warmup_steps``) +0.05, lr 1e-3 with ``kl_coef`` 0.04 -0.04.
-
-At LoRA rate 5e-4 the actor hardly moved: KL to the reference <= 0.03 per token on seeds 2
-and 3 (seed 3: 3.155 -> 3.200). With the actor's LoRA at 2e-3 (the critic's kept at 5e-4;
-now in the recipe), same models, ``z chat ppo --config C --seed S`` (C: the recipe with
-``actor_lora_learning_rate`` 2e-3), 14-16 min a run, KL 0.1-0.5 per token by step 10:
+Measured with :data:`zchat.ppo.config.RECIPE` (``packages/zchat/PPO-RECIPE.md`` has
+these runs and every earlier one): SmolLM2-135M-Instruct, the SFT and reward models of one
+``z chat e2e`` run, 2 gloo ranks with 1 thread each on a 2-core machine, ``z chat ppo --config
+C --seed S`` (C: the actor, reward and out directories), 20 steps of 32 prompts:
 
     SFT           greedy reward 3.865 (accuracy 0.359); sampled 3.155 (0.160)
-    PPO seed 0    greedy 4.085 (0.398); sampled 3.822 (0.291)
-    PPO seed 1    greedy 3.844 (0.352); sampled 3.467 (0.205)
-    PPO seed 2    greedy 3.886 (0.313); sampled 3.502 (0.195)
-    PPO seed 3    greedy 3.874 (0.250); sampled 3.166 (0.104)
+    PPO seed 0    greedy 3.961 (0.391); sampled 3.767 (0.305)
+    PPO seed 1    greedy 3.981 (0.352); sampled 3.517 (0.225)
+    PPO seed 2    greedy 3.760 (0.289); sampled 3.400 (0.207)
+    PPO seed 3    greedy 4.094 (0.305); sampled 3.521 (0.203)
 
-Sampled held-out reward +0.334 on average (+0.667 / +0.312 / +0.347 / +0.011); over seeds
-its standard deviation is 0.268 and its range 0.656: the mean gain beats the standard
-deviation but not the range, and seed 3 gained nothing (its rollout reward had no trend
-over the 20 steps of 32 prompts). Greedy reward +0.06 on average: within its spread.
-``z chat e2e`` (seed 0, quiet machine) took 25.1 min (SFT 1.9, reward 7.0, PPO 16.0) and
-gave seed 0's numbers to the last digit.
+Sampled held-out reward +0.397 on average (+0.612 / +0.362 / +0.246 / +0.367); over seeds
+its standard deviation is 0.154 and its range 0.367: the mean gain beats both, and every
+seed's gain beats the standard deviation. Sampled exact-match rose on every seed (0.160 ->
+0.203-0.305). Greedy reward +0.084 on average, within its spread (standard deviation 0.139).
+13.4-14.7 min a run (median step 29-35 s: rollout 4-5, experience 11-13, training 14-17).
 
 Metrics (means over ranks; memory and time per rank) go to ``metrics.jsonl`` every step,
 with a live progress line on rank 0; the held-out prompts are scored greedily before the
