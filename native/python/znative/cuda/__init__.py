@@ -268,6 +268,7 @@ def _external_stream(cp: Any, stream: int) -> Any:
     GPU test that launched a kernel on the H100); only that one notice is silenced, here,
     until CuPy's replacement takes a raw handle on every version we support."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="ExternalStream is deprecated",
-                                category=DeprecationWarning)  # fmt: skip
+        warnings.filterwarnings(
+            "ignore", message="ExternalStream is deprecated", category=DeprecationWarning
+        )
         return cp.cuda.ExternalStream(stream, cp.cuda.runtime.getDevice())

@@ -46,8 +46,10 @@ class CompressedReduceScatter:
         """This rank's row of the average of every rank's ``grid_WP`` (fp32, ``(P,)``)."""
         world = self.comm.size
         if grid_WP.dim() != 2 or grid_WP.shape[0] != world:
-            raise ValueError(f"compressed reduce-scatter `{key}`: expected a ({world}, P) "
-                             f"grid, got {tuple(grid_WP.shape)}")  # fmt: skip
+            raise ValueError(
+                f"compressed reduce-scatter `{key}`: expected a ({world}, P) "
+                f"grid, got {tuple(grid_WP.shape)}"
+            )
         cols = grid_WP.shape[1]
         cols8 = _padded_cols(cols)
         x_WC = torch.zeros(world, cols8, dtype=torch.float32, device=grid_WP.device)
@@ -55,8 +57,10 @@ class CompressedReduceScatter:
         err = self.errors.get(key)
         if err is not None:
             if err.shape != x_WC.shape:
-                raise ValueError(f"compressed reduce-scatter `{key}`: grid {tuple(x_WC.shape)} "
-                                 f"but its error buffer is {tuple(err.shape)}; one key per grid")  # fmt: skip
+                raise ValueError(
+                    f"compressed reduce-scatter `{key}`: grid {tuple(x_WC.shape)} "
+                    f"but its error buffer is {tuple(err.shape)}; one key per grid"
+                )
             x_WC.add_(err.to(x_WC.device))
         scale = sign_scale(x_WC)
         self.errors[key] = x_WC - scale * signs(x_WC)

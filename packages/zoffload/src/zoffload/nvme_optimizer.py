@@ -206,8 +206,9 @@ class NvmeStore(OptimizerStore):
     def grad_bytes(self) -> int:
         return 0  # on NVMe
 
-    def _prepare_grad_tile(self, g: int, a: int, b: int, grad: torch.Tensor,
-                     partial: dict[int, int]) -> None:  # fmt: skip
+    def _prepare_grad_tile(
+        self, g: int, a: int, b: int, grad: torch.Tensor, partial: dict[int, int]
+    ) -> None:
         """Check the gradient slots met by tile ``[a, b)`` against the CRC-32 of what was
         written, and zero the parts of slots that got no gradient this cycle. A slot that
         runs on into the next tile leaves its CRC so far in ``partial`` and is checked when
@@ -244,8 +245,13 @@ class NvmeStore(OptimizerStore):
         n = self.numels[g]
         return [(a, min(a + self.tile, n)) for a in range(0, n, self.tile)]
 
-    def _write_group(self, g: int, master: torch.Tensor, zero_state: bool = False,
-                     state: dict[str, torch.Tensor] | None = None) -> None:  # fmt: skip
+    def _write_group(
+        self,
+        g: int,
+        master: torch.Tensor,
+        zero_state: bool = False,
+        state: dict[str, torch.Tensor] | None = None,
+    ) -> None:
         """Write a whole group's master (and state, or zeros) to its files, tile by tile."""
         for i, (a, b) in enumerate(self._ranges(g)):
             t = self._tiles[i % len(self._tiles)]

@@ -75,8 +75,9 @@ def wait_all(ios: Iterable[SwapIO]) -> SwapError | None:
 class SwapIO:
     """An issued tile read or write; :meth:`wait` finishes it (and checks a read)."""
 
-    def __init__(self, space: SwapSpace, handle: Any, key: tuple[str, int], buf: torch.Tensor,
-                 read: bool) -> None:  # fmt: skip
+    def __init__(
+        self, space: SwapSpace, handle: Any, key: tuple[str, int], buf: torch.Tensor, read: bool
+    ) -> None:
         self._space, self._handle, self._key, self._buf, self._read = space, handle, key, buf, read
 
     def wait(self) -> None:

@@ -110,8 +110,12 @@ class EngineConfig(BaseModel):
         spec.pop("model", None)
         if "method" in spec:
             data["speculative"] = spec.pop("method")
-        allowed = {"num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
-                   "draft_layers"}  # fmt: skip
+        allowed = {
+            "num_speculative_tokens",
+            "prompt_lookup_max",
+            "prompt_lookup_min",
+            "draft_layers",
+        }
         unknown = sorted(set(spec) - allowed)
         if unknown:
             raise ValueError(

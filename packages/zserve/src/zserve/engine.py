@@ -282,8 +282,9 @@ class Engine:
         self.num_forward_tokens += tokens
         return results
 
-    def _run(self, sched: Any, chunks: list[Any], spans: list[tuple[int, int]],
-             drafts: list[list[int]]) -> list[RequestOutput]:  # fmt: skip
+    def _run(
+        self, sched: Any, chunks: list[Any], spans: list[tuple[int, int]], drafts: list[list[int]]
+    ) -> list[RequestOutput]:
         """The forward of one scheduled step and everything after it: sampling,
         verification of drafts, the step's outputs."""
         results: list[RequestOutput] = []

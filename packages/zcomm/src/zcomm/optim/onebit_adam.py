@@ -61,8 +61,9 @@ class OneBitAdam(ReplayedGather, OneBitBase):
     ) -> None:
         if freeze_step < 0:
             raise ValueError(f"freeze_step must be >= 0, got {freeze_step}")
-        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps,
-                                  "weight_decay": weight_decay})  # fmt: skip
+        super().__init__(
+            params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
+        )
         self.compressed_weight_gather = compressed_weight_gather
         self.freeze_step = freeze_step
         self.init_replay()
@@ -110,8 +111,11 @@ class OneBitAdam(ReplayedGather, OneBitBase):
                     if self.replaying():  # the server half of stage 0's all-reduce
                         self.compress_momentum(gi, m, v > 0)
                         self.note_step(gi, group["lr"], group["weight_decay"])
-                        p.copy_(mg.replay(p, m, v.sqrt() + group["eps"], group["lr"],
-                                          group["weight_decay"]))  # fmt: skip
+                        p.copy_(
+                            mg.replay(
+                                p, m, v.sqrt() + group["eps"], group["lr"], group["weight_decay"]
+                            )
+                        )
                         continue
                 update = m / (v.sqrt() + group["eps"])
                 if group["weight_decay"] > 0:

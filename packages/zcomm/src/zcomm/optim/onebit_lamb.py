@@ -59,8 +59,14 @@ class OneBitLamb(OneBitBase):
         factor_threshold: float = 0.1,
         compressed_weight_gather: bool = False,
     ) -> None:
-        defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
-                    "max_coeff": max_coeff, "min_coeff": min_coeff}  # fmt: skip
+        defaults = {
+            "lr": lr,
+            "betas": betas,
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "max_coeff": max_coeff,
+            "min_coeff": min_coeff,
+        }
         super().__init__(params, defaults)
         if compressed_weight_gather:
             raise ValueError(
@@ -130,8 +136,12 @@ class OneBitLamb(OneBitBase):
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
         loss = closure() if closure is not None else None
         self.lamb_coeffs = []
-        live = [(gi, g, p) for gi, g in enumerate(self.param_groups) for p in g["params"]
-                if p.grad is not None]  # fmt: skip
+        live = [
+            (gi, g, p)
+            for gi, g in enumerate(self.param_groups)
+            for p in g["params"]
+            if p.grad is not None
+        ]
         if self.compressing() and self.stage > 0:
             self._sharded_compressed_step(live)
         elif self.compressing():
@@ -180,8 +190,10 @@ class OneBitLamb(OneBitBase):
         states = [self.state[p] for _, _, p in live]
         pieces = [self._pieces(gi, p) for gi, _, p in live]
         if "scaling_coeff" not in states[0]:  # fixed once, at the first compressed step
-            scales = [[float(st["exp_avg"][o : o + n].norm()) / math.sqrt(n) for o, n in ps]
-                      for st, ps in zip(states, pieces, strict=True)]  # fmt: skip
+            scales = [
+                [float(st["exp_avg"][o : o + n].norm()) / math.sqrt(n) for o, n in ps]
+                for st, ps in zip(states, pieces, strict=True)
+            ]
             flat_scales = [s for row in scales for s in row]
             united = sum(flat_scales) / len(flat_scales)
             for st, row in zip(states, scales, strict=True):
@@ -217,8 +229,15 @@ class OneBitLamb(OneBitBase):
                 coeff = self._coeff(st, j, factor, float(prelim.norm()), u_norm, group)
                 w.add_(update, alpha=-group["lr"] * coeff)
 
-    def _coeff(self, st: dict[str, Any], j: int, factor: float, prelim_norm: float,
-               u_norm: float, group: dict[str, Any]) -> float:  # fmt: skip
+    def _coeff(
+        self,
+        st: dict[str, Any],
+        j: int,
+        factor: float,
+        prelim_norm: float,
+        u_norm: float,
+        group: dict[str, Any],
+    ) -> float:
         """The compression stage's trust ratio of piece ``j``: the frozen running ratio times
         the variance-drift ``factor``, damped by weight decay's share of the update and
         clamped to ``[factor_min, factor_max]`` and ``factor_threshold`` per step."""
@@ -227,8 +246,9 @@ class OneBitLamb(OneBitBase):
             factor = factor * ratio + (1.0 - ratio)
         factor = min(max(factor, self.factor_min), self.factor_max)
         prev = st["last_factor"][j]
-        factor = min(max(factor, prev * (1.0 - self.factor_threshold)),
-                     prev * (1.0 + self.factor_threshold))  # fmt: skip
+        factor = min(
+            max(factor, prev * (1.0 - self.factor_threshold)), prev * (1.0 + self.factor_threshold)
+        )
         st["last_factor"][j] = factor
         coeff = st["lamb_coeff_freeze"][j] * factor
         self.lamb_coeffs.append(coeff)
@@ -252,8 +272,10 @@ class OneBitLamb(OneBitBase):
             update = prelim + group["weight_decay"] * p if group["weight_decay"] > 0 else prelim
             drift = denom / (v_fresh.sqrt() + group["eps"])
             for o, n in pieces:
-                sums += [float(prelim[o : o + n].double().square().sum()),
-                         float(update[o : o + n].double().square().sum())]  # fmt: skip
+                sums += [
+                    float(prelim[o : o + n].double().square().sum()),
+                    float(update[o : o + n].double().square().sum()),
+                ]
                 maxes.append(float(drift[o : o + n].max()) if n else 0.0)
             work.append((group, p, st, pieces, update))
         norms = self._across(torch.tensor(sums, dtype=torch.float64)).sqrt().tolist()

@@ -22,9 +22,15 @@ from zcore.config.params_kit import Bool, Field, Float, Int, field_validator
 Beta = Annotated[float, Field(ge=0, lt=1)]
 
 NOT_CONSTRUCTOR: frozenset[str] = frozenset(
-    {"bias_correction", "eps_inside_sqrt", "max_grad_norm", "amsgrad", "cuda_aware",
-     "comm_backend_name"}
-)  # fmt: skip
+    {
+        "bias_correction",
+        "eps_inside_sqrt",
+        "max_grad_norm",
+        "amsgrad",
+        "cuda_aware",
+        "comm_backend_name",
+    }
+)
 
 
 class _OneBitCommon(OptimizerParams):

@@ -35,9 +35,24 @@ def build_onebit_lamb(
     return OneBitLamb(groups, **params.model_dump())
 
 
-ONEBIT_ADAM = OptimizerSpec("OneBitAdam", OneBitAdamParams, build_onebit_adam,
-                            reduces_own_gradients=True, decoupled_weight_decay=True)  # fmt: skip
-ZERO_ONE_ADAM = OptimizerSpec("ZeroOneAdam", ZeroOneAdamParams, build_zero_one_adam,
-                              reduces_own_gradients=True, decoupled_weight_decay=True)  # fmt: skip
-ONEBIT_LAMB = OptimizerSpec("OneBitLamb", OneBitLambParams, build_onebit_lamb,
-                            reduces_own_gradients=True, decoupled_weight_decay=True)  # fmt: skip
+ONEBIT_ADAM = OptimizerSpec(
+    "OneBitAdam",
+    OneBitAdamParams,
+    build_onebit_adam,
+    reduces_own_gradients=True,
+    decoupled_weight_decay=True,
+)
+ZERO_ONE_ADAM = OptimizerSpec(
+    "ZeroOneAdam",
+    ZeroOneAdamParams,
+    build_zero_one_adam,
+    reduces_own_gradients=True,
+    decoupled_weight_decay=True,
+)
+ONEBIT_LAMB = OptimizerSpec(
+    "OneBitLamb",
+    OneBitLambParams,
+    build_onebit_lamb,
+    reduces_own_gradients=True,
+    decoupled_weight_decay=True,
+)

@@ -78,8 +78,9 @@ class ZeroOneAdam(ReplicatedLocalSteps, OneBitBase):
         preconditioned: bool = False,
         compressed_weight_gather: bool = False,
     ) -> None:
-        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps,
-                                  "weight_decay": weight_decay})  # fmt: skip
+        super().__init__(
+            params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
+        )
         if compressed_weight_gather:
             raise ValueError(
                 "optimizer.params.compressed_weight_gather is supported by OneBitAdam only: "
@@ -133,8 +134,15 @@ class ZeroOneAdam(ReplicatedLocalSteps, OneBitBase):
         self._grids[gi] = grid
         return grid[self.context.comm.rank if self.context else 0].clone()
 
-    def _sum_and_sync(self, gi: int, p: torch.Tensor, st: dict[str, Any],
-                      denom: torch.Tensor, beta1: float, lr: float) -> None:  # fmt: skip
+    def _sum_and_sync(
+        self,
+        gi: int,
+        p: torch.Tensor,
+        st: dict[str, Any],
+        denom: torch.Tensor,
+        beta1: float,
+        lr: float,
+    ) -> None:
         """Stages 1-2 after the freeze: fold this step's local grid into ``(A, B)``; at a
         synchronization average them compressed and correct the momentum and weights."""
         grid = self._grids.pop(gi)
@@ -163,8 +171,18 @@ class ZeroOneAdam(ReplicatedLocalSteps, OneBitBase):
         """Whether local steps have happened since the last synchronization."""
         return any(float(self.state[p].get("lrs", 0.0)) != 0.0 for p in self.accumulator)
 
-    def _update(self, gi: int, p: torch.Tensor, st: dict[str, Any], acc: torch.Tensor | None,
-                beta1: float, lr: float, eps: float, wd: float, key: str) -> None:  # fmt: skip
+    def _update(
+        self,
+        gi: int,
+        p: torch.Tensor,
+        st: dict[str, Any],
+        acc: torch.Tensor | None,
+        beta1: float,
+        lr: float,
+        eps: float,
+        wd: float,
+        key: str,
+    ) -> None:
         """Stage 0, and stages 1-2 with non-fp32 parameters: the update of master ``p``."""
         m, v = st["exp_avg"], st["exp_avg_sq"]
         denom = v.sqrt().add_(eps)
@@ -198,8 +216,14 @@ class ZeroOneAdam(ReplicatedLocalSteps, OneBitBase):
                 key = f"{gi}.{pi}"
                 st = self.state[p]
                 if not st:
-                    st.update(step=0, var_interval=1, var_counter=0, local_step_interval=1,
-                              local_step_counter=0, lrs=0.0)  # fmt: skip
+                    st.update(
+                        step=0,
+                        var_interval=1,
+                        var_counter=0,
+                        local_step_interval=1,
+                        local_step_counter=0,
+                        lrs=0.0,
+                    )
                     st["exp_avg"] = torch.zeros_like(p)
                     st["exp_avg_sq"] = torch.zeros_like(p)
                 acc = self.accumulator.get(p)
@@ -252,8 +276,9 @@ class ZeroOneAdam(ReplicatedLocalSteps, OneBitBase):
     def comm_state_dict(self) -> dict[str, Any]:
         state = super().comm_state_dict()
         params = [p for group in self.param_groups for p in group["params"]]
-        state["accumulator"] = [self.accumulator[p].clone() if p in self.accumulator else None
-                                for p in params]  # fmt: skip
+        state["accumulator"] = [
+            self.accumulator[p].clone() if p in self.accumulator else None for p in params
+        ]
         state["sums"] = {gi: (a.clone(), b.clone()) for gi, (a, b) in self.sums.items()}
         if self.replicated():
             state["replica"] = self.replica_state()
@@ -269,8 +294,9 @@ class ZeroOneAdam(ReplicatedLocalSteps, OneBitBase):
         self.sums.clear()
         self.load_replica_state(state)
         if state is not None:
-            self.sums = {int(gi): (a.clone(), b.clone())
-                         for gi, (a, b) in state.get("sums", {}).items()}  # fmt: skip
+            self.sums = {
+                int(gi): (a.clone(), b.clone()) for gi, (a, b) in state.get("sums", {}).items()
+            }
         if state is None:
             for p in params:  # another world size: drop the local drift (lrs restarts)
                 if self.state.get(p):

@@ -68,8 +68,7 @@ class ReplicatedLocalSteps:
     def replicated(self) -> bool:
         """Whether the stage 1-2 fp32 path runs (else the gradient-sum path)."""
         ctx = self.context  # type: ignore[attr-defined]
-        return (ctx is not None and ctx.stage in (1, 2) and ctx.comm.size > 1
-                and ctx.fp32_params)  # fmt: skip
+        return ctx is not None and ctx.stage in (1, 2) and ctx.comm.size > 1 and ctx.fp32_params
 
     def compress_gather(self) -> bool:
         """zcore's :class:`~zcore.zero.communicating.CompressedGather`: every publish."""
@@ -102,8 +101,9 @@ class ReplicatedLocalSteps:
         comm.all_reduce(t, f"all_reduce(0/1 Adam gradient scale of group {gi})").wait()
         return float(t[0] / t[1]) if float(t[1]) > 0 else 1.0
 
-    def _full_grids(self, gi: int, p: torch.Tensor, st: dict[str, Any], taken: int
-                    ) -> dict[str, torch.Tensor]:  # fmt: skip
+    def _full_grids(
+        self, gi: int, p: torch.Tensor, st: dict[str, Any], taken: int
+    ) -> dict[str, torch.Tensor]:
         """Group ``gi``'s grids; built on first use, from every rank's slot state when that
         state has ``taken`` steps in it (a checkpoint without this rank's grids)."""
         grids = self.grids.get(gi)
@@ -113,15 +113,21 @@ class ReplicatedLocalSteps:
             for name, mine in (("m", st["exp_avg"]), ("v", st["exp_avg_sq"])):
                 full = torch.zeros(comm.size, p.numel(), dtype=torch.float32, device=p.device)
                 if taken > 0:  # a loaded slot state: every rank's, once
-                    comm.all_gather(full.view(-1), mine.reshape(-1).float(),
-                                    f"all_gather(0/1 Adam {name} of group {gi})").wait()  # fmt: skip
+                    comm.all_gather(
+                        full.view(-1),
+                        mine.reshape(-1).float(),
+                        f"all_gather(0/1 Adam {name} of group {gi})",
+                    ).wait()
                 grids[name] = full
             grids["A"] = torch.zeros_like(grids["m"])
             grids["B"] = torch.zeros_like(grids["m"])
             if self.frozen:  # type: ignore[attr-defined]  # the masters are the interval's start
                 grids["x"] = torch.empty_like(grids["m"])
-                comm.all_gather(grids["x"].view(-1), p.detach().reshape(-1).float(),
-                                f"all_gather(0/1 Adam weights of group {gi})").wait()  # fmt: skip
+                comm.all_gather(
+                    grids["x"].view(-1),
+                    p.detach().reshape(-1).float(),
+                    f"all_gather(0/1 Adam weights of group {gi})",
+                ).wait()
             self.grids[gi] = grids
         return grids
 
@@ -145,8 +151,9 @@ class ReplicatedLocalSteps:
         if not frozen and st["step"] % st["var_interval"] == 0:  # fp32-averaged slots
             comm = self.context.comm  # type: ignore[attr-defined]
             g = torch.empty_like(m)
-            comm.all_gather(g.view(-1), p.grad.reshape(-1),
-                            f"all_gather(averaged gradients of group {gi})").wait()  # fmt: skip
+            comm.all_gather(
+                g.view(-1), p.grad.reshape(-1), f"all_gather(averaged gradients of group {gi})"
+            ).wait()
             v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
             m.mul_(beta1).add_(g, alpha=1 - beta1)
         else:
@@ -164,8 +171,15 @@ class ReplicatedLocalSteps:
         st["exp_avg"].view(-1).copy_(m[rank])
         st["exp_avg_sq"].view(-1).copy_(v[rank])
 
-    def _local_step(self, gi: int, grids: dict[str, torch.Tensor], grid: torch.Tensor,
-                    factor: float, group: dict, st: dict[str, Any]) -> None:  # fmt: skip
+    def _local_step(
+        self,
+        gi: int,
+        grids: dict[str, torch.Tensor],
+        grid: torch.Tensor,
+        factor: float,
+        group: dict,
+        st: dict[str, Any],
+    ) -> None:
         """Fold this rank's gradient into ``A`` and ``B`` and the interval's scalars; at a
         synchronization average ``A`` and ``B`` and set the next interval's momentum."""
         beta1 = group["betas"][0]
@@ -191,8 +205,9 @@ class ReplicatedLocalSteps:
         self.drift[gi] = (0, 1.0, 0.0)
         self._pending[gi] = (True, alpha, p_coef, b_mean, m_next)
 
-    def _drifted(self, gi: int, cols: slice, alpha: float, p_coef: float,
-                 b_sum: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    def _drifted(
+        self, gi: int, cols: slice, alpha: float, p_coef: float, b_sum: torch.Tensor
+    ) -> torch.Tensor:
         """Columns ``cols`` of the weights after this interval's local steps so far:
         ``alpha * x_s - (P * m_s + (1 - beta1) * B) / d`` (zero update where ``v`` is 0)."""
         grids = self.grids[gi]
@@ -249,7 +264,9 @@ class ReplicatedLocalSteps:
         self.drift.clear()
         if saved is None:  # rebuilt from the slots on the next step; the drift is dropped
             return
-        self.grids = {int(gi): {k: t.clone() for k, t in g.items()}
-                      for gi, g in saved["grids"].items()}  # fmt: skip
-        self.drift = {int(gi): (int(k), float(a), float(pc))
-                      for gi, (k, a, pc) in saved["drift"].items()}  # fmt: skip
+        self.grids = {
+            int(gi): {k: t.clone() for k, t in g.items()} for gi, g in saved["grids"].items()
+        }
+        self.drift = {
+            int(gi): (int(k), float(a), float(pc)) for gi, (k, a, pc) in saved["drift"].items()
+        }

@@ -53,10 +53,11 @@ class ZeroPP(Collectives):
             local = int(mesh.spec.dp_local)
             if local != config.hpz_partition_size:
                 raise ConfigError.single(
-                    HPZ, config.hpz_partition_size,
+                    HPZ,
+                    config.hpz_partition_size,
                     f"the mesh's node-local axis dp_local is {local}, so this zcore did not "
                     "size it from the key; upgrade zcore together with zcomm",
-                )  # fmt: skip
+                )
             self.hpz = SecondaryPartition(mesh.comm("dp"), mesh.comm("dp_local"))
 
     def reduce_scatter(self, comm: Comm, out: torch.Tensor, inp: torch.Tensor, what: str) -> Handle:

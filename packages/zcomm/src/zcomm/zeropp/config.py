@@ -83,23 +83,32 @@ class ZeroPPConfig:
         fix = f"set {ZERO}.stage to 3 or remove the key"
         for key, on in ((QWZ, qwz), (QGZ, qgz), (HPZ, hpz > 1), (LOCO, loco is not None)):
             if on and stage != 3:
-                problems.append(ConfigProblem.at(
-                    key, raw[key],
-                    f"ZeRO++ partitions parameters, so it needs ZeRO stage 3 ({ZERO}.stage is "
-                    f"{stage}); {fix}",
-                ))  # fmt: skip
+                problems.append(
+                    ConfigProblem.at(
+                        key,
+                        raw[key],
+                        f"ZeRO++ partitions parameters, so it needs ZeRO stage 3 ({ZERO}.stage is "
+                        f"{stage}); {fix}",
+                    )
+                )
         if loco is not None and not qgz:
-            problems.append(ConfigProblem.at(
-                LOCO, raw[LOCO],
-                f"LoCo is error feedback for qgZ's quantized gradients, which are off; set "
-                f"{QGZ} to true or remove {LOCO}",
-            ))  # fmt: skip
+            problems.append(
+                ConfigProblem.at(
+                    LOCO,
+                    raw[LOCO],
+                    f"LoCo is error feedback for qgZ's quantized gradients, which are off; set "
+                    f"{QGZ} to true or remove {LOCO}",
+                )
+            )
         if qgz and stage == 3 and not zc.reduce_scatter:
-            problems.append(ConfigProblem.at(
-                QGZ, raw[QGZ],
-                f"qgZ replaces the gradient reduce-scatter, and {ZERO}.reduce_scatter is false "
-                "(buckets are all-reduced); set reduce_scatter to true or turn qgZ off",
-            ))  # fmt: skip
+            problems.append(
+                ConfigProblem.at(
+                    QGZ,
+                    raw[QGZ],
+                    f"qgZ replaces the gradient reduce-scatter, and {ZERO}.reduce_scatter is false "
+                    "(buckets are all-reduced); set reduce_scatter to true or turn qgZ off",
+                )
+            )
         if problems:
             raise ConfigError(problems)
         return cls(qwz, hpz, qgz, loco)
@@ -118,10 +127,13 @@ def _hpz(value: Any, problems: list[ConfigProblem]) -> int:
     if value is None:
         return 1
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        problems.append(ConfigProblem.at(
-            HPZ, value,
-            "must be a positive whole number of ranks (1: off; e.g. the GPUs per node)",
-        ))  # fmt: skip
+        problems.append(
+            ConfigProblem.at(
+                HPZ,
+                value,
+                "must be a positive whole number of ranks (1: off; e.g. the GPUs per node)",
+            )
+        )
         return 1
     return value
 
@@ -130,28 +142,38 @@ def _loco(value: Any, problems: list[ConfigProblem]) -> LocoConfig | None:
     if value is None:
         return None
     if not isinstance(value, dict):
-        problems.append(ConfigProblem.at(
-            LOCO, value, 'must be an object such as {"err_beta": 0.8, "reset_T": 1024}'
-        ))  # fmt: skip
+        problems.append(
+            ConfigProblem.at(
+                LOCO, value, 'must be an object such as {"err_beta": 0.8, "reset_T": 1024}'
+            )
+        )
         return None
     unknown = sorted(set(value) - set(LOCO_DEFAULTS))
     for key in unknown:
-        problems.append(ConfigProblem.at(
-            f"{LOCO}.{key}", value[key],
-            "unknown LoCo key; DeepSpeed's are err_beta and reset_T",
-        ))  # fmt: skip
+        problems.append(
+            ConfigProblem.at(
+                f"{LOCO}.{key}",
+                value[key],
+                "unknown LoCo key; DeepSpeed's are err_beta and reset_T",
+            )
+        )
     beta = value.get("err_beta", LOCO_DEFAULTS["err_beta"])
     reset = value.get("reset_T", LOCO_DEFAULTS["reset_T"])
     ok = not unknown
     if isinstance(beta, bool) or not isinstance(beta, int | float) or not 0 <= beta < 1:
-        problems.append(ConfigProblem.at(
-            f"{LOCO}.err_beta", beta, "must be a number in [0, 1) (DeepSpeed uses 0.8)"
-        ))  # fmt: skip
+        problems.append(
+            ConfigProblem.at(
+                f"{LOCO}.err_beta", beta, "must be a number in [0, 1) (DeepSpeed uses 0.8)"
+            )
+        )
         ok = False
     if isinstance(reset, bool) or not isinstance(reset, int) or reset < 1:
-        problems.append(ConfigProblem.at(
-            f"{LOCO}.reset_T", reset,
-            "must be a positive whole number of reductions (DeepSpeed uses 1024)",
-        ))  # fmt: skip
+        problems.append(
+            ConfigProblem.at(
+                f"{LOCO}.reset_T",
+                reset,
+                "must be a positive whole number of reductions (DeepSpeed uses 1024)",
+            )
+        )
         ok = False
     return LocoConfig(float(beta), int(reset)) if ok else None

@@ -52,8 +52,9 @@ class LocoErrors:
         codes, scales = saved["codes"].to(device), saved["scales"].to(device)
         return dequantize_blocks(codes, scales, ERROR_BITS, self.block, numel)
 
-    def keep(self, key: str, stage: str, error: torch.Tensor, sent: torch.Tensor,
-             meant: torch.Tensor) -> None:  # fmt: skip
+    def keep(
+        self, key: str, stage: str, error: torch.Tensor, sent: torch.Tensor, meant: torch.Tensor
+    ) -> None:
         """Update bucket ``key``'s ``stage`` error after sending ``sent`` = Q(``meant``),
         ``meant`` being the compensated values ``x + error``."""
         beta = self.config.err_beta

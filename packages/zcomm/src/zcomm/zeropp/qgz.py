@@ -51,8 +51,9 @@ class QuantizedReduceScatter:
         block: elements per quantization block.
     """
 
-    def __init__(self, node_size: int, loco: LocoConfig | None = None,
-                 block: int = QGZ_BLOCK) -> None:  # fmt: skip
+    def __init__(
+        self, node_size: int, loco: LocoConfig | None = None, block: int = QGZ_BLOCK
+    ) -> None:
         self.node_size = node_size
         self.block = block
         self.loco = LocoErrors(loco, block) if loco is not None else None
@@ -135,8 +136,9 @@ class QuantizedReduceScatter:
         out = torch.empty(r * k, packet, dtype=torch.uint8, device=meant.device)
         sent = torch.empty_like(meant)
         for q in range(r * k):
-            sent[q * c : (q + 1) * c] = pack_into(out[q], meant[q * c : (q + 1) * c],
-                                                  QGZ_BITS, self.block)  # fmt: skip
+            sent[q * c : (q + 1) * c] = pack_into(
+                out[q], meant[q * c : (q + 1) * c], QGZ_BITS, self.block
+            )
         if self.loco is not None and error is not None:
             self.loco.keep(key, stage, error, sent, meant)
         return out.view(r, k * packet)

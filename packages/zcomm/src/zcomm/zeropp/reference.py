@@ -47,8 +47,9 @@ def reference_qgz(
         if loco is not None and errors is not None:
             error = errors[rank].get(stage, torch.zeros_like(meant))
             meant = meant + error
-        sent = torch.cat([quantized(meant[k * c : (k + 1) * c], QGZ_BITS, block)
-                          for k in range(len(values))])  # fmt: skip
+        sent = torch.cat(
+            [quantized(meant[k * c : (k + 1) * c], QGZ_BITS, block) for k in range(len(values))]
+        )
         if loco is not None and errors is not None:
             beta = loco.err_beta
             new = beta * error + (1.0 - beta) * (meant - sent)
@@ -63,8 +64,11 @@ def reference_qgz(
             if local == 1:
                 partial[sender] = [chunk(sender, nodes[n][0]) for n in range(n_nodes)]
                 continue
-            wire = send(sender, "intra", [chunk(sender, nodes[n][i])
-                                          for i in range(local) for n in range(n_nodes)])  # fmt: skip
+            wire = send(
+                sender,
+                "intra",
+                [chunk(sender, nodes[n][i]) for i in range(local) for n in range(n_nodes)],
+            )
             for i in range(local):
                 for n in range(n_nodes):
                     partial[nodes[m][i]][n] += wire[i * n_nodes + n]

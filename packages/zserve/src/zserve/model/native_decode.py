@@ -69,8 +69,17 @@ class _Layer:
 class _Buffers:
     """The activations of a step of ``t`` tokens: torch tensors and their numpy views."""
 
-    def __init__(self, t: int, hidden: int, qkv: int, q: int, heads: int, d: int, inter: int,
-                 dtype: torch.dtype) -> None:  # fmt: skip
+    def __init__(
+        self,
+        t: int,
+        hidden: int,
+        qkv: int,
+        q: int,
+        heads: int,
+        d: int,
+        inter: int,
+        dtype: torch.dtype,
+    ) -> None:
         def buf(*shape: int) -> tuple[torch.Tensor, HostArray]:
             x = torch.empty(*shape, dtype=dtype)
             return x, np_view(x)
@@ -136,8 +145,16 @@ class DecodeProgram:
         b = self._buffers.get(t)
         if b is None:
             c = self.model.config
-            b = _Buffers(t, c.hidden_size, c.q_size + 2 * c.kv_size, c.q_size,
-                         c.num_attention_heads, c.head_dim, self.inter, self.model.cos.dtype)  # fmt: skip
+            b = _Buffers(
+                t,
+                c.hidden_size,
+                c.q_size + 2 * c.kv_size,
+                c.q_size,
+                c.num_attention_heads,
+                c.head_dim,
+                self.inter,
+                self.model.cos.dtype,
+            )
             self._buffers[t] = b
         return b
 
@@ -162,8 +179,18 @@ class DecodeProgram:
             rms(x_np, w.input_norm, h_np, eps=eps)
             kernel, args, kw = w.qkv
             kernel(h_np, *args, b.qkv_np, **kw)
-            rotary(b.qkv_np, cos, sin, positions, slots, k_np, v_np,
-                   num_heads=heads, num_kv_heads=kv_heads, head_dim=d)  # fmt: skip
+            rotary(
+                b.qkv_np,
+                cos,
+                sin,
+                positions,
+                slots,
+                k_np,
+                v_np,
+                num_heads=heads,
+                num_kv_heads=kv_heads,
+                head_dim=d,
+            )
             if b.q_copy is not None:
                 b.q_copy[0].copy_(b.q_copy[1])
             attend(b.q_np, k_np, v_np, blocks, lens, b.o_np, scale=scale)

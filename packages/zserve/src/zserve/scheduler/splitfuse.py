@@ -54,8 +54,9 @@ class SplitFuseScheduler(BaseScheduler):
                 "token_budget %d < max_num_seqs %d: when more sequences decode than the "
                 "budget holds they take turns and no prompt is prefilled; raise "
                 "token_budget to at least max_num_seqs for steady decode latency",
-                token_budget, max_num_seqs,
-            )  # fmt: skip
+                token_budget,
+                max_num_seqs,
+            )
 
     def schedule(self) -> SchedulerOutput:
         out = self._new_output()
