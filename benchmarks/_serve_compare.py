@@ -22,72 +22,9 @@ their context reset), greedy, EOS ignored, the same token ids:
 
 One warm-up round, then ``repeats`` rounds interleaved (ours, theirs, ours, ...) so both see
 the same machine load; medians reported (each round's values under ``rounds``), and same-run
-ratios ours/theirs. Targets (issue
-20): concurrent ratio >= 1, batch-1 decode ratio >= 1/1.5.
+ratios ours/theirs. Targets (issue 20): concurrent ratio >= 1, batch-1 decode ratio >= 1/1.5.
 
-Measured with the INT8 head (``--threads 1 --precisions w8a8-fp32-head,w8a8,w4-fp32-head,w4
---repeats 3 --concurrent 16 --prompt-tokens 64 --decode-tokens 16``, 2-core x86; ours/theirs,
-fp32 head -> INT8 head in the same run). Load average 1.0: batch-1 decode W8A8 0.58 -> 0.73,
-W4 0.53 -> 0.59; 16 concurrent W8A8 1.79 -> 2.02, W4 1.39 -> 1.35. Load average 5.3 (noisier):
-decode W8A8 0.49 -> 0.67, W4 0.35 -> 0.74; 16 concurrent W8A8 1.46 -> 1.94, W4 1.31 -> 1.58.
-
-Measured after the inference kernels moved to zkernels' team (the calling thread takes part;
-it stands down while its helper gets no core), the INT4 kernel widened each run once for up
-to 8 activation rows (up to 64 rows), and zserve bound the quantized layers' kernel
-arguments once (``zserve.model.quantized_bound``). Command: ``--precisions
-fp32,bf16,w8a8,w4 --repeats 3 --concurrent 16 --prompt-tokens 64 --decode-tokens 16``
-(INT8 heads on the quantized pairs), 2-core Zen 4, ours/theirs in the same run:
-
-* ``--threads 1``, load average 3.05: batch-1 decode fp32 1.03, bf16 0.82, W8A8 0.91, W4 0.90
-  (before, quiet machine: 1.09, 0.78, 0.72, 0.64); 16 concurrent 2.05, 2.41, 2.15, 1.45.
-* ``--threads 2``, load average 3 rising to 13 (other jobs on both cores; not a fair 2-thread
-  test): decode fp32 0.87, bf16 0.60 (a miss), W8A8 94 (llama.cpp's polling threads fell to
-  0.58 tok/s); 16 concurrent 1.98, 53, 4.0; W4 unfinished (stopped at load 13). On the busy
-  machine our decode ran at its 1-thread rate (fp32 42.1 tok/s; 41.7 at 1 thread) while
-  llama.cpp's two polling threads took a larger share of the contested cores (40.3 -> 48.5).
-  The 2-thread bars still need a run on a quiet machine.
-* ``--threads 2`` on a quiet machine (load 0.2-2; the same command): batch-1 decode fp32 0.81
-  (37.6 / 46.2 tok/s), bf16 0.59 (51.8 / 87.1), W8A8 0.666 (77.1 / 115.6), W4 0.62 (68.3 /
-  110.7): only fp32 meets 1/1.5; 16 concurrent 1.80, 2.10, 1.45, 0.99 (W4 47.1 / 47.5: level,
-  a hair under the bar). Our decode gains little from the second core (fp32 37.6 tok/s at 2
-  threads against ~42 at 1) while llama.cpp's gains ~1.5x: 2-thread decode is what is left.
-* ``--threads 2`` after a decode step stopped waking torch's OpenMP worker (the engine runs
-  a step of <= 4 tokens on the native kernels with torch single-threaded:
-  ``zserve.model.native.torch_single_threaded``), load ~1-2, same command: batch-1 decode
-  fp32 0.841 (38.9 / 46.3 tok/s), bf16 0.681 (55.3 / 81.2), W8A8 0.672 (81.4 / 121.2), W4
-  0.709 (69.4 / 97.9): every pair meets 1/1.5 (W8A8 by a hair); 16 concurrent 1.92, 2.10,
-  1.37, 1.06. Medians of 3 rounds; the rounds of our decode spread 36-40 (fp32), 48-61 (bf16),
-  76-85 (W8A8), 62-70 (W4) tok/s.
-* On a 2-core Xeon with AMX (Sapphire Rapids), after the numpy views of each forward's
-  long-lived tensors were taken once (``zserve.model.native.HostViews``), llama.cpp built
-  without AMX (its AMX Q8_0 path died with SIGILL here; see the Makefile), same command,
-  medians of 3 rounds, ours/theirs in the same run:
-  ``--threads 2`` (load ~1.8): batch-1 decode fp32 0.694 (31.6 / 45.6 tok/s), bf16 0.789
-  (42.0 / 53.1), W8A8 0.848 (68.4 / 80.7), W4 0.779 (73.3 / 94.1); 16 concurrent 2.86, 4.56,
-  1.99, 2.12. ``--threads 1`` (load 1.0): decode 0.858, 0.960, 0.974, 0.836; 16 concurrent
-  3.39, 6.47, 2.72, 2.00. Every bar met at both thread counts in this run.
-* After the team's stand-down after a late helper became 16x the wait (it was a fixed 100
-  ms, taken several times a second on this VM, so two threads mostly ran as one), the INT4
-  decode products took two long tasks per thread, and a step whose projections all run on
-  the kernels (W4, W8A8 without outlier rows) runs torch single-threaded (prefill too), same
-  command, two runs 40 min apart, load ~1.9: ``--threads 2`` decode fp32 0.779 / 0.865, bf16
-  0.633 / 0.722, W8A8 0.629 / 0.664, W4 0.625 / 0.863 (77.1 / 89.4 tok/s); 16 concurrent
-  1.86 / 1.64, 1.90 / 2.21, 1.52 / 1.60, 1.61 / 1.76; W4 prefill 1.62 / 1.94 (was 1.05).
-  ``--threads 1`` (load 1.0): decode 1.026, 0.711, 1.142, 0.854; 16 concurrent 2.15, 2.42,
-  2.20, 1.61. The rounds of one side spread by up to 1.5x (W4 llama.cpp 88-121 tok/s), so a
-  2-thread decode ratio near 0.67 lands on either side of the bar from run to run; our step
-  spends ~4.5 ms of ~12 in Python between the kernels (the kernels timed inside an engine
-  step), which a fused native decode layer would remove.
-* After a decode step's layers became direct kernel calls on views and buffers prepared once
-  (``zserve.model.native_decode.DecodeProgram``: the Python between the kernels fell from
-  ~1.03 M to ~142 k function calls per 198 bf16 decode steps under cProfile), same command,
-  2-core Sapphire Rapids (llama.cpp without AMX), ``--threads 2``, load ~1.9: batch-1 decode
-  fp32 0.908 (35.5 / 39.1 tok/s), bf16 0.930 (45.1 / 48.5), W8A8 0.971 (69.1 / 71.1), W4
-  1.144 (85.0 / 74.2); 16 concurrent 2.80, 4.65, 2.23, 2.18. A second run 15 min later
-  (load ~2.1; both sides slower, llama.cpp fp32 32.8 tok/s): decode 0.822, 0.855, 0.965,
-  0.830; 16 concurrent 2.70, 3.89, 1.74, 2.05. ``--threads 1`` (load 1.0): decode 0.903,
-  0.824, 0.981, 1.120; 16 concurrent 3.17, 6.70, 2.25, 1.83. Lowest decode ratio of the
-  three runs 0.822 (the bar 0.667; before, 0.63-0.69 at the low end).
+Measured runs (date, host, command, ratios): ``benchmarks/results/serve-compare-llamacpp.md``.
 """
 
 from __future__ import annotations
