@@ -58,7 +58,7 @@ def _model_dir(name: str) -> Path:
 
 
 def _plays() -> tuple[str, str]:
-    from zstack.recipes.data import load_plays, split_plays
+    from ztrain.data import load_plays, split_plays
 
     train, val = split_plays(load_plays())
     return "\n".join(t for _, t in train), "\n".join(t for _, t in val)

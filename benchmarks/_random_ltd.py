@@ -104,12 +104,12 @@ def gather_scatter_timing(batch: int, seq_len: int, width: int, keep: int) -> di
 
 def _engines(o: Any, seq_len: int) -> tuple[Any, dict[str, Any], Any, Any]:
     import zcore
-    from zstack.recipes.data import ShakespeareData, load_plays
-    from zstack.recipes.gpt import GPT
-    from zstack.recipes.moe_plan import model_config
-    from zstack.recipes.tokenizer import train_or_load
-    from zstack.recipes.train_config import default_config
-    from zstack.recipes.train_options import TrainOptions, cache_dir
+    from ztrain.data import ShakespeareData, load_plays
+    from ztrain.gpt import GPT
+    from ztrain.moe_plan import model_config
+    from ztrain.tokenizer import train_or_load
+    from ztrain.train_config import default_config
+    from ztrain.train_options import TrainOptions, cache_dir
 
     plays = load_plays()
     tokenizer = train_or_load(cache_dir(), 2048, plays)

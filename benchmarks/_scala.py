@@ -108,7 +108,7 @@ def _model_dir() -> Path:
 
 
 def spoken_lines(text: str, min_words: int) -> list[str]:
-    """The spoken lines of one play's text (`zstack.recipes.data.clean_markdown` form)."""
+    """The spoken lines of one play's text (`ztrain.data.clean_markdown` form)."""
     out = []
     for raw in text.splitlines():
         line = _DIRECTION.sub("", raw).strip()
@@ -145,7 +145,7 @@ def build_task(
 ) -> Task:
     """Lines from the first 80% of each play train, from the last 20% evaluate; drawn with
     seed 0 from the pooled lines of each class."""
-    from zstack.recipes.data import load_plays
+    from ztrain.data import load_plays
 
     classes = task_classes(task)
     plays = dict(load_plays())

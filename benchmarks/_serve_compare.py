@@ -75,7 +75,7 @@ def check_precisions(precisions: str) -> list[str]:
 def _prompts(model_dir: Path, count: int, length: int) -> list[list[int]]:
     """``count`` distinct Shakespeare prompts of exactly ``length`` token ids."""
     from zserve.tokenizer import Tokenizer
-    from zstack.recipes.data import load_plays
+    from ztrain.data import load_plays
 
     text = dict(load_plays())["Hamlet"][:200_000]
     ids = Tokenizer(model_dir).encode(text, add_special_tokens=False)

@@ -37,7 +37,7 @@ def shakespeare_prompts(model_dir: Path, count: int, length: int) -> list[list[i
     """``count`` token lists of exactly ``length`` tokens from consecutive stretches of Hamlet."""
     from tokenizers import Tokenizer
 
-    from zstack.recipes.data import clean_markdown, plays_dir
+    from ztrain.data import clean_markdown, plays_dir
 
     path = next(p for p in plays_dir().glob("*/*.md") if p.stem == "hamlet")
     _, text = clean_markdown(path.read_text(encoding="utf-8"), path.stem)

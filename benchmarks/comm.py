@@ -119,7 +119,7 @@ def entries(lamb_registered: bool) -> list[Entry]:
 
 
 def _options(work: Path, name: str, cfg: Path, o: dict[str, Any]) -> Any:
-    from zstack.recipes.train_options import TrainOptions
+    from ztrain.train_options import TrainOptions
 
     return TrainOptions(
         out=work / name, preset=o["preset"], steps=o["steps"], config=cfg,
@@ -129,7 +129,7 @@ def _options(work: Path, name: str, cfg: Path, o: dict[str, Any]) -> Any:
 
 def _refusal(entry: Entry, cfg: Path, work: Path, o: dict[str, Any]) -> str | None:
     """The error zcore gives for ``entry``'s config (None: accepted)."""
-    from zstack.recipes.train_config import build_config
+    from ztrain.train_config import build_config
 
     try:
         build_config(_options(work, entry.name, cfg, o), entry.world)
@@ -147,8 +147,8 @@ def _worker(spec_path: str) -> None:
     import torch
 
     from zcore.config import ConfigError
-    from zstack.recipes.train_plan import plan_run
-    from zstack.recipes.trainer import Trainer
+    from ztrain.train_plan import plan_run
+    from ztrain.trainer import Trainer
 
     spec = json.loads(Path(spec_path).read_text())
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -352,7 +352,7 @@ def run(
     finally:
         if link:
             link.close()
-    from zstack.recipes.gpt import GPTConfig
+    from ztrain.gpt import GPTConfig
 
     return {
         "benchmark": "comm",

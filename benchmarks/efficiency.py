@@ -7,7 +7,7 @@ and `scala` (ScaLA against the same large-batch MiniLM fine-tune, `benchmarks/_s
 
 **curriculum** (DeepSpeed's legacy `curriculum_learning`, `curriculum_type: seqlen`): on
 Shakespeare, one rank, in this process through `z train`'s own loop
-(`zstack.recipes.train.run`):
+(`ztrain.train.run`):
 
 - *baseline*: `--steps` optimizer steps of `--micro-batch` windows of `--seq-len` tokens;
 - *curriculum*: the same model, data order, optimizer and peak learning rate, each batch
@@ -62,10 +62,10 @@ class Options:
 def _train(work: Path, name: str, o: Options, steps: int, lr: float, eval_every: int,
            config: dict[str, Any] | None) -> dict[str, Any]:  # fmt: skip
     """One `z train` run on one rank in this process; its metrics records, in step order."""
-    from zstack.recipes.metrics import read_jsonl
-    from zstack.recipes.train import run
-    from zstack.recipes.train_options import TrainOptions
-    from zstack.recipes.train_plan import plan_run
+    from ztrain.metrics import read_jsonl
+    from ztrain.train import run
+    from ztrain.train_options import TrainOptions
+    from ztrain.train_plan import plan_run
 
     out = work / name
     path = None

@@ -78,7 +78,7 @@ def _config(spec: dict[str, Any]) -> dict[str, Any]:
 def _param_buffer(preset: str, n_layer: int | None, n_embd: int | None, world: int) -> int:
     """Elements of one offload_param buffer: the largest parameter's shard (an MLP weight,
     4 n_embd x n_embd, or an embedding, vocab or block_size x n_embd) plus slack."""
-    from zstack.recipes.gpt import GPTConfig
+    from ztrain.gpt import GPTConfig
 
     sizes = {k: v for k, v in (("n_layer", n_layer), ("n_embd", n_embd)) if v}
     cfg = GPTConfig.preset(preset, vocab_size=2048, **sizes)
@@ -97,7 +97,7 @@ def _rank_main(spec: dict[str, Any]) -> None:
 
     import zcore
     from zcore.zero import Init
-    from zstack.recipes.gpt import GPT, GPTConfig
+    from ztrain.gpt import GPT, GPTConfig
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)

@@ -6,7 +6,7 @@ where `<recipe>:gN` makes its weights group-wise in groups of N, e.g. `w6a16:g32
 
 - all-MiniLM-L6-v2 (clean fp32 encoder): mean cosine similarity of mean-pooled sentence
   embeddings against the fp32 model over `sentences` held-out Shakespeare sentences (plays
-  `zstack.recipes.data.VAL_TITLES`); LKD and GPTQ calibrate on sentences of the other plays
+  `ztrain.data.VAL_TITLES`); LKD and GPTQ calibrate on sentences of the other plays
   (`lkd_sentences`, `gptq_sentences`; `gptq_lm_sentences` for SmolLM2), never on the
   evaluation text.
 - SmolLM2-135M (fp32 dequantized from its 4-bit GGUF; that fp32 model is the baseline):
@@ -68,7 +68,7 @@ def _recipe(label: str, group_size: int | None) -> Any:
 
 def _sentences(split: str, limit: int) -> list[str]:
     from zquant.metrics import sentences_from_text
-    from zstack.recipes.data import load_plays, split_plays
+    from ztrain.data import load_plays, split_plays
 
     train, val = split_plays(load_plays())
     plays = train if split == "train" else val
@@ -163,7 +163,7 @@ def _smollm2(
     from zquant.lkd import calibration_batches
     from zquant.metrics import perplexity
     from zquant.ptq import quantize
-    from zstack.recipes.data import load_plays, split_plays
+    from ztrain.data import load_plays, split_plays
 
     path = _model_dir("SmolLM2-135M-Instruct")
     tokenizer = load_tokenizer(path)

@@ -60,7 +60,7 @@ def _default_model_dir() -> Path:
 
 def _corpus_tokens(tokenizer: Any, max_tokens: int = 60_000) -> list[int]:
     """A stream of real-text token ids (Shakespeare, via zstack's corpus reader)."""
-    from zstack.recipes.data import load_plays
+    from ztrain.data import load_plays
 
     ids: list[int] = []
     for _, text in load_plays()[:4]:
@@ -371,7 +371,7 @@ def run(
             )
     prefix = None
     if prefix_requests > 1:
-        from zstack.recipes.data import load_plays
+        from ztrain.data import load_plays
 
         text = dict(load_plays())["Hamlet"][:20_000]
         prefix = prefix_experiment(first, text, prefix_requests, system_prompt_tokens, seed)

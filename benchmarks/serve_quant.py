@@ -77,7 +77,7 @@ def quantized_dir(
 
 def _texts(tokenizer: Any, n: int) -> tuple[list[int], list[list[int]]]:
     """(held-out token ids for perplexity, `n` distinct training prompts' token ids)."""
-    from zstack.recipes.data import load_plays, split_plays
+    from ztrain.data import load_plays, split_plays
 
     train, val = split_plays(load_plays())
     held_out = tokenizer("\n".join(t for _, t in val)[:40_000], add_special_tokens=False)

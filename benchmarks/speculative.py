@@ -49,7 +49,7 @@ def _default_model_dir() -> Path:
 
 def _passages(n: int, chars: int) -> list[str]:
     """n Shakespeare windows of about `chars` characters, from different plays."""
-    from zstack.recipes.data import load_plays
+    from ztrain.data import load_plays
 
     plays = load_plays()
     out = []

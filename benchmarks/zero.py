@@ -38,7 +38,7 @@ def _rank(rank: int, world: int, port: int, preset: str, stages: list[int], out:
     torch.set_num_threads(1)
     import zcore
     from zcore.zero import Init
-    from zstack.recipes.gpt import GPT, GPTConfig
+    from ztrain.gpt import GPT, GPTConfig
 
     dist.init_process_group("gloo", rank=rank, world_size=world)
     cfg_model = GPTConfig.preset(preset, vocab_size=2048)

@@ -88,7 +88,7 @@ def _rank_main(spec: dict[str, Any]) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(opt["threads"])
-    from zstack.recipes.gpt import GPT, GPTConfig
+    from ztrain.gpt import GPT, GPTConfig
 
     if "deepspeed" in sides:
         import deepspeed

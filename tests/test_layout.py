@@ -36,6 +36,7 @@ FIRST_PARTY = {
     "zmoe",
     "zserve",
     "zchat",
+    "ztrain",
     "zstack",
 }
 # zserve's HTTP server, the replica router's client (httpx), tokenizer and checkpoint loading
@@ -77,11 +78,26 @@ ALLOWED: dict[str, set[str]] = {
         "safetensors",
         "jinja2",
     },
+    # The `z train` recipe: zcore's engine, zmoe's layer for `--moe` (zcomm, zoffload and zquant
+    # plug in through config), numpy for the token windows, the tokenizer, loss plot, progress
+    # display and safetensors export.
+    "ztrain": {
+        "zcore",
+        "zmoe",
+        "zcomm",
+        "zoffload",
+        "zquant",
+        "torch",
+        "numpy",
+        "tokenizers",
+        "matplotlib",
+        "rich",
+        "safetensors",
+    },
 }
-# The `z` CLI and its recipes: the `z train` tokenizer, loss plot, progress display and
-# safetensors export.
-RECIPES = {"tokenizers", "matplotlib", "rich", "safetensors"}
-ALLOWED["zstack"] = set().union(*ALLOWED.values()) | FIRST_PARTY | {"typer", "pynvml"} | RECIPES
+# The `z` CLI: the PNG of a `z chat` stage (matplotlib) and `z checkpoint consolidate`'s
+# safetensors file besides what the libraries use.
+ALLOWED["zstack"] = set().union(*ALLOWED.values()) | FIRST_PARTY | {"typer", "pynvml"}
 # Optional extras that only back a torch submodule (never imported by name).
 EXTRAS_ALLOWED: dict[str, set[str]] = {"zcore": {"tensorboard"}}  # torch.utils.tensorboard
 # Where a source file is split by concept (STYLE.md: one concept per file, 150-400 lines);

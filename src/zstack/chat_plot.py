@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from zstack.recipes.metrics import read_jsonl
+from ztrain.metrics import read_jsonl
 
 _TRAIN_KEYS = ("acc", "implicit_acc")
 

@@ -36,7 +36,7 @@ def run_stage(name: str, defaults: dict[str, Any], cfg_cls: Any, prepare: Callab
     on `nproc` ranks, plot; print and return a summary."""
     from zchat.config import ChatConfigError, load_config
     from zchat.ranks import RankFailed, run_on_ranks
-    from zstack.recipes.chat_plot import plot_chat_metrics
+    from zstack.chat_plot import plot_chat_metrics
 
     flags = {k: (str(v) if isinstance(v, Path) else v) for k, v in flags.items()}
     try:
@@ -51,7 +51,7 @@ def run_stage(name: str, defaults: dict[str, Any], cfg_cls: Any, prepare: Callab
         raise _fail(f"{err} (`z chat {name} --help` lists the flags)") from None
     plays: tuple[Any, Any] = (None, None)
     if cfg.task == "shakespeare":
-        from zstack.recipes.data import load_plays, split_plays
+        from ztrain.data import load_plays, split_plays
 
         plays = split_plays(load_plays())
     try:

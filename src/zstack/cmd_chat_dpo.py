@@ -33,7 +33,7 @@ def register_chat(chat_app: typer.Typer) -> None:
     ) -> None:
         """DPO on the task's preference pairs; report held-out metrics before and after."""
         from zchat.dpo import DPOConfig, prepare_dpo, train_dpo
-        from zstack.recipes.chat_stage import run_stage
+        from zstack.chat_stage import run_stage
 
         defaults = {"model": "runs/chat/sft", "out": "runs/chat/dpo"}
         run_stage("dpo", defaults, DPOConfig, prepare_dpo, train_dpo, config, nproc, as_json,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import typer
 
-from zstack.recipes.chat_stage import DEFAULT_MODEL
+from zstack.chat_stage import DEFAULT_MODEL
 
 
 def chat_e2e(
@@ -34,8 +34,8 @@ def chat_e2e(
     from zchat.ppo.trainer import prepare_ppo
     from zchat.reward_train import RewardConfig, prepare_reward, train_reward
     from zchat.sft import SFTConfig, prepare_sft, train_sft
+    from zstack.chat_stage import run_stage
     from zstack.cmd_chat_ppo import run_ppo
-    from zstack.recipes.chat_stage import run_stage
 
     try:
         data: dict = {"model": str(DEFAULT_MODEL)}

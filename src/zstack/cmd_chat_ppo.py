@@ -104,7 +104,7 @@ def run_ppo(cfg: PPOConfig, as_json: bool) -> dict:
 
     from zchat.ppo.trainer import ppo_rank
     from zchat.ranks import RankFailed, run_on_ranks
-    from zstack.recipes.chat_plot import plot_ppo_metrics
+    from zstack.chat_plot import plot_ppo_metrics
 
     start = time.perf_counter()
     try:

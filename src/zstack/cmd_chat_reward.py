@@ -32,7 +32,7 @@ def register_chat(chat_app: typer.Typer) -> None:
     ) -> None:
         """Train a reward model on the task's preference pairs; report held-out pairwise accuracy."""
         from zchat.reward_train import RewardConfig, prepare_reward, train_reward
-        from zstack.recipes.chat_stage import run_stage
+        from zstack.chat_stage import run_stage
 
         defaults = {"model": "runs/chat/sft", "out": "runs/chat/reward"}
         run_stage("reward", defaults, RewardConfig, prepare_reward, train_reward, config, nproc, as_json,

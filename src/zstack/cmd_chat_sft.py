@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from zstack.recipes.chat_stage import DEFAULT_MODEL
+from zstack.chat_stage import DEFAULT_MODEL
 
 
 def register_chat(chat_app: typer.Typer) -> None:
@@ -34,7 +34,7 @@ def register_chat(chat_app: typer.Typer) -> None:
     ) -> None:
         """Fine-tune on the task's answers with the model's chat template (loss on answers only)."""
         from zchat.sft import SFTConfig, prepare_sft, train_sft
-        from zstack.recipes.chat_stage import run_stage
+        from zstack.chat_stage import run_stage
 
         defaults = {"model": str(DEFAULT_MODEL), "out": "runs/chat/sft"}
         run_stage("sft", defaults, SFTConfig, prepare_sft, train_sft, config, nproc, as_json,

@@ -1,7 +1,7 @@
 """`z export-mixtral`: a `z train --moe` run as a Hugging Face Mixtral checkpoint directory.
 
 Imports only typer and the standard library at load time; the work is
-`zstack.recipes.mixtral_export.export_run`.
+`ztrain.mixtral_export.export_run`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def export_mixtral(
 ) -> None:
     """Write a `z train --moe` model as a Mixtral checkpoint (transformers and `z serve` load it)."""
     from zcore.checkpoint import CheckpointError
-    from zstack.recipes.mixtral_export import ExportError, export_run
+    from ztrain.mixtral_export import ExportError, export_run
 
     try:
         out, config = export_run(run_dir, out_dir, tag)

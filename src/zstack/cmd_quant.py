@@ -33,7 +33,7 @@ def _fail(message: str) -> typer.Exit:
 
 def _shakespeare(split: str, limit: int) -> list[str]:
     from zquant.metrics import sentences_from_text
-    from zstack.recipes.data import load_plays, split_plays
+    from ztrain.data import load_plays, split_plays
 
     train, val = split_plays(load_plays())
     plays = train if split == "train" else val

@@ -2,9 +2,9 @@
 
 Imports only typer and the standard library at load time (`zstack.cli` registers these
 commands); torch and the recipes load when a command runs. `z train --nproc N` plans the
-run (`zstack.recipes.train_plan.plan_run`: a bad run fails here, before any rank starts),
+run (`ztrain.train_plan.plan_run`: a bad run fails here, before any rank starts),
 then starts itself again on N ranks through `z launch`'s torchrun; each rank plans the
-same run and runs `zstack.recipes.train.run` on it.
+same run and runs `ztrain.train.run` on it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import typer
 
-from zstack.recipes.train_options import DEFAULT_STEPS, TrainError, TrainOptions
+from ztrain.train_options import DEFAULT_STEPS, TrainError, TrainOptions
 
 checkpoint_app = typer.Typer(
     help="Work with the sharded checkpoints `z train` writes.", no_args_is_help=True
@@ -161,9 +161,9 @@ def train(
     under_launcher = "RANK" in os.environ
     world_size = int(os.environ.get("WORLD_SIZE", "1")) if under_launcher else nproc
     try:
-        from zstack.recipes.run_lock import hold_run_dir
-        from zstack.recipes.train import run
-        from zstack.recipes.train_plan import plan_run
+        from ztrain.run_lock import hold_run_dir
+        from ztrain.train import run
+        from ztrain.train_plan import plan_run
 
         plan = plan_run(opts, world_size)
         if under_launcher:  # a rank: the launcher has said the notes and holds `--out`
@@ -202,9 +202,9 @@ def _load_model(path: Path) -> tuple[Any, Any]:
     import json
 
     from zcore.checkpoint import consolidate
-    from zstack.recipes.generate import MODEL_JSON, TOKENIZER_JSON, WEIGHTS, load_for_generation
-    from zstack.recipes.moe_plan import build_model, config_from_dict, drop_non_persistent
-    from zstack.recipes.tokenizer import Tokenizer
+    from ztrain.generate import MODEL_JSON, TOKENIZER_JSON, WEIGHTS, load_for_generation
+    from ztrain.moe_plan import build_model, config_from_dict, drop_non_persistent
+    from ztrain.tokenizer import Tokenizer
 
     if path.is_file() or (path / WEIGHTS).is_file():
         return load_for_generation(path)
@@ -243,7 +243,7 @@ def generate(
     """Continue PROMPT with a GPT trained by `z train`; prints the text."""
     import torch
 
-    from zstack.recipes.generate import generate as sample
+    from ztrain.generate import generate as sample
 
     # One token at a time through a small model: OpenMP threads cost more than they give
     # (120 tokens of `small` took 46 s on 2 threads vs 1.7 s on 1, on a busy 2-core box).

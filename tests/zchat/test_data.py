@@ -47,7 +47,7 @@ def test_arithmetic_is_deterministic_disjoint_and_follows_its_rule() -> None:
 
 
 def test_shakespeare_pairs_prefer_the_real_next_line() -> None:
-    from zstack.recipes.data import load_plays, split_plays
+    from ztrain.data import load_plays, split_plays
 
     train_plays, held_plays = split_plays(load_plays())
     data = build_chat_data("shakespeare", train=20, heldout=10, seed=0,

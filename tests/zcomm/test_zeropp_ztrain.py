@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from zstack.recipes.metrics import read_jsonl
+from ztrain.metrics import read_jsonl
 
 Z = Path(sys.executable).parent / "z"
 STEPS = 50

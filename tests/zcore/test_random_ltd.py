@@ -35,7 +35,7 @@ def ltd_config(
             },
             **extra,
         }
-    )  # fmt: skip
+    )
 
 
 def test_sample_indices_are_sorted_distinct_and_in_range() -> None:
@@ -89,8 +89,9 @@ def test_gather_mask_and_positions_index_per_sample() -> None:
     assert torch.equal(tr.gather_positions(cos, idx)[2], cos[0, idx[2]])
 
 
-def _routed_output(layers: nn.ModuleList, ltd_id: int, keep: int, seed: int, *args: Any,
-                   **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def _routed_output(
+    layers: nn.ModuleList, ltd_id: int, keep: int, seed: int, *args: Any, **kwargs: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The routed layer's output and the positions it kept (redrawn from the same seed)."""
     torch.manual_seed(seed)
     out = layers[ltd_id](*args, **kwargs)
@@ -102,7 +103,7 @@ def _routed_output(layers: nn.ModuleList, ltd_id: int, keep: int, seed: int, *ar
 
 
 def test_gpt_block_on_the_kept_tokens_equals_the_block_on_that_subsequence() -> None:
-    from zstack.recipes.gpt import GPT, GPTConfig
+    from ztrain.gpt import GPT, GPTConfig
 
     model = GPT(GPTConfig(vocab_size=50, n_layer=3, n_head=2, n_embd=C, block_size=T)).train()
     assert find_layers(model) is model.transformer.h
@@ -127,8 +128,15 @@ def test_gpt_block_on_the_kept_tokens_equals_the_block_on_that_subsequence() -> 
 def _tiny_llama() -> nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=64, hidden_size=C, intermediate_size=32, num_hidden_layers=4,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=T)  # fmt: skip
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=C,
+        intermediate_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=T,
+    )
     cfg._attn_implementation = "eager"
     torch.manual_seed(0)
     return LlamaForCausalLM(cfg).train()
@@ -145,14 +153,27 @@ def test_llama_layer_keeps_true_positions_and_the_causal_mask_of_the_subset() ->
         model, ltd_config(4, [1, 2], keep=6, model_mask_name="attention_mask"), B
     )
     ltd.update(0)
-    out, idx = _routed_output(layers, 1, 6, 3, x, attention_mask=causal, position_ids=pos,
-                              position_embeddings=rotary(x, pos))  # fmt: skip
+    out, idx = _routed_output(
+        layers,
+        1,
+        6,
+        3,
+        x,
+        attention_mask=causal,
+        position_ids=pos,
+        position_embeddings=rotary(x, pos),
+    )
     layer = layers[1]
     for b in range(B):
         i = idx[b : b + 1]
         sub_mask = torch.full((6, 6), neg).triu(1).expand(1, 1, 6, 6)
-        sub = layer.__class__.forward(layer, x[b : b + 1, i[0]], attention_mask=sub_mask,
-                                      position_ids=i, position_embeddings=rotary(x, i))  # fmt: skip
+        sub = layer.__class__.forward(
+            layer,
+            x[b : b + 1, i[0]],
+            attention_mask=sub_mask,
+            position_ids=i,
+            position_embeddings=rotary(x, i),
+        )
         sub = sub[0] if isinstance(sub, tuple) else sub
         torch.testing.assert_close(out[b, i[0]], sub[0], rtol=1e-5, atol=1e-6)
     # the whole model trains through the routed layers, and with keep = T equals plain
@@ -172,9 +193,16 @@ def test_llama_layer_keeps_true_positions_and_the_causal_mask_of_the_subset() ->
 def test_bert_layer_cuts_the_padding_mask_to_the_kept_tokens() -> None:
     from transformers import BertConfig, BertModel
 
-    cfg = BertConfig(vocab_size=64, hidden_size=C, num_hidden_layers=3, num_attention_heads=2,
-                     intermediate_size=32, max_position_embeddings=T, hidden_dropout_prob=0.0,
-                     attention_probs_dropout_prob=0.0)  # fmt: skip
+    cfg = BertConfig(
+        vocab_size=64,
+        hidden_size=C,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=T,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     cfg._attn_implementation = "eager"
     torch.manual_seed(0)
     model = BertModel(cfg).train()
@@ -183,8 +211,9 @@ def test_bert_layer_cuts_the_padding_mask_to_the_kept_tokens() -> None:
     x = torch.randn(B, T, C)
     mask = torch.zeros(B, 1, 1, T)
     mask[0, ..., -3:] = torch.finfo(torch.float32).min  # sample 0 is padded
-    ltd = RandomLTD.attach(model, ltd_config(3, [1], keep=7, model_mask_name="attention_mask",
-                                             model_type="encoder"), B)  # fmt: skip
+    ltd = RandomLTD.attach(
+        model, ltd_config(3, [1], keep=7, model_mask_name="attention_mask", model_type="encoder"), B
+    )
     ltd.update(0)
     out, idx = _routed_output(layers, 1, 7, 5, x, mask)  # the mask positional, as BertEncoder
     layer = layers[1]

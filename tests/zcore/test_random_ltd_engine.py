@@ -18,13 +18,18 @@ T, VOCAB, LAYERS = 32, 61, 4
 
 
 def _model() -> torch.nn.Module:
-    from zstack.recipes.gpt import GPT, GPTConfig
+    from ztrain.gpt import GPT, GPTConfig
 
     return GPT(GPTConfig(vocab_size=VOCAB, n_layer=LAYERS, n_head=2, n_embd=32, block_size=T))
 
 
-def _config(stage: int, keep: int | None, mb: int = 4, layer_token_lr: bool = False,
-            total_layer_num: int = LAYERS) -> dict[str, Any]:  # fmt: skip
+def _config(
+    stage: int,
+    keep: int | None,
+    mb: int = 4,
+    layer_token_lr: bool = False,
+    total_layer_num: int = LAYERS,
+) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": mb,
         "gradient_accumulation_steps": 2,
@@ -32,14 +37,30 @@ def _config(stage: int, keep: int | None, mb: int = 4, layer_token_lr: bool = Fa
         "zero_optimization": {"stage": stage},
     }
     if keep is not None:
-        cfg["data_efficiency"] = {"enabled": True, "data_routing": {"enabled": True, "random_ltd": {
-            "enabled": True, "total_layer_num": total_layer_num, "random_ltd_layer_num": 2,
-            "random_ltd_layer_id": [1, 2],
-            "random_ltd_schedule": {"min_value": keep, "max_value": T, "schedule_type": "fixed_linear",
-                                    "schedule_config": {"require_steps": 4, "seq_per_step": 8}},
-            "layer_token_lr_schedule": {"enabled": layer_token_lr, "total_layer_tokens": 40_000,
-                                        "warmup_type": "linear", "warmup_layer_tokens": 8_000},
-        }}}  # fmt: skip
+        cfg["data_efficiency"] = {
+            "enabled": True,
+            "data_routing": {
+                "enabled": True,
+                "random_ltd": {
+                    "enabled": True,
+                    "total_layer_num": total_layer_num,
+                    "random_ltd_layer_num": 2,
+                    "random_ltd_layer_id": [1, 2],
+                    "random_ltd_schedule": {
+                        "min_value": keep,
+                        "max_value": T,
+                        "schedule_type": "fixed_linear",
+                        "schedule_config": {"require_steps": 4, "seq_per_step": 8},
+                    },
+                    "layer_token_lr_schedule": {
+                        "enabled": layer_token_lr,
+                        "total_layer_tokens": 40_000,
+                        "warmup_type": "linear",
+                        "warmup_layer_tokens": 8_000,
+                    },
+                },
+            },
+        }
     return cfg
 
 

@@ -15,27 +15,49 @@ from zcore.config import ConfigError
 
 
 def _block(total: int, ids: list[int], seq: int) -> dict[str, Any]:
-    return {"data_efficiency": {"enabled": True, "data_routing": {"enabled": True, "random_ltd": {
-        "enabled": True, "total_layer_num": total, "random_ltd_layer_num": len(ids),
-        "random_ltd_layer_id": ids,
-        "random_ltd_schedule": {"min_value": seq // 4, "max_value": seq, "schedule_type": "fixed_linear",
-                                "schedule_config": {"require_steps": 2, "seq_per_step": 8}},
-    }}}}  # fmt: skip
+    return {
+        "data_efficiency": {
+            "enabled": True,
+            "data_routing": {
+                "enabled": True,
+                "random_ltd": {
+                    "enabled": True,
+                    "total_layer_num": total,
+                    "random_ltd_layer_num": len(ids),
+                    "random_ltd_layer_id": ids,
+                    "random_ltd_schedule": {
+                        "min_value": seq // 4,
+                        "max_value": seq,
+                        "schedule_type": "fixed_linear",
+                        "schedule_config": {"require_steps": 2, "seq_per_step": 8},
+                    },
+                },
+            },
+        }
+    }
 
 
 def _opts(tmp_path: Path, block: dict[str, Any], steps: int = 2) -> Any:
-    from zstack.recipes.train_options import TrainOptions
+    from ztrain.train_options import TrainOptions
 
     path = tmp_path / "ltd.json"
     path.write_text(json.dumps(block))
-    return TrainOptions(out=tmp_path / "run", preset="tiny", steps=steps, stage=2, config=path,
-                        micro_batch=2, seq_len=32, eval_every=steps)  # fmt: skip
+    return TrainOptions(
+        out=tmp_path / "run",
+        preset="tiny",
+        steps=steps,
+        stage=2,
+        config=path,
+        micro_batch=2,
+        seq_len=32,
+        eval_every=steps,
+    )
 
 
 def test_the_recipe_config_keeps_the_block_and_the_engine_routes_the_gpt(tmp_path: Path) -> None:
     import zcore
-    from zstack.recipes.gpt import GPT, GPTConfig
-    from zstack.recipes.train_config import build_config
+    from ztrain.gpt import GPT, GPTConfig
+    from ztrain.train_config import build_config
 
     rc = build_config(_opts(tmp_path, _block(4, [1, 2], 32)), world_size=1)
     assert rc.as_dict["data_efficiency"]["data_routing"]["random_ltd"]["random_ltd_layer_id"] == [
@@ -52,9 +74,9 @@ def test_the_recipe_config_keeps_the_block_and_the_engine_routes_the_gpt(tmp_pat
 
 @pytest.mark.slow  # trains the tokenizer on a clean clone
 def test_z_train_runs_with_random_ltd_and_refuses_a_wrong_layer_count(tmp_path: Path) -> None:
-    from zstack.recipes.metrics import read_jsonl
-    from zstack.recipes.train import run
-    from zstack.recipes.train_plan import plan_run
+    from ztrain.metrics import read_jsonl
+    from ztrain.train import run
+    from ztrain.train_plan import plan_run
 
     opts = _opts(tmp_path, _block(4, [1, 2], 32))
     assert run(plan_run(opts, 1), echo=lambda line: None, report=False) == 0

@@ -10,7 +10,7 @@ from torch import nn
 from tests.utils.models import minilm_dir
 from zquant.hf import load_model, load_tokenizer
 from zquant.metrics import sentences_from_text
-from zstack.recipes.data import load_plays, split_plays
+from ztrain.data import load_plays, split_plays
 
 
 @functools.cache

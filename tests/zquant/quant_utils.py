@@ -12,7 +12,7 @@ from torch import nn
 from tests.utils.models import minilm_dir
 from zquant.hf import load_model, load_tokenizer
 from zquant.metrics import embedding_similarity, sentence_embeddings, sentences_from_text
-from zstack.recipes.data import load_plays, split_plays
+from ztrain.data import load_plays, split_plays
 
 EVAL_SENTENCES = 200
 

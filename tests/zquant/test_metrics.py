@@ -17,7 +17,7 @@ from zquant.metrics import (
     sentence_embeddings,
     sentences_from_text,
 )
-from zstack.recipes.data import load_plays, split_plays
+from ztrain.data import load_plays, split_plays
 
 
 def test_sentences_are_real_and_clean():

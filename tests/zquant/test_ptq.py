@@ -139,7 +139,7 @@ def _smollm2_ppl(recipe: str | None, group_size: int | None = None, gptq: int = 
     refits) on that many sentences of the other plays."""
     from zquant.hf import load_model, load_tokenizer
     from zquant.metrics import perplexity
-    from zstack.recipes.data import load_plays, split_plays
+    from ztrain.data import load_plays, split_plays
 
     text = split_plays(load_plays())[1][0][1]  # Julius Caesar, held out
     model = load_model(smollm2_dir())

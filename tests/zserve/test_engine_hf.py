@@ -25,7 +25,7 @@ def _excerpt(plays: dict[str, str], title: str, start: str, chars: int) -> str:
 
 @pytest.fixture(scope="module")
 def prompts() -> list[str]:
-    from zstack.recipes.data import load_plays
+    from ztrain.data import load_plays
 
     plays = dict(load_plays())
     tok = Tokenizer(smollm2_dir())

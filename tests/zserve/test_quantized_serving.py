@@ -66,7 +66,7 @@ def z(*args: str) -> str:
 
 @pytest.fixture(scope="module")
 def text_file(tmp_path_factory) -> Path:
-    from zstack.recipes.data import load_plays, split_plays
+    from ztrain.data import load_plays, split_plays
 
     _, val = split_plays(load_plays())
     path = tmp_path_factory.mktemp("text") / "val.txt"

@@ -18,7 +18,7 @@ TOKEN_BUDGET = 48
 
 @pytest.fixture(scope="module")
 def requests() -> list[tuple[str, SamplingParams]]:
-    from zstack.recipes.data import load_plays
+    from ztrain.data import load_plays
 
     plays = dict(load_plays())
     text = plays["Hamlet"]

@@ -58,7 +58,7 @@ def test_bad_options_name_the_flag() -> None:
 
 def test_random_ltd_block_loads_and_flops_follow_the_kept_tokens() -> None:
     from zcore.config import ZConfig
-    from zstack.recipes.gpt import GPTConfig
+    from ztrain.gpt import GPTConfig
 
     ltd = load("_random_ltd")
     for seq, steps in ((256, 60), (64, 2)):

@@ -24,9 +24,9 @@ from typer.testing import CliRunner
 from tests.utils.processes import alive, children, still_alive_after
 from zstack.cli import app
 from zstack.launch import RANK_ENTRY
-from zstack.recipes.gpt import GPT, GPTConfig
-from zstack.recipes.metrics import read_jsonl
-from zstack.recipes.run_lock import hold_run_dir
+from ztrain.gpt import GPT, GPTConfig
+from ztrain.metrics import read_jsonl
+from ztrain.run_lock import hold_run_dir
 
 Z = Path(sys.executable).parent / "z"
 TINY = ["--preset", "tiny", "--seq-len", "64", "--micro-batch", "4", "--eval-every", "3"]
@@ -190,8 +190,8 @@ def test_bad_config_exits_2_naming_the_key(tmp_path: Path) -> None:
 
 
 def test_config_keys_win_over_flags(tmp_path: Path) -> None:
-    from zstack.recipes.train_config import build_config
-    from zstack.recipes.train_options import TrainOptions
+    from ztrain.train_config import build_config
+    from ztrain.train_options import TrainOptions
 
     config = tmp_path / "ds.json"
     config.write_text(json.dumps({"train_batch_size": 32, "optimizer": {"type": "SGD"}}))

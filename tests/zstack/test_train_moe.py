@@ -23,11 +23,11 @@ from tests.zserve.tiny_llama import hf_greedy
 from tests.zstack.test_train import TINY, invoke, z_train
 from zserve.pipelines import pipeline
 from zstack.cmd_train import _load_model
-from zstack.recipes.data import ShakespeareData, load_plays
-from zstack.recipes.metrics import read_jsonl
-from zstack.recipes.moe_lm import MoELM
-from zstack.recipes.train_options import TrainError, TrainOptions, cache_dir
-from zstack.recipes.train_plan import plan_run
+from ztrain.data import ShakespeareData, load_plays
+from ztrain.metrics import read_jsonl
+from ztrain.moe_lm import MoELM
+from ztrain.train_options import TrainError, TrainOptions, cache_dir
+from ztrain.train_plan import plan_run
 
 MOE = ["--moe", "--moe-experts", "4", "--moe-top-k", "2", "--moe-dropless", "--moe-ep", "2"]
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from zstack.recipes.data import ShakespeareData, load_plays
-from zstack.recipes.tokenizer import Tokenizer, train_or_load
+from ztrain.data import ShakespeareData, load_plays
+from ztrain.tokenizer import Tokenizer, train_or_load
 
 
 @pytest.fixture(scope="session")

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import torch
 
-from zstack.recipes.train_options import TrainError, TrainOptions
-from zstack.recipes.train_plan import plan_run
-from zstack.recipes.trainer import Trainer
+from ztrain.train_options import TrainError, TrainOptions
+from ztrain.train_plan import plan_run
+from ztrain.trainer import Trainer
 
 STEPS, SEQ = 4, 32
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from zstack.recipes import data as data_mod
-from zstack.recipes.data import (
+from ztrain import data as data_mod
+from ztrain.data import (
     VAL_TITLES,
     CorpusMissingError,
     ShakespeareData,

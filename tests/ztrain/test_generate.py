@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from zstack.recipes.generate import export_dir, generate, load_for_generation
-from zstack.recipes.gpt import GPT, GPTConfig
-from zstack.recipes.tokenizer import Tokenizer
+from ztrain.generate import export_dir, generate, load_for_generation
+from ztrain.gpt import GPT, GPTConfig
+from ztrain.tokenizer import Tokenizer
 
 PROMPT = "ROMEO:\nBut soft, what light"
 

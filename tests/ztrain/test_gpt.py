@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zstack.recipes.gpt import GPT, PRESETS, Block, GPTConfig
+from ztrain.gpt import GPT, PRESETS, Block, GPTConfig
 
 
 def _formula(c: GPTConfig) -> int:

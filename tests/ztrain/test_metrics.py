@@ -4,7 +4,7 @@ import json
 import math
 from pathlib import Path
 
-from zstack.recipes.metrics import JsonlWriter, plot_loss_curve, read_jsonl
+from ztrain.metrics import JsonlWriter, plot_loss_curve, read_jsonl
 
 
 def _write_run(path: Path) -> None:

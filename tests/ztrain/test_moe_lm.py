@@ -15,10 +15,10 @@ import pytest
 import torch
 from transformers import MixtralForCausalLM
 
-from zstack.recipes.data import ShakespeareData
-from zstack.recipes.mixtral_export import ExportError, check_exportable, export_mixtral
-from zstack.recipes.moe_lm import MoELM, MoELMConfig, layer_experts, swiglu_ffn
-from zstack.recipes.tokenizer import Tokenizer
+from ztrain.data import ShakespeareData
+from ztrain.mixtral_export import ExportError, check_exportable, export_mixtral
+from ztrain.moe_lm import MoELM, MoELMConfig, layer_experts, swiglu_ffn
+from ztrain.tokenizer import Tokenizer
 
 
 def config(vocab: int, **overrides: object) -> MoELMConfig:

@@ -4,7 +4,7 @@ import io
 
 import pytest
 
-from zstack.recipes.progress import TrainProgress, format_duration, format_metrics, rss_bytes
+from ztrain.progress import TrainProgress, format_duration, format_metrics, rss_bytes
 
 
 def _run(p: TrainProgress) -> None:

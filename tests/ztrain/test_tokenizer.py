@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from zstack.recipes import tokenizer as tok
-from zstack.recipes.tokenizer import EOT, Tokenizer, train, train_or_load
+from ztrain import tokenizer as tok
+from ztrain.tokenizer import EOT, Tokenizer, train, train_or_load
 
 
 def test_vocab_size_and_end_of_text(tokenizer: Tokenizer) -> None:

@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from zstack.recipes.data import ShakespeareData
-from zstack.recipes.generate import generate
-from zstack.recipes.gpt import GPT, GPTConfig
-from zstack.recipes.tokenizer import Tokenizer
+from ztrain.data import ShakespeareData
+from ztrain.generate import generate
+from ztrain.gpt import GPT, GPTConfig
+from ztrain.tokenizer import Tokenizer
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tests.utils.models import smollm2_dir
 from tests.zserve.tiny_llama import hf_greedy
 from zserve.runner import ModelRunner, SeqChunk
-from zstack.recipes.data import clean_markdown, plays_dir
+from ztrain.data import clean_markdown, plays_dir
 
 ATOL = 1e-3
 BLOCK = 16

@@ -107,7 +107,7 @@ def reference_engine() -> Any:
 @functools.lru_cache(maxsize=1)
 def _spoken_lines() -> tuple[str, ...]:
     # one play is plenty of text (reading all 38 takes seconds on a busy machine)
-    from zstack.recipes.data import clean_markdown, plays_dir
+    from ztrain.data import clean_markdown, plays_dir
 
     path = sorted(plays_dir().glob("*/*.md"))[0]
     _, text = clean_markdown(path.read_text(encoding="utf-8"), path.stem)

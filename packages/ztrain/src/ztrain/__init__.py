@@ -1,4 +1,5 @@
-"""The `z train` recipe: a small GPT trained on Shakespeare's plays.
+"""ztrain: the `z train` recipe as a library, a small GPT or Mixtral-style LM trained on
+Shakespeare's plays over zcore's engine.
 
 Modules, each importable alone (the engine itself lives in `zcore`):
 `data` (corpus, splits, token windows), `tokenizer` (byte-level BPE),
@@ -9,4 +10,8 @@ Modules, each importable alone (the engine itself lives in `zcore`):
 (JSON Lines, loss-curve PNG, val-curve comparison), `progress` (live progress line). A run:
 `train_options` (the flags) -> `train_plan` (checked once, with the engine config of
 `train_config`) -> `trainer` (ranks, data, engine on one rank) -> `train` (the loop).
+The `z train` and `z export-mixtral` commands (`zstack.cmd_train`, `zstack.cmd_export`)
+parse flags into these and print.
 """
+
+__version__ = "0.1.0"

@@ -26,7 +26,7 @@ import torch
 from zcore.checkpoint import atomic_write
 
 if TYPE_CHECKING:
-    from zstack.recipes.tokenizer import Tokenizer
+    from ztrain.tokenizer import Tokenizer
 
 Split = Literal["train", "val"]
 

@@ -25,9 +25,9 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from zstack.recipes.atomic_dir import write_dir_atomically
-from zstack.recipes.gpt import GPT, GPTConfig
-from zstack.recipes.tokenizer import Tokenizer
+from ztrain.atomic_dir import write_dir_atomically
+from ztrain.gpt import GPT, GPTConfig
+from ztrain.tokenizer import Tokenizer
 
 MODEL_JSON = "model.json"
 TOKENIZER_JSON = "tokenizer.json"
@@ -147,7 +147,7 @@ def load_for_generation(path: str | os.PathLike[str]) -> tuple[Any, Tokenizer]:
     ]
     if missing:
         raise FileNotFoundError(f"`{folder}` lacks {', '.join(missing)}; write it with export_dir")
-    from zstack.recipes.moe_plan import build_model, config_from_dict
+    from ztrain.moe_plan import build_model, config_from_dict
 
     config = config_from_dict(json.loads((folder / MODEL_JSON).read_text()), ep_size=1)
     tokenizer = Tokenizer.load(folder / TOKENIZER_JSON)

@@ -28,9 +28,9 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from zstack.recipes.atomic_dir import write_dir_atomically
-from zstack.recipes.moe_lm import MoELMConfig
-from zstack.recipes.tokenizer import EOT, Tokenizer
+from ztrain.atomic_dir import write_dir_atomically
+from ztrain.moe_lm import MoELMConfig
+from ztrain.tokenizer import EOT, Tokenizer
 
 
 class ExportError(ValueError):
@@ -180,7 +180,7 @@ def export_run(
     """Consolidate a `z train --moe` run's checkpoint (`RUN/checkpoints`, or that folder
     itself) and write it as Mixtral to `out_dir`; FileNotFoundError/ExportError say why not."""
     from zcore.checkpoint import consolidate
-    from zstack.recipes.moe_plan import config_from_dict
+    from ztrain.moe_plan import config_from_dict
 
     run = Path(run_dir)
     root = run / "checkpoints" if (run / "checkpoints" / "latest").is_file() else run

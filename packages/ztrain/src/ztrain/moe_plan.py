@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from zstack.recipes.train_options import TrainError, TrainOptions
+from ztrain.train_options import TrainError, TrainOptions
 
 MOE_FLAGS = (
     "moe_experts",
@@ -70,7 +70,7 @@ def _parse_counts(text: str) -> tuple[int, ...]:
 
 def plan_moe(opts: TrainOptions, world_size: int, n_layer: int) -> tuple[MoESpec | None, list[str]]:
     """The run's MoE model (None: the GPT) and notes to print; raises TrainError."""
-    from zstack.recipes.moe_lm import layer_experts
+    from ztrain.moe_lm import layer_experts
 
     given = [f for f in MOE_FLAGS if f in opts.explicit]
     if not (opts.moe or opts.dense_twin):
@@ -129,8 +129,8 @@ def plan_moe(opts: TrainOptions, world_size: int, n_layer: int) -> tuple[MoESpec
 
 def model_config(preset: str, vocab_size: int, moe: MoESpec | None) -> Any:
     """The `GPTConfig` of `preset`, or the `MoELMConfig` of `moe` at the preset's sizes."""
-    from zstack.recipes.gpt import PRESETS, GPTConfig
-    from zstack.recipes.moe_lm import MoELMConfig, swiglu_ffn
+    from ztrain.gpt import PRESETS, GPTConfig
+    from ztrain.moe_lm import MoELMConfig, swiglu_ffn
 
     if moe is None:
         return GPTConfig.preset(preset, vocab_size=vocab_size)
@@ -158,8 +158,8 @@ def config_from_dict(fields: dict[str, Any], *, ep_size: int | None = None) -> A
     """
     import dataclasses
 
-    from zstack.recipes.gpt import GPTConfig
-    from zstack.recipes.moe_lm import ARCH, MoELMConfig
+    from ztrain.gpt import GPTConfig
+    from ztrain.moe_lm import ARCH, MoELMConfig
 
     if fields.get("arch") == ARCH:
         config = MoELMConfig.from_dict(fields)
@@ -169,15 +169,15 @@ def config_from_dict(fields: dict[str, Any], *, ep_size: int | None = None) -> A
 
 def build_model(config: Any, seed: int = 0) -> Any:
     """A `GPT` or a `MoELM` for `config`."""
-    from zstack.recipes.gpt import GPT
-    from zstack.recipes.moe_lm import MoELM, MoELMConfig
+    from ztrain.gpt import GPT
+    from ztrain.moe_lm import MoELM, MoELMConfig
 
     return MoELM(config, seed=seed) if isinstance(config, MoELMConfig) else GPT(config, seed=seed)
 
 
 def model_name(config: Any, preset: str) -> str:
     """`GPT small`, `MoE small (...)`: what the run says it trains."""
-    from zstack.recipes.moe_lm import MoELMConfig
+    from ztrain.moe_lm import MoELMConfig
 
     if not isinstance(config, MoELMConfig):
         return f"GPT {preset}"

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from zstack.recipes.train_options import TrainError
+from ztrain.train_options import TrainError
 
 
 @dataclass(frozen=True)

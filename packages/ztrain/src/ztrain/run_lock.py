@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from zstack.recipes.train_options import TrainError
+from ztrain.train_options import TrainError
 
 LOCK_NAME = ".lock"
 

@@ -92,7 +92,7 @@ def train_or_load(
     defaults to `data.load_plays()`; only its training split is used. Training is
     deterministic, so ranks racing to fill the cache write identical files.
     """
-    from zstack.recipes.data import corpus_hash, load_plays, split_plays
+    from ztrain.data import corpus_hash, load_plays, split_plays
 
     plays = load_plays() if plays is None else plays
     train_plays, _ = split_plays(plays)

@@ -27,15 +27,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from zstack.recipes.train_plan import TrainPlan
-from zstack.recipes.trainer import Trainer
+from ztrain.train_plan import TrainPlan
+from ztrain.trainer import Trainer
 
 
 def _restart_metrics(path: Path, resume_step: int | None) -> None:
     """Start `metrics.jsonl` afresh, or keep the records up to `resume_step` (a resumed run
     rewrites the steps after its checkpoint, and measures that step's val loss again)."""
     from zcore.checkpoint.files import save_text
-    from zstack.recipes.metrics import read_jsonl
+    from ztrain.metrics import read_jsonl
 
     kept = []
     if resume_step is not None and path.is_file():
@@ -51,9 +51,9 @@ def _restart_metrics(path: Path, resume_step: int | None) -> None:
 def run(plan: TrainPlan, echo: Callable[[str], None] = print, report: bool = True) -> int:
     """Train on this rank (every rank of the job calls it); returns the exit code. Without
     `report` the run ends at its last checkpoint (no export, plot or summary: benchmarks)."""
-    from zstack.recipes.metrics import JsonlWriter
-    from zstack.recipes.moe_plan import model_name
-    from zstack.recipes.progress import TrainProgress, rss_bytes
+    from ztrain.metrics import JsonlWriter
+    from ztrain.moe_plan import model_name
+    from ztrain.progress import TrainProgress, rss_bytes
 
     t = Trainer.start(plan)
     engine, ranks = t.engine, t.ranks
@@ -146,11 +146,11 @@ def _report(
     echo: Callable[[str], None],
 ) -> None:
     """Export the model, plot the loss curve and say where everything is (rank 0)."""
-    from zstack.recipes.metrics import plot_loss_curve, read_jsonl
+    from ztrain.metrics import plot_loss_curve, read_jsonl
 
     plan = t.plan
     export = t.export()
-    from zstack.recipes.moe_plan import model_name
+    from ztrain.moe_plan import model_name
 
     title = f"{model_name(t.model_config, plan.preset)} on Shakespeare"
     png = plot_loss_curve(plan.metrics, plan.out / "loss.png", title)

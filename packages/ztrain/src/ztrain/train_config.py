@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zstack.recipes.train_options import TrainOptions
+from ztrain.train_options import TrainOptions
 
 _BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 _PRECISION_KEYS = ("fp16", "bf16", "bfloat16")

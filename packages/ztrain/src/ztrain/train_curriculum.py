@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from zstack.recipes.train_options import TrainError
+from ztrain.train_options import TrainError
 
 KNOWN_METRICS = ("seqlen", "vocab_rarity")
 

@@ -11,10 +11,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from zstack.recipes.moe_plan import MoESpec, plan_moe
-from zstack.recipes.resume import find_resume_point
-from zstack.recipes.train_config import RunConfig, build_config
-from zstack.recipes.train_options import TrainError, TrainOptions
+from ztrain.moe_plan import MoESpec, plan_moe
+from ztrain.resume import find_resume_point
+from ztrain.train_config import RunConfig, build_config
+from ztrain.train_options import TrainError, TrainOptions
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class TrainPlan:
     out: Path
     """The run directory."""
     preset: str
-    """GPT size (`zstack.recipes.gpt.PRESETS`)."""
+    """GPT size (`ztrain.gpt.PRESETS`)."""
     steps: int
     """The optimizer step the run ends at."""
     start: int
@@ -80,8 +80,8 @@ def plan_run(opts: TrainOptions, world_size: int) -> TrainPlan:
     point = find_resume_point(opts.checkpoints) if opts.resume else None
     start = point.step if point else 0
     config = build_config(opts, world_size, start)
-    from zstack.recipes.data import plays_dir
-    from zstack.recipes.gpt import PRESETS
+    from ztrain.data import plays_dir
+    from ztrain.gpt import PRESETS
 
     try:
         plays_dir()
@@ -139,8 +139,8 @@ def _check_resumable(opts: TrainOptions, start: int, moe: MoESpec | None) -> Non
     """The checkpoint at `start` leaves steps to train and holds the model the flags ask for."""
     import dataclasses
 
-    from zstack.recipes.gpt import PRESETS
-    from zstack.recipes.moe_plan import config_from_dict, model_config
+    from ztrain.gpt import PRESETS
+    from ztrain.moe_plan import config_from_dict, model_config
 
     if start >= opts.steps:
         raise TrainError(

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zstack.recipes.train_options import TrainError, cache_dir
-from zstack.recipes.train_plan import TrainPlan
+from ztrain.train_options import TrainError, cache_dir
+from ztrain.train_plan import TrainPlan
 
 VAL_BATCHES = 4
 """Micro-batches per rank in each validation pass (the same windows every time)."""
@@ -73,8 +73,8 @@ def _threads_per_rank() -> int:
 
 
 def _load_data(plan: TrainPlan) -> tuple[Any, Any]:
-    from zstack.recipes.data import ShakespeareData, load_plays
-    from zstack.recipes.tokenizer import Tokenizer, train_or_load
+    from ztrain.data import ShakespeareData, load_plays
+    from ztrain.tokenizer import Tokenizer, train_or_load
 
     plays = load_plays()
     saved = plan.checkpoints / "tokenizer.json"
@@ -96,7 +96,7 @@ def _param_groups(model: Any) -> list[dict[str, Any]]:
 def _curriculum(plan: TrainPlan, ranks: Ranks, data: Any, vocab_size: int) -> Any:
     """The run's `CurriculumBatches`; rank 0 writes missing index files first."""
     from zcore.data_efficiency import Curriculum
-    from zstack.recipes.train_curriculum import CurriculumBatches, write_missing_indexes
+    from ztrain.train_curriculum import CurriculumBatches, write_missing_indexes
 
     train = data.stream("train", plan.seq_len, plan.seed)
     config, batch = plan.config.config, plan.config.config.batch_sizes(ranks.world)
@@ -137,8 +137,8 @@ class Trainer:
         import torch
 
         import zcore
-        from zstack.recipes.moe_metrics import MoETally
-        from zstack.recipes.moe_plan import build_model, model_config
+        from ztrain.moe_metrics import MoETally
+        from ztrain.moe_plan import build_model, model_config
 
         torch.set_num_threads(_threads_per_rank())
         ranks = Ranks.join()
@@ -246,8 +246,8 @@ class Trainer:
     def export(self) -> Path:
         """Consolidate the latest checkpoint into `export/` (rank 0 only; not collective)."""
         from zcore.checkpoint import consolidate
-        from zstack.recipes.generate import export_dir
-        from zstack.recipes.moe_plan import drop_non_persistent
+        from ztrain.generate import export_dir
+        from ztrain.moe_plan import drop_non_persistent
 
         state = drop_non_persistent(consolidate(str(self.plan.checkpoints)), self.engine.module)
         export_dir(state, self.model_config, self.tokenizer, self.plan.export)
