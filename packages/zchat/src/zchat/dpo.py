@@ -16,20 +16,7 @@ prefers the correct sum); ``exact_match``, teacher-forced greedy correctness of 
 answer (program-checkable: every answer token is the argmax); and after training the
 implicit-reward accuracy (``z > 0``) and mean margin ``z`` (both 0 before by construction).
 
-Measured (SmolLM2-135M-Instruct after 12 SFT steps, arithmetic, 64 held-out pairs, ZeRO-3,
-10 steps of 4 pairs, lr 5e-6 cosine, beta 0.1; seeds 2 and 3 on 2 gloo ranks x 2 pairs, seed
-1 on 1 rank x 2 pairs x grad_accum 2 (the same global batches: its step-2 loss 0.6443968
-matches a 2-rank seed-1 start's 0.6443969); load 12-15 on 2 cores):
-
-    seed   exact_match     implicit acc   margin   pref_accuracy
-    2      0.203 -> 0.281  0 -> 0.984     0.365    0.984 -> 1.000
-    3      0.203 -> 0.250  0 -> 0.906     0.334    0.984 -> 0.969
-    1      0.203 -> 0.250  0 -> 0.969     0.373    0.984 -> 1.000
-
-exact_match gain +0.047..+0.078 (mean +0.057) against a run-to-run spread of 0.031 (max -
-min of the three after-values): the smallest gain is larger than the spread. pref_accuracy
-is at its ceiling before training. 9-16 min per run (reference pass 133-396 s, 10 steps
-117-235 s; peak RSS of the 1-rank run 7.9 GiB, which grows ~0.2 GiB per step there).
+Measured runs: ``benchmarks/results/zchat-dpo.md``.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ SFT's and the reward stage's metrics sit beside their directories as ``*.metrics
 The defaults below (:data:`STAGE_DEFAULTS`) are the sizes measured on SmolLM2-135M-Instruct
 with 2 CPU ranks on the arithmetic task; the PPO stage's are :data:`zchat.ppo.config.RECIPE`
 (LoRA only, 20 steps of 16 prompts per rank, whitened advantages; see
-:mod:`zchat.ppo.trainer` for what it measured).
+``benchmarks/results/zchat-ppo.md`` for what it measured).
 """
 
 from __future__ import annotations

@@ -13,38 +13,9 @@ teaches nothing, which is why the group is sampled (temperature 1).
 The held-out metric is the fraction of held-out prompts answered correctly, greedily (the
 mean program reward of greedy answers: the grade is 0 or 1).
 
-Measured (SmolLM2-135M-Instruct after 12 steps of ``z chat sft``, arithmetic, 64 held-out
-prompts, 1 rank ZeRO-3 (a 6 GiB memory budget; peak RSS 5.3 GiB), 20 steps of 2 prompts x
-group 8, micro_batch 4, max_new_tokens 6, beta 0.04, load 7-18 on 2 cores, 30-90 s/step):
-
-    lr 2e-5  seed 0: collapsed: training reward 0.19 -> 0.88 (step 3) -> 0 from step 6,
-             KL 3.4 nats/token at step 6 (stopped)
-    lr 5e-6  seed 0: training reward 0.19 -> 0 at step 7, KL 0.32 (stopped)
-    lr 1e-6  seed 0: held-out accuracy 0.266 -> 0.250; KL <= 0.047 throughout (18 min)
-    lr 1e-6  seed 1: held-out accuracy 0.266 -> 0.281 (11 min)
-    lr 1e-6  seed 2: held-out accuracy 0.266 -> 0.297 (7 min)
-
-So at 16 samples per step only DeepSeekMath's 1e-6 (the default) stays stable, and 20 such
-steps do not clearly improve the held-out accuracy: mean change +0.010 (-1, +1, +2 prompts)
-against a run-to-run spread of 0.047.
-
-With LoRA (PPO's keys: rank 8 on every linear of the decoder blocks, ``only_optimize_lora``,
-LoRA lr 5e-4, the frozen base as the reference) and fixed-seed sampled held-out answers
-(``heldout_samples`` 4: what GRPO maximises is the sampling policy's expected reward), the
-same SFT model (1024 training / 128 held-out prompts, 2 ranks x 4 prompts x group 4 = 32
-samples a step, 8 new tokens, 2 gloo ranks, 1 thread each, quiet machine, 14-18 s a step;
-``/tmp/rlhf/grpo_run.py STEPS SEEDS``):
-
-    held-out accuracy       greedy (128)        sampled (512 = 128 x 4)
-    SFT                     0.398               0.178
-    10 steps, seeds 0/1/2   0.414/0.375/0.391   0.250/0.199/0.223 (mean 0.224, SD 0.025)
-    20 steps, seeds 0/1/2   0.406/0.406/0.398   0.303/0.283/0.287 (mean 0.291, SD 0.010)
-
-After 20 steps the sampled accuracy rose by +0.113 on average (+0.105 to +0.125 per seed)
-against a run-to-run standard deviation of 0.010 (range 0.020); 7.3-7.8 min a seed. The
-greedy accuracy did not move beyond its spread (+0.005, SD 0.005): the greedy answer is
-already the SFT model's mode, and GRPO sharpens the sampling distribution towards it.
-``z chat grpo`` runs this recipe by default (:data:`RECIPE`).
+``z chat grpo`` runs the LoRA recipe :data:`RECIPE` by default (at the class defaults,
+whole-model GRPO with DeepSeekMath's lr 1e-6, 20 CPU-sized steps did not move the held-out
+accuracy beyond its spread). Measured runs: ``benchmarks/results/zchat-grpo.md``.
 """
 
 from __future__ import annotations
@@ -70,7 +41,7 @@ RECIPE: dict[str, Any] = {
     "heldout_samples": 4, "train_prompts": 1024, "heldout_prompts": 128,
 }  # fmt: skip
 """What `z chat grpo` runs with unless the config or a flag says otherwise: the LoRA-only
-recipe measured above ("layers." names a LLaMA-family model's decoder blocks), 4 fixed-seed
+recipe of ``benchmarks/results/zchat-grpo.md`` ("layers." names a LLaMA-family model's decoder blocks), 4 fixed-seed
 sampled answers per held-out prompt, and the 1024 / 128 prompt split of `z chat e2e`'s
 stages. The class defaults stay DeepSeekMath's."""
 

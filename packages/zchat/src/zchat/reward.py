@@ -9,11 +9,9 @@ row's scored token (``[B]``; batches are right-padded, :mod:`zchat.data.render`)
 - ``score_at="last"`` (DeepSpeed-Chat's ``chosen_end_scores``): the last non-pad token, which
   for a finished answer is the template's end-of-turn token;
 - ``score_at="before_eos"``: the token before it when that last token is ``eos_id`` (the last
-  token of the answer itself), else the last token. Measured on SmolLM2 (arithmetic, a linear
-  probe on the frozen SFT backbone's final hidden state, 512 train / 128 held-out pairs): the
-  end-of-turn token's state ranks 0.52 of held-out pairs right, the last answer token's 0.69;
-  a causal LM's state at the end-of-turn token is about what follows the turn, not whether
-  the answer was right.
+  token of the answer itself), else the last token. A causal LM's state at the end-of-turn
+  token is about what follows the turn, not whether the answer was right
+  (the probes: ``benchmarks/results/zchat-reward.md``).
 Trained with the pairwise loss ``-logsigmoid(r_chosen - r_rejected)``
 (:func:`pairwise_loss`).
 

@@ -19,16 +19,7 @@ every rank ends with the same weights, those of one process taking the same step
 trained tensors are handed back by name (``backbone`` parameter names plus ``v_head``) and
 copied into the ZeRO-3 reward model by :func:`load_warm_weights`.
 
-Measured (SmolLM2-135M-Instruct after 12 SFT steps, arithmetic, 1024 training / 128
-held-out pairs, ``before_eos``, 16 pairs a step, lr 1e-4, head lr 1e-3; standard error of
-an accuracy near 0.8: ~0.035):
-
-- ``z chat reward`` on 2 gloo ranks (1 thread each, load ~4), ``warmup_blocks`` 4, 3 epochs,
-  ``steps`` 0: held-out accuracy 0.664 / 0.820 / 0.867 after epochs 1 / 2 / 3 (loss 0.69 /
-  0.47 / 0.19), 785 s in all (the cached forward ~5 min, an epoch ~3 min);
-- the same in one process (2 threads, load ~3): 0.664 / 0.789 after epochs 1 / 2;
-- against: a linear probe on the frozen backbone 0.59-0.69; DeepSpeed-Chat's recipe (whole
-  backbone, end-of-turn token) 0.52.
+Measured runs (held-out accuracy per epoch, time): ``benchmarks/results/zchat-reward.md``.
 """
 
 from __future__ import annotations

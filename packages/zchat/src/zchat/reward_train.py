@@ -10,45 +10,10 @@ rank holds the same number of pairs, so the per-rank mean averaged by ZeRO is th
 mean. The held-out metric is the fraction of held-out pairs the model ranks as the task's
 rule does (``r_chosen > r_rejected``) and the mean margin.
 
-Measured (the SFT model above, arithmetic, 2 gloo ranks ZeRO-3, 20 steps of 4 pairs, lr
-5e-5 cosine, 64 held-out pairs): accuracy 0.516 -> 0.594, margin 0.010 -> 0.073 in 841 s;
-weak (1.5 standard errors above 0.5), although the SFT LM itself ranks 98% of these pairs
-right by log-probability: a head read at the end-of-turn token needs more steps than this.
-Doubling the steps did not help: 40 steps of 4 pairs at the same lr (1 rank, 128 held-out
-pairs: 0.523 before, standard error 0.044) still had a training loss of ln 2 (0.72 mean over
-steps 10-19, training accuracy 0.5) at step 19, where it was stopped for time.
-
-Levers (keys below; defaults keep DeepSpeed-Chat's behaviour) and what they did, same SFT
-model, 1024 training pairs, 128 held-out pairs (standard error of an accuracy near 0.55:
-0.044), 2 gloo ranks, 1 thread each, load 5-13:
-
-- where the score is read (``score_at``): a linear probe on the frozen SFT backbone's final
-  hidden state (cached features, 512 train / 128 held-out pairs of another split) ranks 0.52
-  of held-out pairs right at the end-of-turn token and 0.69 at the answer's last token
-  (``before_eos``; a 64-unit MLP probe: 0.56 and 0.72). The signal the LM's log-probabilities
-  carry (98%) is a product of the state before the last digit and that digit's embedding,
-  which no single state holds linearly without fine-tuning.
-- head-only warm-up (``head_warmup_pairs`` 1024, ``before_eos``): probe training accuracy
-  0.88, held-out 0.516 (fresh head) -> 0.586 (warm head; the ZeRO-3 engine's own held-out
-  evaluation with the warmed head gave the same 0.586). 8 full steps after it at lr 1e-5:
-  0.539. With ``head_warmup_l2`` 1e-3 (too strong for these features) the probe reached
-  0.547, and 19 steps at lr 5e-5 with ``head_lr`` 2e-4 after it raised the training loss
-  (0.49 at step 1, 0.62-1.23 over steps 2-19, batch accuracy 0.25-0.75); stopped for time.
-- a head learning rate with ``before_eos``, no warm-up (``lr`` 5e-5, ``head_lr`` 1e-3, 40
-  steps of 8 pairs, 493 s of training): loss 0.70 mean over steps 1-20 and 21-40 (ln 2 =
-  0.693), held-out 0.516 -> 0.539. The same at 32 pairs a step (``micro_batch`` 16): loss
-  0.68-0.72 over steps 1-8, stopped there: 7.5 GiB per rank (4.3-4.5 at ``micro_batch`` 4).
-
-None of these reaches the 0.75 aimed at: the warm-up and ``before_eos`` lift the start above
-chance (1.6 standard errors), and fine-tuning the whole backbone at these batch sizes (8
-pairs a step) loses it again. What does: the **block warm-up** (``warmup_blocks``,
-:mod:`zchat.reward_blocks`), the top blocks trained on cached inputs of the frozen ones
-below, so that a CPU affords many steps: ``warmup_blocks`` 4 of 30, 3 epochs of 16 pairs a
-step (192 steps), lr 1e-4 (head 1e-3), ``before_eos``, ``steps`` 0; 1024 training / 128
-held-out pairs, 2 gloo ranks, 1 thread each, load ~4: held-out accuracy 0.664, 0.820,
-0.867 after epochs 1-3 (standard error ~0.03; margin 4.20), the ZeRO-3 engine's own
-evaluation of the saved model agreeing (0.867), 785 s for the whole stage. ``z chat e2e``
-runs this.
+Trained this way from a fresh head, the reward model stays near chance for the steps a CPU
+affords; the levers below (``score_at``, ``head_lr``, the head-only warm-up) lift its start,
+and the **block warm-up** (``warmup_blocks``, :mod:`zchat.reward_blocks`) is what ``z chat
+e2e`` runs. Measured runs of each: ``benchmarks/results/zchat-reward.md``.
 """
 
 from __future__ import annotations

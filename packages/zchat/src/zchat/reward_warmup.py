@@ -2,17 +2,14 @@
 
 A fresh head (``U(±1/sqrt(hidden))``) on an SFT backbone scores chosen and rejected answers
 alike, so the pairwise loss starts at ln 2 and the backbone's gradient through that head
-carries little signal: measured on SmolLM2 (arithmetic, DeepSpeed-Chat's lr 5e-5, 8 pairs a
-step), the loss was still ln 2 after 19 steps. The warm-up fits the head first with the
-backbone frozen: one no-grad forward over ``head_warmup_pairs`` training pairs gives the
-hidden state at each answer's scored token (:meth:`zchat.reward.RewardModel.scored_hidden`),
-and the head is the minimiser of the pairwise loss on those fixed features plus
-``l2 * |w|^2`` (full-batch L-BFGS in float64: a convex problem, so a few hundred iterations
-reach its optimum). Measured on cached SmolLM2 SFT features (512 train / 128 held-out pairs,
-the answer's last token): the optimum ranks 0.69 of held-out pairs right at ``l2`` 1e-4
-(0.63 at 1e-3, 0.56 at 1e-2: the features' differences are small, std 0.26), where AdamW
-steps on the head alone, 8 pairs a step, lr 1e-4 to 1e-2, 10 to 40 steps, stayed at
-0.50-0.57. The backbone is never updated here: the warmed head is handed to
+carries little signal (the loss stays at ln 2 for the steps a CPU affords). The warm-up
+fits the head first with the backbone frozen: one no-grad forward over ``head_warmup_pairs``
+training pairs gives the hidden state at each answer's scored token
+(:meth:`zchat.reward.RewardModel.scored_hidden`), and the head is the minimiser of the
+pairwise loss on those fixed features plus ``l2 * |w|^2`` (full-batch L-BFGS in float64: a
+convex problem, so a few hundred iterations reach its optimum), which AdamW steps on the head
+alone do not reach (measured optima and runs: ``benchmarks/results/zchat-reward.md``). The
+backbone is never updated here: the warmed head is handed to
 :func:`zchat.reward.build_reward_model`, which loads the backbone from disk again.
 
 Ranks split the pairs, each scores its share with a whole (unpartitioned) copy of the model,

@@ -44,7 +44,7 @@ RECIPE: dict[str, Any] = {
 }  # fmt: skip
 """What `z chat ppo` and `z chat e2e`'s PPO stage run with unless a config or flag says
 otherwise: the recipe measured on SmolLM2-135M-Instruct with 2 CPU ranks on the arithmetic
-task (``packages/zchat/PPO-RECIPE.md`` has every run that chose it). LoRA only, rank 8 on
+task (``benchmarks/results/zchat-ppo.md`` has every run that chose it). LoRA only, rank 8 on
 every linear layer of the decoder blocks (DeepSpeed-Chat's keys; ``"layers."`` names a
 LLaMA-family model's blocks), both LoRAs at 4x DeepSpeed-Chat's rate (2e-3: LoRA's update is
 scaled by 1/rank; at 5e-4 the policy barely left the reference in 20 steps, KL ~0.01 per

@@ -18,22 +18,8 @@ copy of the SFT model too, except with a LoRA-only actor (``only_optimize_lora``
 :mod:`zchat.ppo.models`): its frozen base *is* the SFT model, so the reference's
 log-probabilities are the actor's own forward with the LoRA layers off.
 
-Measured with :data:`zchat.ppo.config.RECIPE` (``packages/zchat/PPO-RECIPE.md`` has
-these runs and every earlier one): SmolLM2-135M-Instruct, the SFT and reward models of one
-``z chat e2e`` run, 2 gloo ranks with 1 thread each on a 2-core machine, ``z chat ppo --config
-C --seed S`` (C: the actor, reward and out directories), 20 steps of 32 prompts:
-
-    SFT           greedy reward 3.865 (accuracy 0.359); sampled 3.155 (0.160)
-    PPO seed 0    greedy 3.961 (0.391); sampled 3.767 (0.305)
-    PPO seed 1    greedy 3.981 (0.352); sampled 3.517 (0.225)
-    PPO seed 2    greedy 3.760 (0.289); sampled 3.400 (0.207)
-    PPO seed 3    greedy 4.094 (0.305); sampled 3.521 (0.203)
-
-Sampled held-out reward +0.397 on average (+0.612 / +0.362 / +0.246 / +0.367); over seeds
-its standard deviation is 0.154 and its range 0.367: the mean gain beats both, and every
-seed's gain beats the standard deviation. Sampled exact-match rose on every seed (0.160 ->
-0.203-0.305). Greedy reward +0.084 on average, within its spread (standard deviation 0.139).
-13.4-14.7 min a run (median step 29-35 s: rollout 4-5, experience 11-13, training 14-17).
+With :data:`zchat.ppo.config.RECIPE`, the sampled held-out reward rises on every seed
+measured; the runs that chose the recipe: ``benchmarks/results/zchat-ppo.md``.
 
 Metrics (means over ranks; memory and time per rank) go to ``metrics.jsonl`` every step,
 with a live progress line on rank 0; the held-out prompts are scored greedily before the
