@@ -77,9 +77,11 @@ def _client_optimizer(rank: int, world: int) -> dict:
     cfg = config(3)
     del cfg["optimizer"]
     engine, inner, _, sched = zcore.initialize(
-        model, optimizer=opt, config=cfg,
+        model,
+        optimizer=opt,
+        config=cfg,
         lr_scheduler=lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=1.0),
-    )  # fmt: skip
+    )
     assert isinstance(inner, torch.optim.SGD) and sched.optimizer is inner
     train(engine, STEPS)
     return full_params(engine)
@@ -112,8 +114,15 @@ def _lrs_used(engine: Any, steps: int) -> list[list[float]]:
 def test_scheduler_from_config_steps_as_deepspeed(tmp_path: Path) -> None:
     # DeepSpeed builds the schedule at iteration -1 (warmup_min_lr) and steps it after each
     # optimizer step: steps 1 and 2 run at warmup_min_lr, step k >= 2 at iteration k - 2.
-    sched = {"type": "WarmupLR", "params": {"warmup_min_lr": 1e-3, "warmup_max_lr": 1e-2,
-                                            "warmup_num_steps": 4, "warmup_type": "linear"}}  # fmt: skip
+    sched = {
+        "type": "WarmupLR",
+        "params": {
+            "warmup_min_lr": 1e-3,
+            "warmup_max_lr": 1e-2,
+            "warmup_num_steps": 4,
+            "warmup_type": "linear",
+        },
+    }
     cfg = config(1, mb=2, gas=2, scheduler=sched, steps_per_print=2, wall_clock_breakdown=True)
     cfg["csv_monitor"] = {"enabled": True, "output_path": str(tmp_path), "job_name": "job"}
     engine, *_ = zcore.initialize(make_model(), config=cfg)
@@ -132,18 +141,47 @@ def test_scheduler_from_config_steps_as_deepspeed(tmp_path: Path) -> None:
 #: builds one param group here; the optimizer's lr is the config's 3e-3).
 ENGINE_CASES: list[dict[str, Any]] = [
     {"type": "WarmupLR", "params": {"warmup_min_lr": 1e-4, "warmup_num_steps": 5}},
-    {"type": "WarmupDecayLR", "params": {"total_num_steps": 8, "warmup_max_lr": 5e-3,
-                                         "warmup_num_steps": 3, "warmup_type": "linear"}},
+    {
+        "type": "WarmupDecayLR",
+        "params": {
+            "total_num_steps": 8,
+            "warmup_max_lr": 5e-3,
+            "warmup_num_steps": 3,
+            "warmup_type": "linear",
+        },
+    },
     {"type": "WarmupDecayLR", "params": {"total_num_steps": 2, "warmup_num_steps": 4}},
-    {"type": "WarmupCosineLR", "params": {"total_num_steps": 9, "warmup_min_ratio": 0.1,
-                                          "warmup_num_steps": 3, "cos_min_ratio": 0.01}},
-    {"type": "OneCycle", "params": {"cycle_min_lr": 1e-4, "cycle_max_lr": 5e-3,
-                                    "cycle_first_step_size": 3, "cycle_second_step_size": 2,
-                                    "decay_step_size": 2, "decay_lr_rate": 0.5,
-                                    "decay_mom_rate": 0.02}},
-    {"type": "OneCycle", "params": {"cycle_min_lr": 1e-4, "cycle_max_lr": 5e-3,
-                                    "cycle_first_step_size": 4, "cycle_first_stair_count": 2}},
-]  # fmt: skip
+    {
+        "type": "WarmupCosineLR",
+        "params": {
+            "total_num_steps": 9,
+            "warmup_min_ratio": 0.1,
+            "warmup_num_steps": 3,
+            "cos_min_ratio": 0.01,
+        },
+    },
+    {
+        "type": "OneCycle",
+        "params": {
+            "cycle_min_lr": 1e-4,
+            "cycle_max_lr": 5e-3,
+            "cycle_first_step_size": 3,
+            "cycle_second_step_size": 2,
+            "decay_step_size": 2,
+            "decay_lr_rate": 0.5,
+            "decay_mom_rate": 0.02,
+        },
+    },
+    {
+        "type": "OneCycle",
+        "params": {
+            "cycle_min_lr": 1e-4,
+            "cycle_max_lr": 5e-3,
+            "cycle_first_step_size": 4,
+            "cycle_first_stair_count": 2,
+        },
+    },
+]
 
 
 def _deepspeed_lrs(ds: Any, block: dict[str, Any], steps: int) -> list[list[float]]:
@@ -201,8 +239,9 @@ def test_checkpoint_resume_continues_the_schedule(tmp_path: Path, optimizer_stat
     block = ENGINE_CASES[4]  # OneCycle: lr and momentum both scheduled
     uninterrupted = _save_with_schedule(str(tmp_path / "a"), 10, block)
     assert _save_with_schedule(str(tmp_path / "b"), 4, block) == uninterrupted[:4]
-    engine, *_ = zcore.initialize(make_model(seed=5), config=config(2, mb=2, gas=1,
-                                                                    scheduler=block))  # fmt: skip
+    engine, *_ = zcore.initialize(
+        make_model(seed=5), config=config(2, mb=2, gas=1, scheduler=block)
+    )
     engine.load_checkpoint(str(tmp_path / "b"), load_optimizer_states=optimizer_states)
     assert engine.lr_scheduler.state_dict() == {"last_batch_iteration": 3}
     assert _lrs_used(engine, 6) == uninterrupted[4:]
@@ -249,8 +288,11 @@ def test_reduction_options_give_the_same_result(extra: dict[str, Any]) -> None:
 
 
 def _save_16bit(rank: int, world: int, out: str, gather: bool) -> str:
-    cfg = config(3, bf16={"enabled": True},
-                 zero_optimization={"stage3_gather_16bit_weights_on_model_save": gather})  # fmt: skip
+    cfg = config(
+        3,
+        bf16={"enabled": True},
+        zero_optimization={"stage3_gather_16bit_weights_on_model_save": gather},
+    )
     engine, *_ = zcore.initialize(make_model(), config=cfg)
     try:
         engine.save_16bit_model(out)
@@ -267,5 +309,6 @@ def test_save_16bit_model_at_stage3(tmp_path: Path) -> None:
     model = make_model()
     assert state["blocks.0.fc.weight"].dtype == torch.bfloat16
     model.load_state_dict({k: v.float() for k, v in state.items()})
-    torch.testing.assert_close(model.blocks[0].fc.weight, make_model().blocks[0].fc.weight,
-                               atol=1e-2, rtol=0)  # fmt: skip
+    torch.testing.assert_close(
+        model.blocks[0].fc.weight, make_model().blocks[0].fc.weight, atol=1e-2, rtol=0
+    )

@@ -70,25 +70,49 @@ def test_the_tutorial_block_loads() -> None:
 @pytest.mark.parametrize(
     ("key", "value", "expected"),
     [
-        ("random_ltd_layer_id", [0, *range(2, 23)], "has [0] outside [1, 22]: with total_layer_num 24 the first (0) and last (23)"),
+        (
+            "random_ltd_layer_id",
+            [0, *range(2, 23)],
+            "has [0] outside [1, 22]: with total_layer_num 24 the first (0) and last (23)",
+        ),
         ("random_ltd_layer_id", [*range(1, 22), 23], "has [23] outside [1, 22]"),
         ("random_ltd_layer_id", [*range(1, 22), 40], "has [40] outside [1, 22]"),
         ("random_ltd_layer_id", [*range(1, 22), 1], "names a layer twice"),
-        ("random_ltd_layer_num", 21, "random_ltd_layer_num = 21: but random_ltd_layer_id names 22 layers"),
-        ("random_ltd_schedule.min_value", 4096, "random_ltd_schedule.min_value = 4096: is above max_value 2048"),
-        ("random_ltd_schedule.min_value", 100, "is not a multiple of schedule_config.seq_per_step 16"),
+        (
+            "random_ltd_layer_num",
+            21,
+            "random_ltd_layer_num = 21: but random_ltd_layer_id names 22 layers",
+        ),
+        (
+            "random_ltd_schedule.min_value",
+            4096,
+            "random_ltd_schedule.min_value = 4096: is above max_value 2048",
+        ),
+        (
+            "random_ltd_schedule.min_value",
+            100,
+            "is not a multiple of schedule_config.seq_per_step 16",
+        ),
         ("random_ltd_schedule.schedule_type", "fixed_root", "random_ltd_schedule.schedule_type"),
         ("random_ltd_schedule.schedule_config.require_steps", None, "require_steps: is required"),
         ("random_ltd_schedule.schedule_config.seq_per_stp", 16, "unknown key"),
         ("model_type", "seq2seq", "model_type"),
         ("hidden_state_order", "batch_first", "hidden_state_order"),
         ("total_layer_num", None, "total_layer_num: is required when random_ltd is enabled"),
-        ("layer_token_lr_schedule.warmup_layer_tokens", 10**12, "warmup_layer_tokens = 1000000000000: is not below total_layer_tokens"),
-        ("layer_token_lr_schedule.total_layer_tokens", None, "total_layer_tokens: is required when enabled"),
+        (
+            "layer_token_lr_schedule.warmup_layer_tokens",
+            10**12,
+            "warmup_layer_tokens = 1000000000000: is not below total_layer_tokens",
+        ),
+        (
+            "layer_token_lr_schedule.total_layer_tokens",
+            None,
+            "total_layer_tokens: is required when enabled",
+        ),
         ("layer_token_lr_schedule.total_layer_token", 5, "unknown key"),
         ("layer_token_lr_schedule.warmup_type", "cosine", "warmup_type"),
     ],
-)  # fmt: skip
+)
 def test_bad_values_name_the_key(key: str, value: Any, expected: str) -> None:
     with pytest.raises(ConfigError) as err:
         ZConfig.load(_with(key, value))

@@ -49,8 +49,13 @@ class TinyClassifier(nn.Module):
     def get_input_embeddings(self) -> nn.Module:
         return self.tok
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                labels: torch.Tensor, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        labels: torch.Tensor,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         x = (self.tok(input_ids) if inputs_embeds is None else inputs_embeds) + self.pos
         a, _ = self.attn(x, x, x, key_padding_mask=attention_mask == 0, need_weights=False)
         x = self.ln(x + self.drop(a))
@@ -71,8 +76,11 @@ def batch(step: int) -> dict[str, torch.Tensor]:
     ids = torch.randint(1, VOCAB, (GLOBAL, SEQ), generator=g)
     lengths = torch.randint(SEQ // 2, SEQ + 1, (GLOBAL,), generator=g)
     mask = (torch.arange(SEQ)[None] < lengths[:, None]).long()
-    return {"input_ids": ids * mask, "attention_mask": mask,
-            "labels": torch.randint(0, LABELS, (GLOBAL,), generator=g)}  # fmt: skip
+    return {
+        "input_ids": ids * mask,
+        "attention_mask": mask,
+        "labels": torch.randint(0, LABELS, (GLOBAL,), generator=g),
+    }
 
 
 def micro(step: int, m: int, rank: int, world: int, mb: int) -> dict[str, torch.Tensor]:
@@ -93,8 +101,9 @@ def ds_config(stage: int, scala: dict[str, Any] | None, mb: int = MB) -> dict[st
     return cfg
 
 
-def train(stage: int, model: nn.Module, scala: dict[str, Any] | None, mb: int = MB,
-          loss_of: Any = None) -> dict[str, Any]:  # fmt: skip
+def train(
+    stage: int, model: nn.Module, scala: dict[str, Any] | None, mb: int = MB, loss_of: Any = None
+) -> dict[str, Any]:
     """`STEPS` optimizer steps through `ScaLA.step`; losses (global mean), weights, delta norms."""
     import torch.distributed as dist
 
@@ -182,8 +191,9 @@ def test_scala_on_two_ranks_stages_0_1_2_matches_plain_step_and_reference() -> N
             assert real["pad"] == 0.0, where
             assert real["losses"] == pytest.approx(ref["losses"], rel=1e-5), where
             for name, value in ref["params"].items():
-                torch.testing.assert_close(real["params"][name], value, rtol=0, atol=2e-5,
-                                           msg=f"{where} {name}")  # fmt: skip
+                torch.testing.assert_close(
+                    real["params"][name], value, rtol=0, atol=2e-5, msg=f"{where} {name}"
+                )
             assert real["losses"] != plain["losses"]  # the noise did change training
 
 
@@ -200,9 +210,17 @@ def test_hf_bert_in_process_bound_zero_is_the_plain_step(one_thread: Any) -> Non
 
     def bert() -> nn.Module:
         torch.manual_seed(0)
-        return BertForSequenceClassification(BertConfig(
-            vocab_size=VOCAB, hidden_size=DIM, num_hidden_layers=1, num_attention_heads=2,
-            intermediate_size=24, max_position_embeddings=SEQ, num_labels=LABELS))  # fmt: skip
+        return BertForSequenceClassification(
+            BertConfig(
+                vocab_size=VOCAB,
+                hidden_size=DIM,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                intermediate_size=24,
+                max_position_embeddings=SEQ,
+                num_labels=LABELS,
+            )
+        )
 
     def loss_of(engine: Any, b: dict[str, torch.Tensor]) -> torch.Tensor:
         return engine(**b).loss

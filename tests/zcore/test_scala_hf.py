@@ -37,9 +37,17 @@ def tiny_bert(dropout: float) -> Any:
     from transformers import BertConfig, BertForSequenceClassification
 
     torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                     intermediate_size=48, max_position_embeddings=32, num_labels=3,
-                     hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)  # fmt: skip
+    cfg = BertConfig(
+        vocab_size=97,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=48,
+        max_position_embeddings=32,
+        num_labels=3,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
+    )
     return BertForSequenceClassification(cfg)
 
 
@@ -47,8 +55,15 @@ def tiny_llama() -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)  # fmt: skip
+    cfg = LlamaConfig(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+    )
     return LlamaForCausalLM(cfg)
 
 
@@ -58,8 +73,11 @@ def batch(step: int) -> dict[str, torch.Tensor]:
     ids = torch.randint(1, 97, (GLOBAL, SEQ), generator=g)
     lengths = torch.randint(SEQ // 2, SEQ + 1, (GLOBAL,), generator=g)
     mask = (torch.arange(SEQ)[None] < lengths[:, None]).long()
-    return {"input_ids": ids * mask, "attention_mask": mask,
-            "labels": torch.randint(0, 3, (GLOBAL,), generator=g)}  # fmt: skip
+    return {
+        "input_ids": ids * mask,
+        "attention_mask": mask,
+        "labels": torch.randint(0, 3, (GLOBAL,), generator=g),
+    }
 
 
 def micro(step: int, m: int, rank: int) -> dict[str, torch.Tensor]:
@@ -96,8 +114,11 @@ def _train(stage: int, model: Any, scala: dict[str, Any] | None, causal: bool = 
         for m in range(GAS):
             b = micro(step, m, engine.rank)
             if causal:
-                b = {"input_ids": b["input_ids"], "attention_mask": b["attention_mask"],
-                     "labels": b["input_ids"].masked_fill(b["attention_mask"] == 0, -100)}  # fmt: skip
+                b = {
+                    "input_ids": b["input_ids"],
+                    "attention_mask": b["attention_mask"],
+                    "labels": b["input_ids"].masked_fill(b["attention_mask"] == 0, -100),
+                }
 
             def loss_fn(b: dict[str, torch.Tensor] = b) -> torch.Tensor:
                 return engine(**b).loss
@@ -112,8 +133,12 @@ def _train(stage: int, model: Any, scala: dict[str, Any] | None, causal: bool = 
     with torch.no_grad():
         out = engine(input_ids=probe["input_ids"], attention_mask=probe["attention_mask"])
     runner.close()
-    return {"losses": losses, "params": full_params(engine), "logits": out.logits.float(),
-            "norms": norms}  # fmt: skip
+    return {
+        "losses": losses,
+        "params": full_params(engine),
+        "logits": out.logits.float(),
+        "norms": norms,
+    }
 
 
 def _rank_bound0(rank: int, world: int, stage: int) -> dict:
@@ -135,8 +160,11 @@ def reference(scala: dict[str, Any]) -> dict:
         keep = b["attention_mask"][..., None].float()  # (B, T, 1)
 
         def loss_at(delta: torch.Tensor, b: dict[str, torch.Tensor] = b) -> torch.Tensor:
-            return model(inputs_embeds=embed(b["input_ids"]) + delta,
-                         attention_mask=b["attention_mask"], labels=b["labels"]).loss  # fmt: skip
+            return model(
+                inputs_embeds=embed(b["input_ids"]) + delta,
+                attention_mask=b["attention_mask"],
+                labels=b["labels"],
+            ).loss
 
         delta = torch.zeros(GLOBAL, SEQ, embed.embedding_dim)
         for _ in range(scala["adv_steps"]):
@@ -174,8 +202,11 @@ def test_scala_on_two_ranks_matches_plain_step_and_reference(stage: int) -> None
         assert 0.0 < max(real["norms"]) <= SCALA["adv_max_norm"] * (1 + 1e-6)
         assert real["losses"] == pytest.approx(ref["losses"], rel=1e-5)
         torch.testing.assert_close(real["logits"], ref["logits"], rtol=0, atol=1e-5)
-        far = {n: float((real["params"][n] - p).abs().max()) for n, p in ref["params"].items()
-               if not n.endswith(NOISE_ONLY)}  # fmt: skip
+        far = {
+            n: float((real["params"][n] - p).abs().max())
+            for n, p in ref["params"].items()
+            if not n.endswith(NOISE_ONLY)
+        }
         assert max(far.values()) <= 5e-5, sorted(far.items(), key=lambda kv: -kv[1])[:3]
     # the noise changed training (so the equalities above are not vacuous)
     assert results[0]["real"]["losses"] != results[0]["plain"]["losses"]

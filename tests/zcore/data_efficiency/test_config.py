@@ -103,26 +103,66 @@ _RARITY = f"{_CL}.curriculum_metrics.vocab_rarity"
 @pytest.mark.parametrize(
     ("base", "path", "value", "expected"),
     [
-        (LEGACY, "curriculum_learning.max_difficulty", 4,
-         "curriculum_learning.max_difficulty = 4: is below min_difficulty 8"),
-        (LEGACY, "curriculum_learning.min_difficulty", 12, "is not a multiple of schedule_config.difficulty_step 8"),
-        (LEGACY, "curriculum_learning.curriculum_type", "vocab", 'curriculum_learning.curriculum_type = "vocab"'),
+        (
+            LEGACY,
+            "curriculum_learning.max_difficulty",
+            4,
+            "curriculum_learning.max_difficulty = 4: is below min_difficulty 8",
+        ),
+        (
+            LEGACY,
+            "curriculum_learning.min_difficulty",
+            12,
+            "is not a multiple of schedule_config.difficulty_step 8",
+        ),
+        (
+            LEGACY,
+            "curriculum_learning.curriculum_type",
+            "vocab",
+            'curriculum_learning.curriculum_type = "vocab"',
+        ),
         (LEGACY, "curriculum_learning.schedule_type", "fixed_rot", "fixed_root"),
-        (LEGACY, "curriculum_learning.schedule_config.difficulty_stp", 8,
-         "unknown key curriculum_learning.schedule_config.difficulty_stp; did you mean difficulty_step?"),
-        (LEGACY, "curriculum_learning.schedule_config.total_curriculum_step", None,
-         "curriculum_learning.schedule_config.total_curriculum_step: is required by schedule_type 'fixed_linear'"),
-        (DE, f"{_RARITY}.max_difficulty", 0, f"{_RARITY}.max_difficulty = 0: is below min_difficulty 1"),
-        (DE, f"{_RARITY}.index_to_sample_path", None, f"{_RARITY}.index_to_sample_path: is required"),
+        (
+            LEGACY,
+            "curriculum_learning.schedule_config.difficulty_stp",
+            8,
+            "unknown key curriculum_learning.schedule_config.difficulty_stp; did you mean difficulty_step?",
+        ),
+        (
+            LEGACY,
+            "curriculum_learning.schedule_config.total_curriculum_step",
+            None,
+            "curriculum_learning.schedule_config.total_curriculum_step: is required by schedule_type 'fixed_linear'",
+        ),
+        (
+            DE,
+            f"{_RARITY}.max_difficulty",
+            0,
+            f"{_RARITY}.max_difficulty = 0: is below min_difficulty 1",
+        ),
+        (
+            DE,
+            f"{_RARITY}.index_to_sample_path",
+            None,
+            f"{_RARITY}.index_to_sample_path: is required",
+        ),
         (DE, f"{_RARITY}.difficulty_type", "rank", f'{_RARITY}.difficulty_type = "rank"'),
         (DE, f"{_RARITY}.sample_path", "x", f"unknown key {_RARITY}.sample_path"),
-        (DE, "data_efficiency.data_sampling.enabled", False,
-         "data_efficiency.data_sampling.enabled = false: is false but data_sampling.curriculum_learning.enabled is true"),
-        (DE, "data_efficiency.data_routing.random_ltd.enabled", True,
-         "data_efficiency.data_routing.random_ltd.random_ltd_layer_num: is required"),
+        (
+            DE,
+            "data_efficiency.data_sampling.enabled",
+            False,
+            "data_efficiency.data_sampling.enabled = false: is false but data_sampling.curriculum_learning.enabled is true",
+        ),
+        (
+            DE,
+            "data_efficiency.data_routing.random_ltd.enabled",
+            True,
+            "data_efficiency.data_routing.random_ltd.random_ltd_layer_num: is required",
+        ),
         (DE, f"{_CL}.curriculum_metrics", {}, "curriculum learning is enabled but names no metric"),
     ],
-)  # fmt: skip
+)
 def test_bad_values_name_the_key(base: dict, path: str, value: Any, expected: str) -> None:
     assert expected in _errors(_with(base, path, value))
 

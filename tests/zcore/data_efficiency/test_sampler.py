@@ -46,8 +46,15 @@ def test_index_files_sort_by_metric(tmp_path: Path) -> None:
         MetricIndex.load(str(paths[0]), None, 5, "x")
 
 
-def _config(path_prefix: Path, difficulty_type: str, lo: float, hi: float, total: int,
-            step: int = 1, num_epochs: int = 1000) -> DataEfficiencyConfig:  # fmt: skip
+def _config(
+    path_prefix: Path,
+    difficulty_type: str,
+    lo: float,
+    hi: float,
+    total: int,
+    step: int = 1,
+    num_epochs: int = 1000,
+) -> DataEfficiencyConfig:
     metric: dict[str, Any] = {
         "index_to_sample_path": str(path_prefix / "m_index_to_sample.pt"),
         "index_to_metric_path": str(path_prefix / "m_index_to_metric.pt"),

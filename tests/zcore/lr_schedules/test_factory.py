@@ -42,26 +42,60 @@ def test_build_scheduler_errors():
 #: (type, params) run through both implementations; the optimizer has lrs (0.3, 0.7).
 DEEPSPEED_CASES: list[tuple[str, dict[str, Any]]] = [
     ("WarmupLR", dict(warmup_min_lr=0.01, warmup_max_lr=0.1, warmup_num_steps=5)),
-    ("WarmupLR", dict(warmup_min_lr=[0.0, 0.02], warmup_max_lr=[0.1, 0.2], warmup_num_steps=4,
-                      warmup_type="linear")),
+    (
+        "WarmupLR",
+        dict(
+            warmup_min_lr=[0.0, 0.02],
+            warmup_max_lr=[0.1, 0.2],
+            warmup_num_steps=4,
+            warmup_type="linear",
+        ),
+    ),
     ("WarmupLR", {}),
     ("WarmupLR", dict(warmup_min_lr=0.0, warmup_max_lr=1.0, warmup_num_steps=1)),
-    ("WarmupDecayLR", dict(total_num_steps=12, warmup_min_lr=0.002, warmup_max_lr=0.05,
-                           warmup_num_steps=4)),
+    (
+        "WarmupDecayLR",
+        dict(total_num_steps=12, warmup_min_lr=0.002, warmup_max_lr=0.05, warmup_num_steps=4),
+    ),
     ("WarmupDecayLR", dict(total_num_steps=3, warmup_num_steps=5, warmup_type="linear")),
-    ("WarmupCosineLR", dict(total_num_steps=12, warmup_min_ratio=0.1, warmup_num_steps=4,
-                            cos_min_ratio=0.01)),
-    ("WarmupCosineLR", dict(total_num_steps=4, warmup_min_ratio=0.2, warmup_num_steps=6,
-                            warmup_type="linear")),
-    ("OneCycle", dict(cycle_min_lr=0.01, cycle_max_lr=0.1, decay_lr_rate=0.5,
-                      cycle_first_step_size=4, cycle_second_step_size=6, decay_step_size=3,
-                      decay_mom_rate=0.01)),
-    ("OneCycle", dict(cycle_min_lr=[0.01, 0.02], cycle_max_lr=0.1, cycle_first_step_size=6,
-                      cycle_second_step_size=4, cycle_first_stair_count=3,
-                      cycle_second_stair_count=2)),
-    ("OneCycle", dict(cycle_min_lr=0.01, cycle_max_lr=0.1, cycle_first_step_size=4,
-                      cycle_second_step_size=0)),
-]  # fmt: skip
+    (
+        "WarmupCosineLR",
+        dict(total_num_steps=12, warmup_min_ratio=0.1, warmup_num_steps=4, cos_min_ratio=0.01),
+    ),
+    (
+        "WarmupCosineLR",
+        dict(total_num_steps=4, warmup_min_ratio=0.2, warmup_num_steps=6, warmup_type="linear"),
+    ),
+    (
+        "OneCycle",
+        dict(
+            cycle_min_lr=0.01,
+            cycle_max_lr=0.1,
+            decay_lr_rate=0.5,
+            cycle_first_step_size=4,
+            cycle_second_step_size=6,
+            decay_step_size=3,
+            decay_mom_rate=0.01,
+        ),
+    ),
+    (
+        "OneCycle",
+        dict(
+            cycle_min_lr=[0.01, 0.02],
+            cycle_max_lr=0.1,
+            cycle_first_step_size=6,
+            cycle_second_step_size=4,
+            cycle_first_stair_count=3,
+            cycle_second_stair_count=2,
+        ),
+    ),
+    (
+        "OneCycle",
+        dict(
+            cycle_min_lr=0.01, cycle_max_lr=0.1, cycle_first_step_size=4, cycle_second_step_size=0
+        ),
+    ),
+]
 
 
 def deepspeed_schedules() -> Any:
@@ -102,8 +136,10 @@ def test_resume_matches_deepspeed(name: str, params: dict[str, Any]) -> None:
     the next steps run as DeepSpeed's do after the same resume."""
     ds = deepspeed_schedules()
     runs = []
-    for make in (lambda o, **kw: getattr(ds, name)(o, **params, **kw),
-                 lambda o, **kw: build_scheduler(name, o, {**params, **kw})):  # fmt: skip
+    for make in (
+        lambda o, **kw: getattr(ds, name)(o, **params, **kw),
+        lambda o, **kw: build_scheduler(name, o, {**params, **kw}),
+    ):
         opt = make_optimizer("adam", lrs=(0.3, 0.7))
         sched = make(opt)
         lrs_and_beta1(sched, 7)

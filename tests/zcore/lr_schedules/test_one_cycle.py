@@ -13,9 +13,15 @@ def test_one_cycle_values_written_out_from_deepspeed():
     """Runs worked out by hand from DeepSpeed 0.19.8's code: the lrs (and momentum) of
     optimizer steps 1, 2, 3, ..."""
     cycle = OneCycle(
-        make_optimizer("adam"), 0.01, 0.1, decay_lr_rate=1.0, cycle_first_step_size=3,
-        decay_step_size=2, cycle_min_mom=0.8, cycle_max_mom=0.9,
-    )  # fmt: skip
+        make_optimizer("adam"),
+        0.01,
+        0.1,
+        decay_lr_rate=1.0,
+        cycle_first_step_size=3,
+        decay_step_size=2,
+        cycle_min_mom=0.8,
+        cycle_max_mom=0.9,
+    )
     lrs, moms = [], []
     for _ in range(9):
         lrs.append(cycle.optimizer.param_groups[0]["lr"])
@@ -24,8 +30,9 @@ def test_one_cycle_values_written_out_from_deepspeed():
         cycle.step()
     assert lrs == pytest.approx([0.01, 0.04, 0.07, 0.1, 0.07, 0.04, 0.01, 0.01 / 1.5, 0.005])
     # step 1 at cycle_min_mom: DeepSpeed's constructor sets it (the cycle would say max)
-    assert moms == pytest.approx([0.8, 0.9 - 0.1 / 3, 0.9 - 0.2 / 3, 0.8, 0.9 - 0.2 / 3,
-                                  0.9 - 0.1 / 3, 0.9, 0.9, 0.9])  # fmt: skip
+    assert moms == pytest.approx(
+        [0.8, 0.9 - 0.1 / 3, 0.9 - 0.2 / 3, 0.8, 0.9 - 0.2 / 3, 0.9 - 0.1 / 3, 0.9, 0.9, 0.9]
+    )
     stairs = OneCycle(
         make_optimizer("adagrad"), 0.0, 1.0, cycle_first_step_size=4, cycle_first_stair_count=2
     )

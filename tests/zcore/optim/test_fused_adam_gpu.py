@@ -172,9 +172,15 @@ def test_functional_step_with_bf16_grads():
         ref_opt.step()
         with torch.no_grad():
             fused_adam_step_(
-                fused, grads, exp_avgs, exp_avg_sqs, step=step, lr=1e-2,
-                weight_decay=0.05, decoupled_weight_decay=True,
-            )  # fmt: skip
+                fused,
+                grads,
+                exp_avgs,
+                exp_avg_sqs,
+                step=step,
+                lr=1e-2,
+                weight_decay=0.05,
+                decoupled_weight_decay=True,
+            )
     torch.cuda.synchronize()
     for a, b, m in zip(ref, fused, exp_avgs, strict=True):
         torch.testing.assert_close(b, a, **TOL)

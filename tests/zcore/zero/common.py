@@ -83,8 +83,14 @@ def config(stage: int, *, mb: int = 2, gas: int = 2, clip: float = 0.5, **extra:
     return cfg
 
 
-def baseline(steps: int, global_size: int, clip: float = 0.5, start: int = 0, model: Any = None,
-             opt_state: Any = None) -> tuple[list[float], dict[str, torch.Tensor]]:  # fmt: skip
+def baseline(
+    steps: int,
+    global_size: int,
+    clip: float = 0.5,
+    start: int = 0,
+    model: Any = None,
+    opt_state: Any = None,
+) -> tuple[list[float], dict[str, torch.Tensor]]:
     """Unsharded single-process fp32 training on the same global batches."""
     model = copy.deepcopy(model) if model is not None else make_model()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)

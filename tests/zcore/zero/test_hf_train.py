@@ -61,9 +61,18 @@ def outputs_of(kind: str, model: Any, ids: torch.Tensor) -> torch.Tensor:
     return (out.logits if kind == "llama" else out.last_hidden_state).detach().float()
 
 
-def _rank(rank: int, world: int, kind: str, path: str, out: str, batches: list[torch.Tensor],
-          probe: torch.Tensor, threshold: int, inside_init: bool,
-          overrides: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+def _rank(
+    rank: int,
+    world: int,
+    kind: str,
+    path: str,
+    out: str,
+    batches: list[torch.Tensor],
+    probe: torch.Tensor,
+    threshold: int,
+    inside_init: bool,
+    overrides: dict[str, Any],
+) -> dict[str, Any]:
     import torch.distributed as dist
 
     import zcore
@@ -114,9 +123,18 @@ def baseline(kind: str, path: Path, batches: list[torch.Tensor], overrides: dict
     return losses, model.eval()
 
 
-def check_run(kind: str, path: Path, out: Path, batches: list[torch.Tensor], probe: torch.Tensor,
-              threshold: int, inside_init: bool = True, overrides: dict[str, Any] | None = None,
-              timeout: float = 300, weights_atol: float = 5e-5) -> list[dict[str, Any]]:  # fmt: skip
+def check_run(
+    kind: str,
+    path: Path,
+    out: Path,
+    batches: list[torch.Tensor],
+    probe: torch.Tensor,
+    threshold: int,
+    inside_init: bool = True,
+    overrides: dict[str, Any] | None = None,
+    timeout: float = 300,
+    weights_atol: float = 5e-5,
+) -> list[dict[str, Any]]:
     """Train on 2 ranks and in one process, compare, reload the saved directory, compare."""
     overrides = overrides or {}
     args = (kind, str(path), str(out), batches, probe, threshold, inside_init, overrides)
@@ -200,8 +218,16 @@ def _text_batches(steps: int, seq: int = 32) -> list[torch.Tensor]:
 def test_smollm2_trains_like_plain_adamw_and_saves_back(tmp_path: Path) -> None:
     batches = _text_batches(4)
     out = tmp_path / "smol"
-    results = check_run("llama", SMOL, out, batches, batches[0][:1], threshold=10_000,
-                        inside_init=False, timeout=600)  # fmt: skip
+    results = check_run(
+        "llama",
+        SMOL,
+        out,
+        batches,
+        batches[0][:1],
+        threshold=10_000,
+        inside_init=False,
+        timeout=600,
+    )
     assert (out / "tokenizer.json").is_file() and (out / "chat_template.jinja").is_file()
     report = results[0]["report"]
     assert report["bytes_read"] < 0.51 * report["checkpoint_bytes"]
@@ -211,8 +237,16 @@ def test_smollm2_trains_like_plain_adamw_and_saves_back(tmp_path: Path) -> None:
 @pytest.mark.skipif(not (MINILM / "model.safetensors").is_file(), reason="run `make models`")
 def test_minilm_bert_trains_like_plain_adamw_and_saves_back(tmp_path: Path) -> None:
     batches = random_batches(30522, 4)
-    results = check_run("bert", MINILM, tmp_path / "bert", batches, batches[0][:1],
-                        threshold=1000, overrides=NO_DROPOUT, weights_atol=1e-4)  # fmt: skip
+    results = check_run(
+        "bert",
+        MINILM,
+        tmp_path / "bert",
+        batches,
+        batches[0][:1],
+        threshold=1000,
+        overrides=NO_DROPOUT,
+        weights_atol=1e-4,
+    )
     # the old checkpoint's position_ids names a non-persistent buffer: skipped, not an error
     assert results[0]["report"]["ignored"] == ["embeddings.position_ids"]
     assert (tmp_path / "bert" / "vocab.txt").is_file()

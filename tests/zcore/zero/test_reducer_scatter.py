@@ -40,9 +40,15 @@ def _reduce(rank: int, world: int) -> dict[str, torch.Tensor]:
         got[shard.name] = values.clone() * alpha
 
     reducer = GradReducer(
-        comm, accumulate, shard_world=world, bucket_elems=8, overlap=False,
-        comm_dtype=None, predivide=1.0, reduce_scatter=True,
-    )  # fmt: skip
+        comm,
+        accumulate,
+        shard_world=world,
+        bucket_elems=8,
+        overlap=False,
+        comm_dtype=None,
+        predivide=1.0,
+        reduce_scatter=True,
+    )
     for shard in _shards(world):
         reducer.add(0, shard, _grad(shard.name, rank))
     reducer.finish()

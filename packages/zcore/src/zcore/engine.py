@@ -164,8 +164,12 @@ class ZEngine:
             store=store,
             axes=self.axes,
         )
-        bind_inner(self.zopt, self.comm, replicas=self.replicas.size,
-                   type_name=config.optimizer.type if config.optimizer else type(optimizer).__name__)  # fmt: skip
+        bind_inner(
+            self.zopt,
+            self.comm,
+            replicas=self.replicas.size,
+            type_name=config.optimizer.type if config.optimizer else type(optimizer).__name__,
+        )
         self.optimizer = self.zopt.optimizer
         # Kept so that destroy() can take them off again: each one holds this engine, and
         # a stale one would keep taking the gradients of an engine that wraps the model next.
@@ -303,8 +307,10 @@ class ZEngine:
             if self.rank == 0:
                 log.warning(
                     "step %d: fp16 gradient overflow, step skipped; loss scale %g -> %g",
-                    self.global_steps, old, self.scaler.scale,
-                )  # fmt: skip
+                    self.global_steps,
+                    old,
+                    self.scaler.scale,
+                )
         else:
             inv = 1.0 / self.scaler.scale if self.scaler else 1.0
             self.zopt.step(inv, float(self.config.gradient_clipping))
@@ -478,18 +484,24 @@ class ZEngine:
         return save_16bit_model(self, save_dir, save_filename)
 
     def save_checkpoint(
-        self, save_dir: str, tag: str | None = None, client_state: dict | None = None,
+        self,
+        save_dir: str,
+        tag: str | None = None,
+        client_state: dict | None = None,
         save_latest: bool = True,
-    ) -> str:  # fmt: skip
+    ) -> str:
         """Write this rank's shard and (rank 0) the manifest under ``save_dir/tag`` atomically."""
         from zcore.checkpoint import save
 
         return save(self, save_dir, tag, client_state or {}, save_latest)
 
     def load_checkpoint(
-        self, load_dir: str, tag: str | None = None, load_optimizer_states: bool = True,
+        self,
+        load_dir: str,
+        tag: str | None = None,
+        load_optimizer_states: bool = True,
         load_lr_scheduler_states: bool = True,
-    ) -> tuple[str, dict]:  # fmt: skip
+    ) -> tuple[str, dict]:
         """Load ``load_dir/tag`` (default: the ``latest`` pointer), from any world size.
 
         Returns ``(path, client_state)``.

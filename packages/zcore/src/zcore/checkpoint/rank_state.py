@@ -54,8 +54,10 @@ def read_rank_state(engine: ZEngine, path: Path, manifest: dict[str, Any]) -> di
             log.warning(
                 "checkpoint `%s` keeps per-rank error feedback for %s ranks and this job has "
                 "%d: it starts from zero (as after a DeepSpeed load)",
-                path, saved_world, engine.mesh.spec.world,
-            )  # fmt: skip
+                path,
+                saved_world,
+                engine.mesh.spec.world,
+            )
         return None
     file = path / comm_file(engine.rank)
     if not file.exists():

@@ -28,10 +28,16 @@ if TYPE_CHECKING:
 #: Optimizer classes whose per-parameter states have the same keys, by that kind of state
 #: (zcore's CPU optimizers load torch.optim's state and the other way round).
 _STATE_KIND = {
-    "Adam": "Adam", "AdamW": "Adam", "CPUAdam": "Adam", "CPUAdamW": "Adam", "FusedAdam": "Adam",
-    "Adagrad": "Adagrad", "CPUAdagrad": "Adagrad",
-    "Lion": "Lion", "CPULion": "Lion",
-}  # fmt: skip
+    "Adam": "Adam",
+    "AdamW": "Adam",
+    "CPUAdam": "Adam",
+    "CPUAdamW": "Adam",
+    "FusedAdam": "Adam",
+    "Adagrad": "Adagrad",
+    "CPUAdagrad": "Adagrad",
+    "Lion": "Lion",
+    "CPULion": "Lion",
+}
 _COMMON_KEYS = ("frozen", "buffers", "client_state", "lr_scheduler", "param_groups")
 _DAMAGED = "the checkpoint is damaged: load another tag (or save again)"
 
@@ -107,8 +113,15 @@ def _read(engine: ZEngine, root: Path, tag: str | None, load_optimizer: bool) ->
     copied = [0] * len(targets)
     seen: list[dict[str, ParamShard]] = [{} for _ in targets]
     for name in listed_files(manifest):
-        got = _read_shard(path / name, manifest, old_layouts, zopt, masters,
-                          states if load_optimizer else None, seen)  # fmt: skip
+        got = _read_shard(
+            path / name,
+            manifest,
+            old_layouts,
+            zopt,
+            masters,
+            states if load_optimizer else None,
+            seen,
+        )
         copied = [a + b for a, b in zip(copied, got, strict=True)]
     for g, new in enumerate(zopt.layouts):
         if axes[g] != "dp":  # expert layouts differ per file: check against what they held
@@ -133,8 +146,9 @@ def _read(engine: ZEngine, root: Path, tag: str | None, load_optimizer: bool) ->
             ],
         }
     per_rank = read_rank_state(engine, path, manifest) if load_optimizer else None
-    return _Loaded(path, targets, masters, state, common, counters, manifest.get("loss_scaler"),
-                   per_rank)  # fmt: skip
+    return _Loaded(
+        path, targets, masters, state, common, counters, manifest.get("loss_scaler"), per_rank
+    )
 
 
 def _buffer_for(target: torch.Tensor, live: list[torch.Tensor]) -> torch.Tensor:
@@ -181,8 +195,11 @@ def _check_names(path: Path, old: GroupLayout, new: GroupLayout) -> None:
             f"`{path}` has no values for {missing[:5]} (model changed since the save?); "
             "load it into the model it was saved from"
         )
-    changed = [(d.name, saved[d.name].shape, d.shape) for d in new.shards
-               if tuple(saved[d.name].shape) != tuple(d.shape)]  # fmt: skip
+    changed = [
+        (d.name, saved[d.name].shape, d.shape)
+        for d in new.shards
+        if tuple(saved[d.name].shape) != tuple(d.shape)
+    ]
     if changed:
         _raise_shapes(path, "parameter", changed)
 
@@ -299,8 +316,11 @@ def _check_common(file: Path, common: Any, engine: ZEngine, groups: int) -> None
             changed.append((name, value.shape, shape))
     if changed:
         _raise_shapes(file.parent, "frozen parameter", changed)
-    changed = [(name, value.shape, buffers[name].shape) for name, value in common["buffers"].items()
-               if name in buffers and tuple(value.shape) != tuple(buffers[name].shape)]  # fmt: skip
+    changed = [
+        (name, value.shape, buffers[name].shape)
+        for name, value in common["buffers"].items()
+        if name in buffers and tuple(value.shape) != tuple(buffers[name].shape)
+    ]
     if changed:
         _raise_shapes(file.parent, "buffer", changed)
 

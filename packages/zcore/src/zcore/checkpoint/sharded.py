@@ -138,8 +138,11 @@ def save(engine: ZEngine, save_dir: str, tag: str | None, client_state: dict, la
 
 def _piece(zopt: Any, g: int) -> dict[str, Any]:
     """What a rank file says of its slot of group ``g`` (:mod:`.rank_files` reads it)."""
-    return {"layout": zopt.layouts[g].to_json(), "rank": zopt.group_rank(g),
-            "axis": zopt.group_axis[g]}  # fmt: skip
+    return {
+        "layout": zopt.layouts[g].to_json(),
+        "rank": zopt.group_rank(g),
+        "axis": zopt.group_axis[g],
+    }
 
 
 def _written_files(engine: ZEngine, writes: bool) -> dict[str, dict[str, int]]:

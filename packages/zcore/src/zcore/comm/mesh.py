@@ -160,8 +160,10 @@ def spec_from_config(config: Any, world: int, ep: int = 1) -> MeshSpec:
     try:
         return MeshSpec.resolve(world, dp=None if mics <= 0 else mics, dp_local=hpz, ep=ep)
     except MeshError as err:
-        raise MeshError(f"{err} (zero_optimization: mics_shard_size {mics}, "
-                        f"zero_hpz_partition_size {hpz}; the model's ep_size {ep})") from None  # fmt: skip
+        raise MeshError(
+            f"{err} (zero_optimization: mics_shard_size {mics}, "
+            f"zero_hpz_partition_size {hpz}; the model's ep_size {ep})"
+        ) from None
 
 
 def mesh_for_config(config: Any, device: torch.device | str | None = None, ep: int = 1) -> Mesh:
@@ -308,9 +310,14 @@ class Mesh:
             label = None if axis == "world" or size == self.spec.world else axis
             ranks = dist.get_process_group_ranks(group) if group is not None else None
             comm = Comm(
-                group, self.coordinate(axis), size, self.timeout_s, axis=label,
-                ranks=ranks, node_size=self.node_size,
-            )  # fmt: skip
+                group,
+                self.coordinate(axis),
+                size,
+                self.timeout_s,
+                axis=label,
+                ranks=ranks,
+                node_size=self.node_size,
+            )
             self._comms[axis] = comm
         return comm
 

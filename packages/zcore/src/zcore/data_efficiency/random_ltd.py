@@ -90,9 +90,12 @@ class RandomLTD:
 
     @classmethod
     def attach(
-        cls, model: nn.Module, config: RandomLTDConfig, global_batch_size: int,
+        cls,
+        model: nn.Module,
+        config: RandomLTDConfig,
+        global_batch_size: int,
         layers: nn.ModuleList | None = None,
-    ) -> RandomLTD:  # fmt: skip
+    ) -> RandomLTD:
         """Route ``model``'s middle layers (``layers``: its layer list, found when None)."""
         return cls(config, find_layers(model) if layers is None else layers, global_batch_size)
 

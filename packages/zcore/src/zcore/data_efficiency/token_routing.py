@@ -30,9 +30,12 @@ import torch
 
 
 def sample_indices(
-    batch: int, seq_len: int, keep: int, device: torch.device | str = "cpu",
+    batch: int,
+    seq_len: int,
+    keep: int,
+    device: torch.device | str = "cpu",
     generator: torch.Generator | None = None,
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """(B, keep) int64: per sample, ``keep`` distinct positions of ``seq_len`` drawn
     uniformly without replacement, in increasing order."""
     if not 1 <= keep <= seq_len:

@@ -22,8 +22,9 @@ def available() -> bool:
     return ok and torch.cuda.is_available()
 
 
-def _launch(kernel: str, dst: torch.Tensor, src: torch.Tensor, idx: torch.Tensor,
-            seq_len: int) -> None:  # fmt: skip
+def _launch(
+    kernel: str, dst: torch.Tensor, src: torch.Tensor, idx: torch.Tensor, seq_len: int
+) -> None:
     """``kernel`` over the (B*K) kept rows; dst/src viewed as words of their element size."""
     word, suffix = _WORD[dst.element_size()]
     B, K = idx.shape

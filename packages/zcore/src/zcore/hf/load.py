@@ -170,9 +170,13 @@ def from_pretrained(
 
 
 def _materialize(
-    model: nn.Module, plan: KeyPlan, ckpt: Checkpoint, init: Init, dtype: torch.dtype,
+    model: nn.Module,
+    plan: KeyPlan,
+    ckpt: Checkpoint,
+    init: Init,
+    dtype: torch.dtype,
     device: torch.device,
-) -> LoadReport:  # fmt: skip
+) -> LoadReport:
     """Replace every meta parameter by a real one holding this rank's slot, and fill the
     persistent buffers."""
     stage3 = init.stage3 if init.enabled else None

@@ -22,11 +22,19 @@ from typing import BinaryIO
 import torch
 
 DTYPES: dict[str, torch.dtype] = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-    "U8": torch.uint8, "BOOL": torch.bool,
-    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
-}  # fmt: skip
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+}
 NAMES = {v: k for k, v in DTYPES.items()}
 _MAX_HEADER = 100_000_000  # as the safetensors library bounds it
 
@@ -189,9 +197,10 @@ class Writer:
             if s.dtype not in NAMES:
                 raise ValueError(f"tensor `{s.name}` has dtype {s.dtype}, which safetensors lacks")
             header[s.name] = {
-                "dtype": NAMES[s.dtype], "shape": list(s.shape),
+                "dtype": NAMES[s.dtype],
+                "shape": list(s.shape),
                 "data_offsets": [offset, offset + s.nbytes],
-            }  # fmt: skip
+            }
             offset += s.nbytes
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)  # the data section starts 8-byte aligned

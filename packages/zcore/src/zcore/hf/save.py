@@ -30,10 +30,18 @@ from zcore.hf.safetensors_io import Spec, Writer, write_order
 from zcore.zero.init import GatheredParameters
 
 TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-    "vocab.txt", "vocab.json", "merges.txt", "tokenizer.model", "spiece.model",
-    "chat_template.jinja", "chat_template.json",
-)  # fmt: skip
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "chat_template.jinja",
+    "chat_template.json",
+)
 """The files of a Hugging Face tokenizer that :func:`save_pretrained` copies when present."""
 
 
@@ -133,9 +141,11 @@ def save_pretrained(
 
 
 def _write_side_files(
-    model: nn.Module, tmp: Path, tokenizer_from: str | os.PathLike[str] | None,
+    model: nn.Module,
+    tmp: Path,
+    tokenizer_from: str | os.PathLike[str] | None,
     dtype: torch.dtype | None,
-) -> None:  # fmt: skip
+) -> None:
     config = getattr(model, "config", None)
     if config is not None:
         config.save_pretrained(str(tmp))

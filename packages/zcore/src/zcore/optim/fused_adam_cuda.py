@@ -26,19 +26,31 @@ _TABLE_CACHE_SIZE = 16
 
 
 def _hyperparameters(
-    step: int, lr: float, betas: tuple[float, float], eps: float, weight_decay: float,
-    decoupled: bool, maximize: bool,
-) -> tuple[Any, ...]:  # fmt: skip
+    step: int,
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float,
+    decoupled: bool,
+    maximize: bool,
+) -> tuple[Any, ...]:
     """The kernel's scalar arguments, derived in double precision as torch derives them."""
     lr, beta1, beta2, eps, weight_decay = map(float, (lr, *betas, eps, weight_decay))
     bias_correction1 = 1 - beta1**step
     bias_correction2 = 1 - beta2**step
     f32, i32 = znative.cuda.f32, znative.cuda.i32
     return (
-        f32(1 - beta1), f32(beta2), f32(1 - beta2), f32(eps), f32(weight_decay),
-        f32(1 - lr * weight_decay), f32(-(lr / bias_correction1)), f32(bias_correction2**0.5),
-        i32(decoupled), i32(maximize),
-    )  # fmt: skip
+        f32(1 - beta1),
+        f32(beta2),
+        f32(1 - beta2),
+        f32(eps),
+        f32(weight_decay),
+        f32(1 - lr * weight_decay),
+        f32(-(lr / bias_correction1)),
+        f32(bias_correction2**0.5),
+        i32(decoupled),
+        i32(maximize),
+    )
 
 
 def _host_table(rows: Sequence[tuple[int, ...]], chunk_size: int) -> torch.Tensor:
@@ -177,13 +189,11 @@ def fused_adam_step_(
             table[4 * t : 5 * t],
             table[5 * t :],
             znative.cuda.i64(chunk_size),
-            *_hyperparameters(
-                step, lr, betas, eps, weight_decay, decoupled_weight_decay, maximize
-            ),
+            *_hyperparameters(step, lr, betas, eps, weight_decay, decoupled_weight_decay, maximize),
         ),
         stream=torch.cuda.current_stream(device).cuda_stream,
         device=device.index,
-    )  # fmt: skip
+    )
 
 
 class FusedAdamCUDA(TorchStateCompat):
@@ -299,13 +309,21 @@ class FusedAdamCUDA(TorchStateCompat):
         for (gi, _, step), (ps, gs, ms, vs) in launches.items():
             group = self.param_groups[gi]
             fused_adam_step_(
-                ps, gs, ms, vs,
-                step=step, lr=group["lr"], betas=group["betas"], eps=group["eps"],
+                ps,
+                gs,
+                ms,
+                vs,
+                step=step,
+                lr=group["lr"],
+                betas=group["betas"],
+                eps=group["eps"],
                 weight_decay=group["weight_decay"],
                 decoupled_weight_decay=bool(group["decoupled_weight_decay"]),
-                maximize=bool(group["maximize"]), chunk_size=self.chunk_size,
-                _table_cache=self._table_cache, _checked=True,
-            )  # fmt: skip
+                maximize=bool(group["maximize"]),
+                chunk_size=self.chunk_size,
+                _table_cache=self._table_cache,
+                _checked=True,
+            )
         if stepped:
             torch._foreach_add_(stepped, 1.0)
         return loss
@@ -318,10 +336,18 @@ def _quick_ok(p: torch.Tensor, state: dict[str, Any]) -> bool:
     """What :func:`_check_all` checks, as plain attribute reads (no messages built)."""
     g, m, v = p.grad, state["exp_avg"], state["exp_avg_sq"]
     return (
-        p.is_cuda and p.dtype is _F32 and g.dtype is _F32 and m.dtype is _F32 and v.dtype is _F32
-        and not g.is_sparse and p.is_contiguous() and m.is_contiguous() and v.is_contiguous()
-        and p.shape == g.shape == m.shape == v.shape and p.device == g.device == m.device == v.device
-    )  # fmt: skip
+        p.is_cuda
+        and p.dtype is _F32
+        and g.dtype is _F32
+        and m.dtype is _F32
+        and v.dtype is _F32
+        and not g.is_sparse
+        and p.is_contiguous()
+        and m.is_contiguous()
+        and v.is_contiguous()
+        and p.shape == g.shape == m.shape == v.shape
+        and p.device == g.device == m.device == v.device
+    )
 
 
 def _check_all(p: torch.Tensor, state: dict[str, Any], where: str) -> None:

@@ -145,10 +145,18 @@ class ScaLA:
         c = self.config
         if self._delta is None:
             self._delta = project(
-                initial(out.shape, c.adv_init_mag, c.adv_norm, mask=self._mask,
-                        generator=self._generator, device=out.device),
-                c.adv_max_norm, c.adv_norm, self._mask,
-            )  # fmt: skip
+                initial(
+                    out.shape,
+                    c.adv_init_mag,
+                    c.adv_norm,
+                    mask=self._mask,
+                    generator=self._generator,
+                    device=out.device,
+                ),
+                c.adv_max_norm,
+                c.adv_norm,
+                self._mask,
+            )
             if self._mode == "ascent":
                 self._delta.requires_grad_(True)
         elif self._delta.shape != out.shape:

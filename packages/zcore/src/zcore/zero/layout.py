@@ -67,11 +67,16 @@ class GroupLayout:
         return {
             "world": self.world,
             "shards": [
-                {"name": s.name, "shape": list(s.shape), "numel": s.numel,
-                 "shard_size": s.shard_size, "offset": s.offset}
+                {
+                    "name": s.name,
+                    "shape": list(s.shape),
+                    "numel": s.numel,
+                    "shard_size": s.shard_size,
+                    "offset": s.offset,
+                }
                 for s in self.shards
             ],
-        }  # fmt: skip
+        }
 
     @classmethod
     def from_json(cls, data: dict) -> GroupLayout:

@@ -175,8 +175,12 @@ class ZeroOptimizer:
         out = []
         for g, layout in enumerate(self.layouts):
             rank = self.group_rank(g)
-            out.append([(s.name, s.offset, max(0, s.owned(rank)[1] - s.owned(rank)[0]))
-                        for s in layout.shards])  # fmt: skip
+            out.append(
+                [
+                    (s.name, s.offset, max(0, s.owned(rank)[1] - s.owned(rank)[0]))
+                    for s in layout.shards
+                ]
+            )
         return out
 
     # -- gradients ------------------------------------------------------------------------
@@ -338,9 +342,11 @@ class ZeroOptimizer:
         buckets per axis the parameters are sharded over)."""
         axes = [self.group_axis[self.where[p][0]] for p in params]
         for axis in dict.fromkeys(axes):
-            same = params if len(set(axes)) == 1 else [
-                p for p, a in zip(params, axes, strict=True) if a == axis
-            ]  # fmt: skip
+            same = (
+                params
+                if len(set(axes)) == 1
+                else [p for p, a in zip(params, axes, strict=True) if a == axis]
+            )
             self._all_gather_axis(same, self.axes[axis].shard)
 
     def _all_gather_axis(self, params: list[nn.Parameter], comm: Comm) -> None:
@@ -397,17 +403,26 @@ class ZeroOptimizer:
         runs = _adjacent_runs([self.where[p] for p in chunk])
         if not self._stepped:  # a publish after a load: the rows saved, if the talker has them
             restore = getattr(talker, "restored_slots", None)
-            rows = [] if restore is None else [
-                restore(f"weights.{run[0][0]}.{run[0][1].offset}", run[0][0], run[0][1].offset,
-                        sum(s.shard_size for _, s in run))
-                for run in runs
-            ]  # fmt: skip
+            rows = (
+                []
+                if restore is None
+                else [
+                    restore(
+                        f"weights.{run[0][0]}.{run[0][1].offset}",
+                        run[0][0],
+                        run[0][1].offset,
+                        sum(s.shard_size for _, s in run),
+                    )
+                    for run in runs
+                ]
+            )
             if not rows or any(r is None for r in rows):
                 return False
             grid.copy_(torch.cat(rows, dim=1))
             return True
-        held = torch.cat([slot_view(p.data.reshape(-1), self.where[p][1], comm.size)
-                          for p in chunk], dim=1)  # fmt: skip
+        held = torch.cat(
+            [slot_view(p.data.reshape(-1), self.where[p][1], comm.size) for p in chunk], dim=1
+        )
         col = 0  # one call per run of parameters adjacent in one group's master slot
         for run in runs:
             g, first = run[0]
