@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.utils.distributed import run_ranks
-from tests.zstack.tiny_lm import write_tiny_lm
+from tests.utils.tiny_lm import write_tiny_lm
 from zchat.config import ChatConfigError, load_config
 from zchat.data import build_chat_data, load_tokenizer, render_answer
 from zchat.dpo import DPOConfig, dpo_loss, pair_logps, train_dpo

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.zstack.tiny_lm import write_tiny_lm
+from tests.utils.tiny_lm import write_tiny_lm
 
 
 def test_stages_chain_their_directories_and_bad_blocks_fail_at_start(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.zstack.tiny_lm import write_tiny_lm
+from tests.utils.tiny_lm import write_tiny_lm
 from zchat.grpo import GRPOConfig, group_advantages, grpo_rank, kl_k3
 
 

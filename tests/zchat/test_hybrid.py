@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.utils.distributed import run_ranks
-from tests.zstack.tiny_lm import write_tiny_lm
+from tests.utils.tiny_lm import write_tiny_lm
 
 PROMPTS = [[1, 504, 3201, 28], [1, 77, 9, 4120, 881, 12, 3], [1, 9000], [1, 5, 6, 7, 8, 9]]
 NEW = 8

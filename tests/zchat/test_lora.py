@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tests.utils.distributed import run_ranks
-from tests.zstack.tiny_lm import write_tiny_lm
+from tests.utils.tiny_lm import write_tiny_lm
 
 
 def _moved(layer: nn.Module, seed: int = 1) -> None:

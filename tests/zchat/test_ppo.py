@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.utils.distributed import run_ranks
-from tests.zstack.tiny_lm import write_tiny_lm
+from tests.utils.tiny_lm import write_tiny_lm
 
 
 def tiny_reward_model(lm: Path, out: Path) -> Path:

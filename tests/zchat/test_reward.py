@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.zstack.tiny_lm import write_tiny_lm
+from tests.utils.tiny_lm import write_tiny_lm
 from zchat.data import answer_batch, build_chat_data, load_tokenizer
 from zchat.reward import (
     RewardModelError,

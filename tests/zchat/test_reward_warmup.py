@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.zstack.tiny_lm import write_tiny_lm
+from tests.utils.tiny_lm import write_tiny_lm
 from zchat.config import ChatConfigError, load_config
 from zchat.data import answer_batch, build_chat_data, load_tokenizer
 from zchat.reward import build_reward_model, load_reward_model, save_reward_model

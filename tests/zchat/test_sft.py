@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.utils.distributed import run_ranks
-from tests.zstack.tiny_lm import write_tiny_lm
+from tests.utils.tiny_lm import write_tiny_lm
 from zchat.config import ChatConfigError, load_config
 from zchat.data import EmptyDatasetError, answer_batch, load_tokenizer
 from zchat.sft import SFTConfig, build_stage_data, prepare_sft, train_sft

@@ -35,7 +35,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from tests.zstack.tiny_lm import write_tiny_lm
+from tests.utils.tiny_lm import write_tiny_lm
 
 Z = Path(sys.executable).parent / "z"
 WORKERS = 3  # 2 cores: a third process overlaps the others' waits (rendezvous, arrivals)
