@@ -24,8 +24,9 @@ import torch
 import znative.cuda
 from zserve.kv_cache import DEFAULT_KV_CACHE_BYTES, KVCache
 from zserve.model.attention import plan_ragged_attention, ragged_paged_attention
+from zserve.model.checkpoint import SafetensorsCheckpoint, TensorCheckpoint
 from zserve.model.config import LlamaConfig
-from zserve.model.llama import AttentionFn, LlamaModel, SafetensorsCheckpoint, TensorCheckpoint
+from zserve.model.llama import AttentionFn, LlamaModel
 from zserve.model.native import ragged_paged_attention_native
 
 

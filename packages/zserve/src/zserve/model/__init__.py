@@ -7,8 +7,9 @@ from zserve.model.attention import (
     plan_ragged_attention,
     ragged_paged_attention,
 )
+from zserve.model.checkpoint import SafetensorsCheckpoint, WeightsMismatchError
 from zserve.model.config import LlamaConfig, RopeScaling
-from zserve.model.llama import LlamaModel, SafetensorsCheckpoint, WeightsMismatchError
+from zserve.model.llama import LlamaModel
 from zserve.model.mixtral import SparseMoE
 
 __all__ = [

@@ -1,12 +1,13 @@
 """The LLaMA-family decoder (and Mixtral) in plain torch, over packed (ragged) tokens.
 
 Weights are read straight from ``*.safetensors`` (one file, or shards listed by
-``model.safetensors.index.json``) without transformers. Per layer the q/k/v and the
-gate/up projections are concatenated into one matrix each, so a layer is four GEMMs
-over all packed tokens of the forward; only attention looks at sequence boundaries.
-A `z quantize` directory loads the same way, its quantized projections as zquant modules
-over the native kernels (:mod:`zserve.model.quantized`).
-A Mixtral layer swaps the MLP for the sparse experts of :mod:`zserve.model.mixtral`.
+``model.safetensors.index.json``) without transformers (:mod:`zserve.model.checkpoint`).
+Per layer the q/k/v and the gate/up projections are concatenated into one matrix each
+(:mod:`zserve.model.weights`), so a layer is four GEMMs over all packed tokens of the
+forward; only attention looks at sequence boundaries. A `z quantize` directory loads the
+same way, its quantized projections as zquant modules over the native kernels
+(:mod:`zserve.model.quantized`). A Mixtral layer swaps the MLP for the sparse experts of
+:mod:`zserve.model.mixtral`.
 
 The math follows transformers' ``LlamaForCausalLM`` op for op (RMSNorm in fp32,
 rotary tables in fp32 cast to the model dtype, ``rotate_half`` convention), which is
@@ -15,217 +16,44 @@ what the logits-equivalence tests hold it to.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, Self
+from typing import Self
 
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
 
 from zserve.kv_cache import KVCache
 from zserve.model import native
 from zserve.model.attention import AttentionPlan, ragged_paged_attention
+from zserve.model.checkpoint import (
+    Checkpoint,
+    SafetensorsCheckpoint,
+    TensorCheckpoint,
+    WeightsMismatchError,
+)
 from zserve.model.config import LlamaConfig
-from zserve.model.mixtral import SparseMoE
 from zserve.model.native_decode import DecodeProgram
-from zserve.model.quantized import QuantizedLinears, is_zquant_dir
 from zserve.model.quantized_bound import BoundLinear
+from zserve.model.weights import DenseMLP, LayerWeights, Linear, WeightLoader, linear, load_layer
 
-#: A projection's weight: a ``(out, in)`` matrix, or a module ``(T, in) -> (T, out)`` that
-#: holds its own bias (a zquant layer when the directory is a zquant one).
-Linear = torch.Tensor | Callable[[torch.Tensor], torch.Tensor]
-
-
-def linear(x: torch.Tensor, weight: Linear, bias: torch.Tensor | None) -> torch.Tensor:
-    """``x`` through the projection ``weight`` (+ ``bias`` when it is a plain matrix)."""
-    if isinstance(weight, torch.Tensor):
-        return F.linear(x, weight, bias)
-    return weight(x)
-
+# The checkpoint readers lived here; their import path stays.
+__all__ = [
+    "AttentionFn",
+    "LlamaModel",
+    "SafetensorsCheckpoint",
+    "TensorCheckpoint",
+    "WeightsMismatchError",
+    "apply_rotary",
+    "rms_norm",
+]
 
 #: ``(q, k, v, k_cache, v_cache, plan, scale) -> out``, as :func:`ragged_paged_attention`.
 AttentionFn = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, AttentionPlan, float],
     torch.Tensor,
 ]
-
-
-class WeightsMismatchError(ValueError):
-    """The weights do not match config.json: a tensor is missing or has the wrong shape."""
-
-
-class SafetensorsCheckpoint:
-    """Tensors of a HF model directory by name, over one or several safetensors files."""
-
-    def __init__(self, model_dir: str | Path) -> None:
-        self.model_dir = Path(model_dir)
-        index = self.model_dir / "model.safetensors.index.json"
-        if index.is_file():
-            weight_map: dict[str, str] = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            files = sorted(set(weight_map.values()))
-            missing = [f for f in files if not (self.model_dir / f).is_file()]
-            if missing:
-                raise FileNotFoundError(
-                    f"`{index}` lists shard(s) {missing} that are not in `{self.model_dir}`; "
-                    "download the complete checkpoint"
-                )
-        else:
-            files = sorted(p.name for p in self.model_dir.glob("*.safetensors"))
-            if not files:
-                present = sorted(p.name for p in self.model_dir.iterdir())[:20]
-                raise FileNotFoundError(
-                    f"no *.safetensors weights in `{self.model_dir}` (found {present}); "
-                    "zserve loads safetensors checkpoints: re-save the model with "
-                    "`model.save_pretrained(dir, safe_serialization=True)`"
-                )
-        self._where: dict[str, str] = {}
-        for name in files:
-            with safe_open(self.model_dir / name, framework="pt") as f:
-                for key in f.keys():
-                    self._where[key] = name
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._where
-
-    def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        """The tensor ``name``, checked to have ``shape``; :class:`WeightsMismatchError` if not."""
-        file = self._where.get(name)
-        if file is None:
-            raise WeightsMismatchError(
-                f"tensor `{name}` (expected shape {list(shape)}) is missing from the "
-                f"checkpoint in `{self.model_dir}`; does config.json match the weights?"
-            )
-        with safe_open(self.model_dir / file, framework="pt") as f:
-            t = f.get_tensor(name)
-        if tuple(t.shape) != tuple(shape):
-            raise WeightsMismatchError(
-                f"tensor `{name}` in `{file}` has shape {list(t.shape)}, but config.json "
-                f"implies {list(shape)}; does config.json match the weights?"
-            )
-        return t
-
-
-class TensorCheckpoint:
-    """Tensors already in memory, by checkpoint name, read like :class:`SafetensorsCheckpoint`.
-
-    For a caller that holds the weights itself (zchat's hybrid engine hands over the full
-    values it gathered from ZeRO-3 partitions): a tensor already in the model's dtype and
-    device and contiguous is used as it is, not copied (only the fused q/k/v and gate/up
-    matrices are built by concatenation).
-    """
-
-    def __init__(self, tensors: dict[str, torch.Tensor], model_dir: str | Path) -> None:
-        self.tensors = tensors
-        self.model_dir = Path(model_dir)
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.tensors
-
-    def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        """The tensor ``name``, checked to have ``shape``; :class:`WeightsMismatchError` if not."""
-        t = self.tensors.get(name)
-        if t is None:
-            raise WeightsMismatchError(
-                f"tensor `{name}` (expected shape {list(shape)}) is not among the "
-                f"{len(self.tensors)} tensors handed over; pass every weight config.json implies"
-            )
-        if tuple(t.shape) != tuple(shape):
-            raise WeightsMismatchError(
-                f"tensor `{name}` has shape {list(t.shape)}, but config.json implies "
-                f"{list(shape)}; does config.json match the weights?"
-            )
-        return t
-
-
-class FeedForward(Protocol):
-    """A layer's feed-forward block: ``(T, hidden)`` normed tokens to ``(T, hidden)``."""
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
-
-
-@dataclass
-class DenseMLP:
-    """LLaMA's SwiGLU MLP, gate/up fused: ``gate_up (2 I, hidden)``, ``down (hidden, I)``."""
-
-    gate_up: Linear
-    gate_up_bias: torch.Tensor | None
-    down: Linear
-    down_bias: torch.Tensor | None
-    project: Callable[[torch.Tensor, Linear, torch.Tensor | None], torch.Tensor] = linear
-    """How ``x`` goes through a projection: :func:`linear`, or :func:`native.linear`."""
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.project(x, self.gate_up, self.gate_up_bias).chunk(2, dim=-1)
-        return self.project(F.silu(gate) * up, self.down, self.down_bias)
-
-
-@dataclass
-class LayerWeights:
-    """One decoder layer, q/k/v fused: ``qkv (q + 2 kv, hidden)``; ``mlp`` its feed-forward."""
-
-    input_norm: torch.Tensor
-    qkv: Linear
-    qkv_bias: torch.Tensor | None
-    o: Linear
-    o_bias: torch.Tensor | None
-    post_norm: torch.Tensor
-    mlp: FeedForward
-
-
-class WeightLoader:
-    """Reads checkpoint tensors, checked against their expected shapes, onto the model's
-    device and dtype. A zquant directory (`z quantize`) gives its quantized layers as
-    zquant modules (:mod:`zserve.model.quantized`, held in ``quantized``)."""
-
-    def __init__(
-        self,
-        checkpoint: SafetensorsCheckpoint | TensorCheckpoint,
-        dtype: torch.dtype,
-        device: torch.device,
-    ) -> None:
-        self.checkpoint = checkpoint
-        self.dtype = dtype
-        self.device = device
-        self.quantized = (
-            QuantizedLinears.open(checkpoint.model_dir, device)
-            if is_zquant_dir(checkpoint.model_dir)
-            else None
-        )
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.checkpoint
-
-    def __call__(self, name: str, *shape: int) -> torch.Tensor:
-        """The tensor ``name`` of shape ``shape``; :class:`WeightsMismatchError` if not."""
-        if self.quantized is not None:
-            self.quantized.check_plain(name)
-        t = self.checkpoint.get(name, shape)
-        return t.to(device=self.device, dtype=self.dtype).contiguous()
-
-    def cat(self, names: list[str], shapes: list[tuple[int, ...]]) -> torch.Tensor:
-        """The tensors ``names`` concatenated along dim 0 (one tensor: itself, not a copy)."""
-        parts = [self(n, *s) for n, s in zip(names, shapes, strict=True)]
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
-
-    def linear(
-        self, prefixes: list[str], rows: list[int], cols: int, bias: bool
-    ) -> tuple[Linear, torch.Tensor | None]:
-        """The layers ``prefixes`` (each ``(rows[i], cols)``) as one projection, outputs
-        concatenated: ``(weight, bias)``, the weight a matrix or a module holding its bias."""
-        if self.quantized is not None:
-            return self.quantized.linear(prefixes, rows, cols, bias, self), None
-        w = self.cat([p + ".weight" for p in prefixes], [(r, cols) for r in rows])
-        b = self.cat([p + ".bias" for p in prefixes], [(r,) for r in rows]) if bias else None
-        return w, b
-
-    def out_features(self, prefix: str, default: int) -> int:
-        """Rows of the layer ``prefix``: ``default`` (config.json's), or a pruned zquant
-        directory's stored width."""
-        return default if self.quantized is None else self.quantized.out_features(prefix, default)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -248,7 +76,7 @@ class LlamaModel:
     def __init__(
         self,
         config: LlamaConfig,
-        checkpoint: SafetensorsCheckpoint | TensorCheckpoint,
+        checkpoint: Checkpoint,
         *,
         dtype: torch.dtype,
         device: torch.device,
@@ -272,25 +100,9 @@ class LlamaModel:
         else:
             self.lm_head = load("lm_head.weight", c.vocab_size, h)
         self.norm = load("model.norm.weight", h)
-        self.layers: list[LayerWeights] = []
-        for i in range(c.num_hidden_layers):
-            p = f"model.layers.{i}."
-            attn = [p + f"self_attn.{x}_proj" for x in "qkv"]
-            ab = c.attention_bias
-            input_norm = load(p + "input_layernorm.weight", h)
-            qkv, qkv_bias = load.linear(attn, [c.q_size, c.kv_size, c.kv_size], h, ab)
-            o, o_bias = load.linear([p + "self_attn.o_proj"], [h], c.q_size, ab)
-            self.layers.append(
-                LayerWeights(
-                    input_norm=input_norm,
-                    qkv=qkv,
-                    qkv_bias=qkv_bias,
-                    o=o,
-                    o_bias=o_bias,
-                    post_norm=load(p + "post_attention_layernorm.weight", h),
-                    mlp=self._load_mlp(load, p),
-                )
-            )
+        self.layers: list[LayerWeights] = [
+            load_layer(load, c, i) for i in range(c.num_hidden_layers)
+        ]
         # Rotary tables for every position, fp32 like transformers, then the model dtype.
         inv_freq = c.inv_freq()
         freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
@@ -311,7 +123,9 @@ class LlamaModel:
         if self.native and isinstance(checkpoint, SafetensorsCheckpoint):
             self._pack_weights()  # handed-over weights (zchat's hybrid engine) stay shared
         self._kernel_rows = self._rows_on_kernels()
-        self._host_views = native.HostViews()
+        self.host_views = native.HostViews()
+        """The numpy views of the tensors every native forward reads (rotary tables, norm
+        weights, KV cache blocks), taken once; shared by the per-op path and the program."""
         dense = all(isinstance(layer.mlp, DenseMLP) for layer in self.layers)
         self.decode_program = DecodeProgram.build(self) if self.native and dense else None
         """Decode steps as direct kernel calls on views taken here, after the packing
@@ -379,19 +193,6 @@ class LlamaModel:
             if isinstance(layer.mlp, DenseMLP):
                 slots += [(layer.mlp, "gate_up"), (layer.mlp, "down")]
         return [*slots, (self, "lm_head")]
-
-    def _load_mlp(self, load: WeightLoader, prefix: str) -> FeedForward:
-        """The feed-forward block of the layer whose tensors start with ``prefix``: the
-        SwiGLU MLP, or Mixtral's experts when the config has ``num_local_experts``."""
-        c = self.config
-        if c.num_local_experts:
-            return SparseMoE.load(load, prefix, c)
-        h = c.hidden_size
-        inter = load.out_features(prefix + "mlp.up_proj", c.intermediate_size)  # pruned: less
-        names, bias = [prefix + "mlp.gate_proj", prefix + "mlp.up_proj"], c.mlp_bias
-        gate_up, gate_up_bias = load.linear(names, [inter, inter], h, bias)
-        down, down_bias = load.linear([prefix + "mlp.down_proj"], [h], inter, bias)
-        return DenseMLP(gate_up, gate_up_bias, down, down_bias)
 
     @classmethod
     def from_dir(
@@ -461,7 +262,7 @@ class LlamaModel:
         # milliseconds on a CPU shared with other work (see attention._gather).
         x = self.embed.index_select(0, token_ids)  # (T, hidden)
         if self.native:  # numpy views of what every layer's kernels read, taken once
-            views, arrays = self._host_views, native.plan_arrays(plan)
+            views, arrays = self.host_views, native.plan_arrays(plan)
             cos, sin = views("cos", self.cos), views("sin", self.sin)
             on_kernel = attention is native.ragged_paged_attention_native
         else:

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from zserve.model.config import LlamaConfig
 
 if TYPE_CHECKING:
-    from zserve.model.llama import WeightLoader
+    from zserve.model.weights import WeightLoader
 
 
 def route(x: torch.Tensor, router: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:

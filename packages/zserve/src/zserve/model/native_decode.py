@@ -104,6 +104,8 @@ class DecodeProgram:
 
     def __init__(self, model: LlamaModel, layers: list[_Layer], max_rows: int, inter: int) -> None:
         self.model = model
+        self.views = model.host_views
+        """The model's numpy views of its long-lived tensors and of the KV cache blocks."""
         self.layers = layers
         self.max_rows = max_rows
         self.inter = inter
@@ -164,7 +166,7 @@ class DecodeProgram:
         m, c = self.model, self.model.config
         b = self._rows(plan.num_tokens)
         torch.index_select(m.embed, 0, token_ids, out=b.x)
-        views, eps, scale = m._host_views, c.rms_norm_eps, m.scale
+        views, eps, scale = self.views, c.rms_norm_eps, m.scale
         positions, slots, blocks, lens = native.plan_arrays(plan)
         cos, sin = views("cos", m.cos), views("sin", m.sin)
         heads, kv_heads, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
