@@ -1,6 +1,6 @@
 """llama.cpp as a peer for `z bench serve --compare llama.cpp`: its GGUF files and its driver.
 
-A helper module (``zstack.bench.load("_llamacpp")``), never a dependency: llama-cpp-python
+A helper module (``zcore.bench.load("_llamacpp", Path(__file__).parent)``), never a dependency: llama-cpp-python
 is built by ``make llama-cpp`` into ``~/.cache/zstack/llama-cpp`` and put on PYTHONPATH only
 for these runs (``make bench-llamacpp``). :func:`status` says whether it imports, and how to
 install it when it does not.

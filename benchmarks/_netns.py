@@ -10,7 +10,7 @@ unlimited, inter-node traffic is held to the rate. The link is made inside the n
 caller's namespace and the names only need to be unique per run for the namespaces
 themselves (``zbench-<pid>-<random>-<i>``); addresses live inside them and cannot collide.
 
-Load with ``zstack.bench.load("_netns")``::
+Load with ``zcore.bench.load("_netns", Path(__file__).parent)``::
 
     with Link.create() as link:          # OSError (with the reason) when it cannot
         link.set_rate("100mbit")

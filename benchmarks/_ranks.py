@@ -1,5 +1,5 @@
 """What the multi-rank benchmarks share: a free loopback port for the rendezvous and the
-resident memory of a rank. Load it with ``zstack.bench.load("_ranks")``."""
+resident memory of a rank. Load it with ``zcore.bench.load("_ranks", Path(__file__).parent)``."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """`z bench serve --compare llama.cpp`: zserve's engine against llama-cpp-python on the same
 SmolLM2 weights, in the same run, at matched precision.
 
-A helper module of ``benchmarks/serve.py`` (``zstack.bench.load("_serve_compare")``).
+A helper module of ``benchmarks/serve.py`` (``zcore.bench.load("_serve_compare", Path(__file__).parent)``).
 Pairs (ours vs theirs): fp32 vs F32, bf16 vs F16 (our runner in bfloat16: weights,
 activations and KV cache), W8A8 (``z quantize --recipe w8a8``: INT8 GEMM with fused
 activation quantization) vs Q8_0, and our 4-bit recipe (``w4`` by default) vs the GGUF's own
@@ -138,15 +138,15 @@ def run_compare(
     quant_dir: str | None = None,
 ) -> dict[str, Any]:
     """Every pair in ``precisions``; see the module docstring. JSON-ready dict."""
-    from zstack.bench import load
+    from zcore.bench import load
 
     if peer != "llama.cpp":
         raise ValueError(f"--compare {peer!r}: the only peer is 'llama.cpp'")
     names = check_precisions(precisions)
     if decode_tokens < 2 or repeats < 1 or concurrent < 1:
         raise ValueError("need --decode-tokens >= 2, --repeats >= 1 and --concurrent >= 1")
-    lcpp = load("_llamacpp")
-    serve_quant = load("serve_quant")
+    lcpp = load("_llamacpp", Path(__file__).parent)
+    serve_quant = load("serve_quant", Path(__file__).parent)
     torch.set_num_threads(threads)
     # znative's pool (our kernels) is sized once, at its first use, from this variable;
     # without it our side ran the native kernels on every core while the peer had `threads`.

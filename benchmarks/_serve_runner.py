@@ -1,7 +1,7 @@
 """zserve's ModelRunner against transformers on SmolLM2: prefill tokens/s and decode
 steps/s (batch 1 and batch 16), the same work timed for both in the same run.
 
-A helper module for ``benchmarks/serve.py`` (``zstack.bench.load("_serve_runner")``): each
+A helper module for ``benchmarks/serve.py`` (``zcore.bench.load("_serve_runner", Path(__file__).parent)``): each
 ``measure_*`` function and :func:`run` return a dict, :func:`report` renders one.
 Prompts are real Shakespeare text, tokenized by the model's tokenizer and cut to equal
 lengths (so transformers' batch needs no padding). transformers' decode rate is taken

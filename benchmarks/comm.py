@@ -42,10 +42,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zstack.bench import load
+from zcore.bench import load
 
-_netns = load("_netns")
-_ranks = load("_ranks")
+_netns = load("_netns", Path(__file__).parent)
+_ranks = load("_ranks", Path(__file__).parent)
 
 LR = 1e-3
 # The 4-rank runs partition every weight matrix (the tiny GPT's are below the default
@@ -141,9 +141,10 @@ def _refusal(entry: Entry, cfg: Path, work: Path, o: dict[str, Any]) -> str | No
 # -- one rank -----------------------------------------------------------------------------
 def _worker(spec_path: str) -> None:
     """Train every entry of the spec on this rank (RANK etc. come from the environment)."""
-    from zstack.rank_entry import die_with_launcher
+    from zcore.lifetime import die_with_parent
 
-    die_with_launcher()
+    # `_launch` gives its pid, as `z launch` does
+    die_with_parent(int(os.environ["ZSTACK_LAUNCHER_PID"]), f"rank {os.environ['RANK']}")
     import torch
 
     from zcore.config import ConfigError
@@ -274,8 +275,8 @@ def run(
     loopback: bool = False,
     timeout_s: float = 1800.0,
 ) -> dict[str, Any]:
+    from zcore.bench import numbers
     from zcore.config import optimizer_types
-    from zstack.bench import numbers
 
     worlds = numbers("--ranks", ranks)
     if bad := [w for w in worlds if w not in (2, 4)]:

@@ -195,9 +195,9 @@ def admm(o: Options, work: Path) -> dict[str, Any]:
     """ADMM N:M against magnitude N:M (one-shot, and with the same fine-tuning) on MiniLM
     and SmolLM2 (`benchmarks/_admm_nm.py`); `--steps` / 2 ADMM steps. Opt-in (about ten
     minutes on 2 CPU cores): `--sections curriculum,admm`."""
-    from zstack.bench import load
+    from zcore.bench import load
 
-    return load("_admm_nm").admm_section(max(2, o.steps // 2))
+    return load("_admm_nm", Path(__file__).parent).admm_section(max(2, o.steps // 2))
 
 
 def random_ltd(o: Options, work: Path) -> dict[str, Any]:
@@ -205,9 +205,9 @@ def random_ltd(o: Options, work: Path) -> dict[str, Any]:
     (`benchmarks/_random_ltd.py`): wall-clock and FLOPs per step saved, and the validation
     loss gap at equal tokens; `deep` preset at 4 x `--seq-len`. Opt-in:
     `--sections random_ltd`."""
-    from zstack.bench import load
+    from zcore.bench import load
 
-    return load("_random_ltd").random_ltd_section(o)
+    return load("_random_ltd", Path(__file__).parent).random_ltd_section(o)
 
 
 def scala(o: Options, work: Path) -> dict[str, Any]:
@@ -217,9 +217,11 @@ def scala(o: Options, work: Path) -> dict[str, Any]:
     tuning seeds; 48 steps per run at the default `--steps` 60 (scaled with it). On the GPU
     when there is one (under a minute); opt-in, as on 2 CPU cores it takes hours:
     `--sections curriculum,scala`."""
-    from zstack.bench import load
+    from zcore.bench import load
 
-    return load("_scala").scala_section(max_steps=max(8, 48 * o.steps // 60), seed=o.seed)
+    return load("_scala", Path(__file__).parent).scala_section(
+        max_steps=max(8, 48 * o.steps // 60), seed=o.seed
+    )
 
 
 SECTIONS: dict[str, Callable[[Options, Path], dict[str, Any]]] = {

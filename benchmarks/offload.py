@@ -34,11 +34,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
-from zstack.bench import load
+from zcore.bench import load
 
-_ranks = load("_ranks")
+_ranks = load("_ranks", Path(__file__).parent)
 
 MODES = ("none", "cpu", "nvme", "nvme_serial", "nvme_all")
 

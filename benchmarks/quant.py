@@ -34,9 +34,9 @@ from typing import Any
 
 import torch
 
-from zstack.bench import load
+from zcore.bench import load
 
-_latency = load("_quant_latency")
+_latency = load("_quant_latency", Path(__file__).parent)
 _T0 = time.perf_counter()
 
 
@@ -270,7 +270,7 @@ def run(
         )
     if latency:
         _log("latency of quantized linears")
-        from zstack.bench import numbers
+        from zcore.bench import numbers
 
         sizes = tuple(numbers("--batches", batches))
         result["latency"] = _latency.run_all(batch_sizes=sizes, repeats=repeats, threads=threads)

@@ -306,16 +306,16 @@ def run(
     """
     mdir = Path(model_dir) if model_dir else _default_model_dir()
     if compare is not None:
-        from zstack.bench import load
+        from zcore.bench import load
 
-        return load("_serve_compare").run_compare(
+        return load("_serve_compare", Path(__file__).parent).run_compare(
             mdir, peer=compare, threads=threads, **(compare_options or {})
         )
     pols = [p.strip() for p in policies.split(",") if p.strip()]
     bad = [p for p in pols if p not in POLICIES]
     if bad:
         raise ValueError(f"--policies {bad} unknown; choose from {', '.join(POLICIES)}")
-    from zstack.bench import numbers
+    from zcore.bench import numbers
 
     rate_list = numbers("--rates", rates, float)
     if sla_ema_span < 1 or sla_rate_per_unit <= 0:
@@ -433,9 +433,9 @@ def _f(x: float | None, fmt: str = "{:.2f}") -> str:
 def report(result: dict[str, Any]) -> str:
     """Latency-vs-throughput table per policy and rate, then the prefix experiment."""
     if result.get("benchmark") == "serve-compare":
-        from zstack.bench import load
+        from zcore.bench import load
 
-        return load("_serve_compare").report(result)
+        return load("_serve_compare", Path(__file__).parent).report(result)
     sla = result["sla"]
     lines = [
         f"zserve open-loop benchmark on {result['model']} "

@@ -131,7 +131,7 @@ def run(
     threads: int = 1,
     temperature: float = 0.0,
 ) -> dict[str, Any]:
-    from zstack.bench import numbers
+    from zcore.bench import numbers
 
     mdir = Path(model_dir) if model_dir else _default_model_dir()
     if not (mdir / "config.json").is_file():

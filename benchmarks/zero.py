@@ -21,14 +21,15 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from zstack.bench import load
+from zcore.bench import load
 
-_ranks = load("_ranks")
+_ranks = load("_ranks", Path(__file__).parent)
 
 
 def _rank(rank: int, world: int, port: int, preset: str, stages: list[int], out: str) -> None:
@@ -92,8 +93,8 @@ def _unique(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
 
 
 def run(world_size: int = 4, preset: str = "small", stages: str = "0,1,2,3") -> dict[str, Any]:
+    from zcore.bench import numbers
     from zcore.memory import formula_bytes
-    from zstack.bench import numbers
 
     bad = [s for s in numbers("--stages", stages) if s not in (0, 1, 2, 3)]  # validate early
     if bad:

@@ -31,11 +31,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
-from zstack.bench import load
+from zcore.bench import load
 
-_ranks = load("_ranks")
+_ranks = load("_ranks", Path(__file__).parent)
 
 SIDES = ("ours", "deepspeed")
 PHASES = ("forward", "backward", "step")
@@ -313,7 +314,7 @@ def run(
     (the step times and losses compared), then one run per engine alone (its peak RSS,
     and a second, less noise-proof timing). Without DeepSpeed only the last is done.
     """
-    from zstack.bench import numbers
+    from zcore.bench import numbers
 
     stage_list = numbers("--stages", stages)
     if any(s not in (0, 1, 2, 3) for s in stage_list):

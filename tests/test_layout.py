@@ -475,3 +475,68 @@ def test_privates_scan_sees_imports_and_overrides(tmp_path: Path) -> None:
     )
     assert _private_zcore_imports(src) == ["1: zcore.optim._base", "2: zcore.optim._buffers"]
     assert _private_overrides(src, {"ZeroOptimizer": {"_secret"}}) == ["Mine._secret"]
+
+
+# -- the CLI is the top: nothing but its own tests imports it ------------------------------
+# `src/zstack` is the `z` Typer CLI (layer 3) and `tests/zstack` tests its commands; every
+# package, every other test (helpers in tests/utils included) and every benchmark uses the
+# libraries, or runs `z` as a user does (tests/utils/cli.py).
+CLI_OWN = [ROOT / "src" / "zstack", ROOT / "tests" / "zstack"]
+CLI_SCANNED = [ROOT / "packages", ROOT / "native" / "python", ROOT / "tests", ROOT / "benchmarks"]
+
+
+def _cli_imports(path: Path) -> list[str]:
+    """`line: module` for each import of `zstack`, or of `tests.zstack` (a CLI test's
+    helpers), in a file."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            modules = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        for module in modules:
+            parts = module.split(".")
+            if parts[0] == "zstack" or parts[:2] == ["tests", "zstack"]:
+                found.append(f"{node.lineno}: {module}")
+                break
+    return found
+
+
+def test_only_the_cli_and_its_tests_import_zstack() -> None:
+    files = sorted(
+        path
+        for folder in CLI_SCANNED
+        for path in folder.rglob("*.py")
+        if not any(path.is_relative_to(own) for own in CLI_OWN)
+        and "target" not in path.relative_to(ROOT).parts
+    )
+    assert len(files) > 100, "the scan found almost no files"
+    problems = [f"{path.relative_to(ROOT)}:{hit}" for path in files for hit in _cli_imports(path)]
+    assert not problems, (
+        "only src/zstack and tests/zstack may import zstack (ARCHITECTURE.md: the CLI is "
+        "layer 3); import the library that does the work, or run `z` in a child process "
+        "(tests/utils/cli.py: run_z):\n" + "\n".join(problems)
+    )
+
+
+def test_cli_scan_sees_every_form(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text(
+        "import zstack.cli\n"
+        "from zstack import bench\n"
+        "from tests.zstack.tiny import x\n"
+        "from tests import zstack\n"
+        "import zstackish, ztrain\n"
+        "from tests.utils import cli\n"
+        "def f():\n"
+        "    from zstack.bench import load\n"
+    )
+    assert _cli_imports(source) == [
+        "1: zstack.cli",
+        "2: zstack",
+        "3: tests.zstack.tiny",
+        "4: tests.zstack",
+        "8: zstack.bench",
+    ]

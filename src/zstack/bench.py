@@ -7,12 +7,16 @@ and `report(result) -> str`; the JSON object is always the last thing printed.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from zcore.bench import load as load_from
+from zcore.bench import numbers
+
+__all__ = ["benchmarks_dir", "load", "numbers", "run_benchmark"]
 
 
 def benchmarks_dir() -> Path:
@@ -26,45 +30,9 @@ def benchmarks_dir() -> Path:
 
 
 def load(name: str) -> ModuleType:
-    """The benchmark module `name`, executed once per process (a command that checks
-    its options with the module and then runs it loads it twice)."""
-    cached = sys.modules.get(f"zstack_benchmarks.{name}")
-    if cached is not None:
-        return cached
-    path = benchmarks_dir() / f"{name}.py"
-    if not path.is_file():
-        known = sorted(p.stem for p in benchmarks_dir().glob("*.py") if not p.stem.startswith("_"))
-        raise FileNotFoundError(
-            f"no benchmark `{name}` in {path.parent}; known: {', '.join(known)}"
-        )
-    spec = importlib.util.spec_from_file_location(f"zstack_benchmarks.{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def numbers(flag: str, text: str, kind: type[int] | type[float] = int,
-            count: int | None = None) -> list[Any]:  # fmt: skip
-    """A comma-separated option (``--stages 0,1,2``) as numbers; ValueError naming ``flag``
-    and the bad item otherwise."""
-    items = [t.strip() for t in str(text).split(",")]
-    out = []
-    for item in items:
-        try:
-            out.append(kind(item))
-        except ValueError:
-            raise ValueError(
-                f"{flag} {text!r}: {item!r} is not {'an integer' if kind is int else 'a number'}; "
-                f"give comma-separated {'integers' if kind is int else 'numbers'}, e.g. "
-                f"{'1,2' if kind is int else '0.5,1'}"
-            ) from None
-    if count is not None and len(out) != count:
-        raise ValueError(
-            f"{flag} {text!r}: expected {count} comma-separated values, got {len(out)}"
-        )
-    return out
+    """The benchmark module `name` of `benchmarks_dir()`, executed once per process
+    (`zcore.bench.load`, which the benchmarks use for their helper modules)."""
+    return load_from(name, benchmarks_dir())
 
 
 def run_benchmark(name: str, json_only: bool, **options: Any) -> int:

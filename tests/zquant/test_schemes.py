@@ -186,12 +186,10 @@ def test_lm_head_values_and_models_without_a_head_are_named(model):
 
 
 def test_z_quantize_names_a_bad_lm_head(tmp_path):
-    from typer.testing import CliRunner
-
+    from tests.utils.cli import run_z
     from tests.utils.models import smollm2_dir
-    from zstack.cli import app
 
     args = ["quantize", str(smollm2_dir()), "--recipe", "w4", "--out", str(tmp_path / "q")]
-    result = CliRunner().invoke(app, [*args, "--lm-head", "int4"])
-    assert result.exit_code == 2 and not (tmp_path / "q").exists()
-    assert "lm_head='int4' is not supported; use 'int8'" in result.output
+    done = run_z(*args, "--lm-head", "int4", ok=False)
+    assert done.returncode == 2 and not (tmp_path / "q").exists()
+    assert "lm_head='int4' is not supported; use 'int8'" in done.stderr

@@ -4,10 +4,11 @@ evaluation does (EMA of inter-token latencies, or cumulative deadlines), not on 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
-from zstack.bench import load
+from zcore.bench import load
 
-serve = load("serve")
+serve = load("serve", Path(__file__).resolve().parents[2] / "benchmarks")
 
 
 def _ema_direct(xs: list[float], span: int) -> list[float]:

@@ -38,8 +38,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
+from tests.utils.cli import run_z
 from tests.utils.models import smollm2_dir
 from zserve.engine import Engine, make_engine
 from zserve.model.quantized import QuantizedModelError
@@ -53,15 +53,10 @@ WINDOW, PPL_TOKENS = 256, 512  # z eval --window / --max-tokens: two windows, on
 SKIP = ("model.layers.[4-9].*", "model.layers.[12][0-9].*")  # quantize layers 0-3 only
 QUANTIZED_LAYERS = 4 * 7
 
-cli = CliRunner()
-
 
 def z(*args: str) -> str:
-    from zstack.cli import app
-
-    result = cli.invoke(app, list(args))
-    assert result.exit_code == 0, result.output
-    return result.output
+    """`z ARGS...`'s standard output (the command must succeed)."""
+    return run_z(*args).stdout
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.utils.cli import run_z
 from tests.utils.models import smollm2_dir
 from zserve.engine import Engine
 from zserve.model.native import torch_single_threaded
@@ -36,14 +37,8 @@ def test_step_threads_follow_the_kernels(tmp_path) -> None:
     """A plain fp32 model keeps torch's threads for a prefill (its GEMMs are torch's) and
     drops them for a decode step; a model whose every projection and head run on znative's
     kernels (W4 with an INT8 head) drops them for every step."""
-    from typer.testing import CliRunner
-
-    from zstack.cli import app
-
     w4 = tmp_path / "w4"
-    args = ["quantize", str(smollm2_dir()), "--recipe", "w4", "--lm-head", "int8"]
-    result = CliRunner().invoke(app, [*args, "--out", str(w4)])
-    assert result.exit_code == 0, result.output
+    run_z("quantize", str(smollm2_dir()), "--recipe", "w4", "--lm-head", "int8", "--out", str(w4))
     saved = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
