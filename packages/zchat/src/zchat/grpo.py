@@ -20,8 +20,6 @@ accuracy beyond its spread). Measured runs: ``benchmarks/results/zchat-grpo.md``
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -29,21 +27,25 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
-from zchat.hybrid import HybridEngine
 from zchat.ppo.config import check_ranges
 from zchat.ppo.experience import Batch, token_logprobs
 from zchat.ppo.losses import masked_mean, policy_loss
+from zchat.rollouts import Rollouts, grade, rollout_loop, save_actor, trim_malloc
+from zchat.train_loop import Recorder
 from zcore.config import ZModel
-from zserve.sampling import SamplingParams
 
 RECIPE: dict[str, Any] = {
-    "actor_lora_dim": 8, "actor_lora_module_name": "layers.", "only_optimize_lora": True,
-    "heldout_samples": 4, "train_prompts": 1024, "heldout_prompts": 128,
-}  # fmt: skip
+    "actor_lora_dim": 8,
+    "actor_lora_module_name": "layers.",
+    "only_optimize_lora": True,
+    "heldout_samples": 4,
+    "train_prompts": 1024,
+    "heldout_prompts": 128,
+}
 """What `z chat grpo` runs with unless the config or a flag says otherwise: the LoRA-only
-recipe of ``benchmarks/results/zchat-grpo.md`` ("layers." names a LLaMA-family model's decoder blocks), 4 fixed-seed
-sampled answers per held-out prompt, and the 1024 / 128 prompt split of `z chat e2e`'s
-stages. The class defaults stay DeepSeekMath's."""
+recipe of ``benchmarks/results/zchat-grpo.md`` ("layers." names a LLaMA-family model's
+decoder blocks), 4 fixed-seed sampled answers per held-out prompt, and the 1024 / 128 prompt
+split of `z chat e2e`'s stages. The class defaults stay DeepSeekMath's."""
 
 
 class GRPOConfig(ZModel):
@@ -93,11 +95,20 @@ class GRPOConfig(ZModel):
     def model_post_init(self, context: Any, /) -> None:
         check_ranges(
             self,
-            {"train_prompts": 1, "heldout_prompts": 1, "steps": 1, "prompts_per_rank": 1,
-             "group_size": 2, "max_new_tokens": 1, "world": 1, "threads": 1,
-             "actor_lora_dim": 0, "heldout_samples": 0},
+            {
+                "train_prompts": 1,
+                "heldout_prompts": 1,
+                "steps": 1,
+                "prompts_per_rank": 1,
+                "group_size": 2,
+                "max_new_tokens": 1,
+                "world": 1,
+                "threads": 1,
+                "actor_lora_dim": 0,
+                "heldout_samples": 0,
+            },
             ("temperature", "cliprange", "lr", "actor_lora_learning_rate"),
-        )  # fmt: skip
+        )
         rollout = self.prompts_per_rank * self.group_size
         if self.micro_batch < 0 or (self.micro_batch and rollout % self.micro_batch):
             raise ValueError(
@@ -145,8 +156,15 @@ def ref_logprobs(ref: Any, batch: Batch, micro: int) -> torch.Tensor:
     return torch.cat(out)
 
 
-def grpo_backward(actor: Any, ref_lp: torch.Tensor, batch: Batch, adv: torch.Tensor, micro: int,
-                  kl_coef: float, clip: float) -> tuple[float, float, float]:  # fmt: skip
+def grpo_backward(
+    actor: Any,
+    ref_lp: torch.Tensor,
+    batch: Batch,
+    adv: torch.Tensor,
+    micro: int,
+    kl_coef: float,
+    clip: float,
+) -> tuple[float, float, float]:
     """Backward of GRPO's loss over a rank's rollout, ``micro`` rows per forward, each
     followed by ``actor.step()`` (a ZeRO engine configured with ``len(batch.ids) // micro``
     accumulation steps, so the optimizer steps once, after the last). ``ref_lp``: the
@@ -173,13 +191,6 @@ def grpo_backward(actor: Any, ref_lp: torch.Tensor, batch: Batch, adv: torch.Ten
     return loss_sum, kl_sum, clip_sum
 
 
-def _grade(tokenizer: Any, prompt: Any, token_ids: list[int]) -> float:
-    from zchat.data import check_sum, operands_of
-
-    text = tokenizer.decode(token_ids, skip_special_tokens=True)
-    return float(check_sum(text, *operands_of(prompt.messages)))
-
-
 def prepare_grpo(cfg: GRPOConfig) -> None:
     """Checks before any rank starts, each naming the problem and the fix: the actor has a
     chat template, the LoRA module name matches a linear layer, the prompt splits are not
@@ -188,115 +199,144 @@ def prepare_grpo(cfg: GRPOConfig) -> None:
     from zchat.ppo.models import check_lora_name
 
     load_tokenizer(cfg.actor)
-    check_lora_name(cfg.actor_lora_dim, cfg.actor, cfg.actor_lora_module_name,
-                    "actor_lora_module_name")  # fmt: skip
-    data = build_chat_data(cfg.task, train=cfg.train_prompts, heldout=cfg.heldout_prompts,
-                           seed=cfg.data_seed)  # fmt: skip
+    check_lora_name(
+        cfg.actor_lora_dim, cfg.actor, cfg.actor_lora_module_name, "actor_lora_module_name"
+    )
+    data = build_chat_data(
+        cfg.task, train=cfg.train_prompts, heldout=cfg.heldout_prompts, seed=cfg.data_seed
+    )
     require_nonempty(data.prompts_train, "prompts_train", "raise `train_prompts`")
     require_nonempty(data.prompts_heldout, "prompts_heldout", "raise `heldout_prompts`")
 
 
-def grpo_rank(rank: int, world: int, cfg: GRPOConfig) -> dict[str, Any]:
-    """One rank of ``z chat grpo`` (collective)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    import zcore
-    import zcore.hf
-    from zchat.data import build_chat_data, load_tokenizer, render_prompt
-    from zchat.heldout import sampled_requests
-    from zchat.lora import merge_lora_
-    from zchat.ppo.models import lora_param_groups
-    from zchat.ppo.trainer import trim_malloc
-
-    torch.manual_seed(cfg.seed)
-    tok = load_tokenizer(cfg.actor)
-    data = build_chat_data(cfg.task, train=cfg.train_prompts, heldout=cfg.heldout_prompts,
-                           seed=cfg.data_seed)  # fmt: skip
+def ds_config(cfg: GRPOConfig) -> dict[str, Any]:
+    """The actor's ZeRO-3 config: a rank's rollout in micro-batches of ``micro_batch`` rows
+    whose gradients accumulate into one AdamW step."""
     rollout = cfg.prompts_per_rank * cfg.group_size
     micro = cfg.micro_batch or rollout
-    ds = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": rollout // micro,
-          "gradient_clipping": 1.0, "zero_optimization": {"stage": 3}, "comm_timeout_s": 600,
-          "optimizer": {"type": "AdamW", "params": {"lr": cfg.lr, "weight_decay": 0.0}}}  # fmt: skip
-    model = zcore.hf.from_pretrained(AutoModelForCausalLM, cfg.actor, ds_config=ds,
-                                     config=AutoConfig.from_pretrained(str(cfg.actor)))  # fmt: skip
-    groups = lora_param_groups(model, cfg.actor_lora_dim, cfg.actor_lora_module_name,
-                               "actor_lora_module_name", cfg.only_optimize_lora,
-                               cfg.actor_lora_learning_rate)  # fmt: skip
-    actor, *_ = zcore.initialize(model, model_parameters=groups, config=ds)
-    ref: Any = actor  # a LoRA-only actor's frozen base is the reference (LoRA off)
-    if not (cfg.only_optimize_lora and cfg.actor_lora_dim):
-        ref = AutoModelForCausalLM.from_pretrained(str(cfg.actor), dtype=torch.float32)
-        ref.eval().requires_grad_(False)
-    hybrid = HybridEngine(actor, cfg.actor)
-    trim_malloc()
+    return {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": rollout // micro,
+        "gradient_clipping": 1.0,
+        "zero_optimization": {"stage": 3},
+        "comm_timeout_s": 600,
+        "optimizer": {"type": "AdamW", "params": {"lr": cfg.lr, "weight_decay": 0.0}},
+    }
 
-    def accuracy(prompts: list[Any], ids: list[list[int]], params: SamplingParams) -> float:
-        gens, _ = hybrid.generate(ids, params)
-        right = sum(_grade(tok, p, g.token_ids) for p, g in zip(prompts, gens, strict=True))
+
+class GRPOTrainer:
+    """The actor (and, without LoRA-only training, a frozen reference) of one rank and the
+    GRPO loop over them (collective: every rank builds one and calls :meth:`train`)."""
+
+    def __init__(self, cfg: GRPOConfig, rank: int, world: int) -> None:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        import zcore
+        import zcore.hf
+        from zchat.data import build_chat_data, load_tokenizer
+        from zchat.ppo.models import lora_param_groups
+
+        self.cfg, self.rank, self.world = cfg, rank, world
+        self.tokenizer = load_tokenizer(cfg.actor)
+        self.data = build_chat_data(
+            cfg.task, train=cfg.train_prompts, heldout=cfg.heldout_prompts, seed=cfg.data_seed
+        )
+        ds = ds_config(cfg)
+        self.micro = ds["train_micro_batch_size_per_gpu"]
+        model = zcore.hf.from_pretrained(
+            AutoModelForCausalLM,
+            cfg.actor,
+            ds_config=ds,
+            config=AutoConfig.from_pretrained(str(cfg.actor)),
+        )
+        groups = lora_param_groups(
+            model,
+            cfg.actor_lora_dim,
+            cfg.actor_lora_module_name,
+            "actor_lora_module_name",
+            cfg.only_optimize_lora,
+            cfg.actor_lora_learning_rate,
+        )
+        self.actor, *_ = zcore.initialize(model, model_parameters=groups, config=ds)
+        self.ref: Any = self.actor  # a LoRA-only actor's frozen base is the reference
+        if not (cfg.only_optimize_lora and cfg.actor_lora_dim):
+            self.ref = AutoModelForCausalLM.from_pretrained(str(cfg.actor), dtype=torch.float32)
+            self.ref.eval().requires_grad_(False)
+        self.rollouts = Rollouts(self.actor, cfg, self.tokenizer, self.data, rank, world)
+        trim_malloc()
+
+    def step(self, step: int) -> dict[str, Any]:
+        """One rollout of ``prompts_per_rank`` prompts x ``group_size`` samples and one
+        actor update; the record of the step (means over ranks)."""
+        cfg, world = self.cfg, self.world
+        t0 = time.perf_counter()
+        grouped = [p for p in self.rollouts.prompts(step) for _ in range(cfg.group_size)]
+        ids, gens, roll = self.rollouts.sample(step, grouped)
+        rewards = torch.tensor(
+            [grade(self.tokenizer, p, g.token_ids) for p, g in zip(grouped, gens, strict=True)]
+        )
+        batch = Batch.build(ids, [g.token_ids for g in gens], int(self.tokenizer.pad_token_id))
+        adv = group_advantages(rewards, cfg.group_size)[:, None] * batch.mask
+        ref_lp = ref_logprobs(self.ref, batch, self.micro)
+        self.actor.train()
+        loss, kl, clip_frac = grpo_backward(
+            self.actor, ref_lp, batch, adv, self.micro, cfg.kl_coef, cfg.cliprange
+        )
+        trim_malloc()
+        t = torch.tensor(
+            [float(rewards.mean()), kl, loss, float(roll.generated_tokens), roll.generate_s],
+            dtype=torch.float64,
+        )
+        if dist.is_initialized():
+            dist.all_reduce(t)
+        return {
+            "step": step + 1,
+            "reward": float(t[0]) / world,
+            "kl": float(t[1]) / world,
+            "loss": float(t[2]) / world,
+            "gen_tokens_per_s": float(t[3] / t[4]) * world,
+            "clip_frac": clip_frac,
+            "step_s": time.perf_counter() - t0,
+        }
+
+    def evaluate(self) -> dict[str, float]:
+        """Held-out accuracy of greedy answers and, with ``heldout_samples``, of fixed-seed
+        sampled ones (``heldout_sampled_accuracy``), over all ranks."""
+        return self.rollouts.heldout(self._accuracy)
+
+    def _accuracy(
+        self, prompts: list[Any], ids: list[list[int]], gens: list[Any], name: str
+    ) -> dict[str, float]:
+        right = sum(
+            grade(self.tokenizer, p, g.token_ids) for p, g in zip(prompts, gens, strict=True)
+        )
         t = torch.tensor([right, float(len(prompts))], dtype=torch.float64)
         if dist.is_initialized():
             dist.all_reduce(t)
-        return float(t[0] / t[1])
+        return {f"{name}_accuracy": float(t[0] / t[1])}
 
-    def evaluate() -> dict[str, float]:
-        mine = data.prompts_heldout[rank::world]
-        actor.eval()
-        ids = [render_prompt(tok, p.messages) for p in mine]
-        out = {"heldout_accuracy": accuracy(mine, ids, SamplingParams(
-            max_tokens=cfg.max_new_tokens, temperature=0))}  # fmt: skip
-        if cfg.heldout_samples:
-            reps, rep_ids, params = sampled_requests(mine, ids, cfg.heldout_samples, rank,
-                                                     cfg.max_new_tokens, cfg.temperature)  # fmt: skip
-            out["heldout_sampled_accuracy"] = accuracy(reps, rep_ids, params)
-        return out
-
-    log = None
-    if rank == 0:
-        cfg.out.mkdir(parents=True, exist_ok=True)
-        log = open(cfg.out / "metrics.jsonl", "w", encoding="utf-8")
-    before = evaluate()
-    pool, n = data.prompts_train, cfg.prompts_per_rank
-    for step in range(cfg.steps):
-        t0 = time.perf_counter()
-        start = (step * world + rank) * n
-        prompts = [pool[(start + k) % len(pool)] for k in range(n)]
-        grouped = [p for p in prompts for _ in range(cfg.group_size)]
-        ids = [render_prompt(tok, p.messages) for p in grouped]
-        actor.eval()
-        seed = cfg.seed * 1_000_003 + (step * world + rank) * len(grouped)
-        gens, roll = hybrid.generate(ids, SamplingParams(max_tokens=cfg.max_new_tokens,
-                                                         temperature=cfg.temperature, seed=seed))  # fmt: skip
-        rewards = torch.tensor(
-            [_grade(tok, p, g.token_ids) for p, g in zip(grouped, gens, strict=True)]
+    def train(self) -> dict[str, Any]:
+        """The loop (:func:`zchat.rollouts.rollout_loop`), then the actor saved to
+        ``out/actor``; the held-out metrics before and after (``<key>_before``, ...)."""
+        cfg = self.cfg
+        rec = Recorder("grpo", cfg.out, cfg.steps, self.rank, path=cfg.out / "metrics.jsonl")
+        before, after = rollout_loop(
+            rec, cfg.steps, self.step, self.evaluate, self._line, evals="before_after"
         )
-        batch = Batch.build(ids, [g.token_ids for g in gens], int(tok.pad_token_id))
-        adv = group_advantages(rewards, cfg.group_size)[:, None] * batch.mask
-        ref_lp = ref_logprobs(ref, batch, micro)
-        actor.train()
-        loss, kl, clip_frac = grpo_backward(actor, ref_lp, batch, adv, micro, cfg.kl_coef,
-                                            cfg.cliprange)  # fmt: skip
-        trim_malloc()
-        t = torch.tensor([float(rewards.mean()), kl, loss,
-                          float(roll.generated_tokens), roll.generate_s], dtype=torch.float64)  # fmt: skip
-        if dist.is_initialized():
-            dist.all_reduce(t)
-        m = {"step": step + 1, "reward": float(t[0]) / world, "kl": float(t[1]) / world,
-             "loss": float(t[2]) / world, "gen_tokens_per_s": float(t[3] / t[4]) * world,
-             "clip_frac": clip_frac, "step_s": time.perf_counter() - t0}  # fmt: skip
-        if log is not None:
-            log.write(json.dumps(m) + "\n")
-            log.flush()
-            print(f"\rgrpo step {m['step']}/{cfg.steps}  reward {m['reward']:.3f}  kl "
-                  f"{m['kl']:.4f}  loss {m['loss']:+.4f}  {m['step_s']:.1f} s/step", end="",
-                  file=sys.stderr, flush=True)  # fmt: skip
-    after = evaluate()
-    if log is not None:
-        print(file=sys.stderr)
-        log.write(json.dumps({"eval": "before_after", "before": before, "after": after}) + "\n")
-        log.close()
-    merge_lora_(actor.module)  # a LoRA actor saves as the plain architecture
-    zcore.hf.save_pretrained(actor, cfg.out / "actor", tokenizer_from=cfg.actor)
-    result: dict[str, Any] = {"out": str(cfg.out)}
-    for key in before:
-        result[f"{key}_before"], result[f"{key}_after"] = before[key], after[key]
-    return result
+        save_actor(self.actor, cfg.out / "actor", cfg.actor)
+        result: dict[str, Any] = {"out": str(cfg.out)}
+        for key in before:
+            result[f"{key}_before"], result[f"{key}_after"] = before[key], after[key]
+        return result
+
+    def _line(self, m: dict[str, Any]) -> str:
+        return (
+            f"grpo step {m['step']}/{self.cfg.steps}  reward {m['reward']:.3f}  kl "
+            f"{m['kl']:.4f}  loss {m['loss']:+.4f}  {m['step_s']:.1f} s/step"
+        )
+
+
+def grpo_rank(rank: int, world: int, cfg: GRPOConfig) -> dict[str, Any]:
+    """One rank of ``z chat grpo`` (collective)."""
+    torch.manual_seed(cfg.seed)
+    return GRPOTrainer(cfg, rank, world).train()

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import random
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -37,13 +38,14 @@ def ds_config(cfg: StageConfig, world: int) -> dict[str, Any]:
         "gradient_accumulation_steps": cfg.grad_accum,
         "train_batch_size": cfg.micro_batch * cfg.grad_accum * world,
         "gradient_clipping": cfg.grad_clip,
-        "optimizer": {"type": "AdamW",
-                      "params": {"lr": cfg.lr, "weight_decay": cfg.weight_decay}},
-        "zero_optimization": {"stage": cfg.zero_stage,
-                              "stage3_param_persistence_threshold": cfg.persistence_threshold},
+        "optimizer": {"type": "AdamW", "params": {"lr": cfg.lr, "weight_decay": cfg.weight_decay}},
+        "zero_optimization": {
+            "stage": cfg.zero_stage,
+            "stage3_param_persistence_threshold": cfg.persistence_threshold,
+        },
         "steps_per_print": 10**9,  # zchat prints its own progress line
         "comm_timeout_s": 600,
-    }  # fmt: skip
+    }
 
 
 def lr_factor(cfg: StageConfig, step: int) -> float:
@@ -99,8 +101,9 @@ def heldout_shard(
     return [mine[i : i + batch] for i in range(0, per_rank, batch)]
 
 
-def answer_logps(logits: torch.Tensor, input_ids: torch.Tensor, labels: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def answer_logps(
+    logits: torch.Tensor, input_ids: torch.Tensor, labels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(log-prob of each label token ``[B, T-1]``, its mask ``[B, T-1]``): position ``t``
     predicts token ``t+1``; prompt and padding (label -100) are masked."""
     target = labels[:, 1:]
@@ -112,8 +115,12 @@ def answer_logps(logits: torch.Tensor, input_ids: torch.Tensor, labels: torch.Te
 
 def answer_ce_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Summed next-token cross-entropy over the answer tokens (labels != -100)."""
-    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
-                           labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum")  # fmt: skip
+    return F.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
+        labels[:, 1:].reshape(-1),
+        ignore_index=-100,
+        reduction="sum",
+    )
 
 
 def causal_lm_class(path: str | os.PathLike[str]) -> Any:
@@ -142,14 +149,24 @@ def all_sum(*values: float) -> list[float]:
 
 
 class Recorder:
-    """The live progress line (rank 0, stdout) and the metrics JSONL (rank 0).
+    """The metrics JSONL (rank 0) and the progress output (rank 0) of a stage.
 
-    :meth:`step` is collective: every rank reports its resident memory, so the line shows
-    memory per rank."""
+    Records go to ``path``, by default ``<out>.metrics.jsonl`` beside the stage's output
+    directory. :meth:`step` is collective: every rank reports its resident memory, so the
+    stdout line shows memory per rank. :meth:`progress` is the one-line alternative for
+    loops that print their own line (rewritten in place on stderr)."""
 
-    def __init__(self, stage: str, out: str | os.PathLike[str], steps: int, rank: int) -> None:
+    def __init__(
+        self,
+        stage: str,
+        out: str | os.PathLike[str],
+        steps: int,
+        rank: int,
+        path: str | os.PathLike[str] | None = None,
+    ) -> None:
         self.stage, self.steps, self.rank = stage, steps, rank
-        self.path = Path(out).with_name(Path(out).name + ".metrics.jsonl")
+        default = Path(out).with_name(Path(out).name + ".metrics.jsonl")
+        self.path = Path(path) if path is not None else default
         self.start = self.last = time.perf_counter()
         if rank == 0:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -160,6 +177,16 @@ class Recorder:
         if self.rank == 0:
             with self.path.open("a") as f:
                 f.write(json.dumps(record) + "\n")
+
+    def progress(self, line: str) -> None:
+        """Show ``line`` in place of the previous one on stderr (rank 0)."""
+        if self.rank == 0:
+            print(f"\r{line}", end="", file=sys.stderr, flush=True)
+
+    def end_progress(self) -> None:
+        """End the in-place line (rank 0)."""
+        if self.rank == 0:
+            print(file=sys.stderr)
 
     def step(self, step: int, tokens: int, **metrics: float) -> None:
         """Record optimizer step ``step`` (1-based) that processed ``tokens`` tokens over all
@@ -172,14 +199,23 @@ class Recorder:
             mem = [rss_bytes()]
         rate = tokens / max(now - self.last, 1e-9)
         self.last = now
-        record = {"stage": self.stage, "step": step, **metrics, "tokens_per_s": rate,
-                  "rss_bytes": mem, "elapsed_s": now - self.start}  # fmt: skip
+        record = {
+            "stage": self.stage,
+            "step": step,
+            **metrics,
+            "tokens_per_s": rate,
+            "rss_bytes": mem,
+            "elapsed_s": now - self.start,
+        }
         self.write(record)
         if self.rank == 0:
             shown = " ".join(f"{k} {v:.4g}" for k, v in metrics.items())
             gib = "/".join(f"{m / 2**30:.2f}" for m in mem)
-            print(f"[{self.stage}] step {step}/{self.steps} {shown} tok/s {rate:.0f} "
-                  f"mem/rank GiB {gib}", flush=True)  # fmt: skip
+            print(
+                f"[{self.stage}] step {step}/{self.steps} {shown} tok/s {rate:.0f} "
+                f"mem/rank GiB {gib}",
+                flush=True,
+            )
 
 
 def timed(fn: Callable[[], T]) -> tuple[T, float]:

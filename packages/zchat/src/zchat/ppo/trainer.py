@@ -22,24 +22,21 @@ With :data:`zchat.ppo.config.RECIPE`, the sampled held-out reward rises on every
 measured; the runs that chose the recipe: ``benchmarks/results/zchat-ppo.md``.
 
 Metrics (means over ranks; memory and time per rank) go to ``metrics.jsonl`` every step,
-with a live progress line on rank 0; the held-out prompts are scored greedily before the
-first step and after the last (and every ``eval_every`` steps).
+with a live progress line on rank 0; the held-out prompts are scored before the first step
+and after the last (and every ``eval_every`` steps). The rollouts, the held-out answers and
+the loop are GRPO's too (:mod:`zchat.rollouts`).
 """
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from zchat.heldout import sampled_requests
-from zchat.hybrid import HybridEngine
 from zchat.hybrid.engine import rss_bytes
-from zchat.lora import lora_disabled, merge_lora_
+from zchat.lora import lora_disabled
 from zchat.ppo.config import PPOConfig
 from zchat.ppo.experience import Batch, critic_values, token_logprobs
 from zchat.ppo.losses import (
@@ -51,18 +48,8 @@ from zchat.ppo.losses import (
     value_loss,
 )
 from zchat.ppo.models import build_actor, build_critic, check_lora_names
-from zserve.sampling import SamplingParams
-
-
-def trim_malloc() -> None:
-    """Hand the heap's free pages back to the OS (glibc ``malloc_trim``; a no-op elsewhere):
-    the backward's freed buffers otherwise stay in this process's resident set."""
-    import ctypes
-
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+from zchat.rollouts import Rollouts, grade, rollout_loop, save_actor, trim_malloc
+from zchat.train_loop import Recorder
 
 
 def _mean_over_ranks(values: dict[str, float]) -> dict[str, float]:
@@ -109,31 +96,17 @@ class PPOTrainer:
             self.ref.eval().requires_grad_(False)
         self.reward = load_reward_model(cfg.reward)
         self.reward.eval().requires_grad_(False)
-        self.hybrid = HybridEngine(self.actor, cfg.actor)
+        self.rollouts = Rollouts(self.actor, cfg, self.tokenizer, self.data, rank, world)
+        self.hybrid = self.rollouts.hybrid
         trim_malloc()  # what loading freed
-        self.pad_id = int(self.tokenizer.pad_token_id)
+        self.pad_id = self.rollouts.pad_id
 
     # -- one step -------------------------------------------------------------------------
-    def _prompts(self, step: int) -> list[Any]:
-        n, pool = self.cfg.prompts_per_rank, self.data.prompts_train
-        start = (step * self.world + self.rank) * n
-        return [pool[(start + k) % len(pool)] for k in range(n)]
-
-    def _prompt_ids(self, prompts: list[Any]) -> list[list[int]]:
-        from zchat.data import render_prompt
-
-        return [render_prompt(self.tokenizer, p.messages) for p in prompts]
-
     def step(self, step: int) -> dict[str, Any]:
         cfg = self.cfg
         mem: dict[str, int] = {"start": rss_bytes()}
         t0 = time.perf_counter()
-        prompt_ids = self._prompt_ids(self._prompts(step))
-        self.actor.eval()
-        seed = cfg.seed * 1_000_003 + (step * self.world + self.rank) * cfg.prompts_per_rank
-        params = SamplingParams(max_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                                seed=seed)  # fmt: skip
-        gens, rollout = self.hybrid.generate(prompt_ids, params)
+        prompt_ids, gens, rollout = self.rollouts.sample(step, self.rollouts.prompts(step))
         trim_malloc()
         mem |= {f"rollout_{k}": v for k, v in rollout.rss.items() if k != "start"}
         t1 = time.perf_counter()
@@ -147,8 +120,9 @@ class PPOTrainer:
                 ref_lp = token_logprobs(self.ref, batch)
             old_v = critic_values(self.critic, batch)
             scores = self.reward(batch.ids, batch.attn).float()
-        rewards = kl_penalized_rewards(old_lp, ref_lp, scores, batch.mask, cfg.kl_coef,
-                                       cfg.clip_reward)  # fmt: skip
+        rewards = kl_penalized_rewards(
+            old_lp, ref_lp, scores, batch.mask, cfg.kl_coef, cfg.clip_reward
+        )
         adv, ret = gae(rewards, old_v, batch.mask, cfg.gamma, cfg.lam)
         if cfg.whiten_advantages:
             adv = masked_whiten(adv, batch.mask)
@@ -185,14 +159,22 @@ class PPOTrainer:
             "advantage": float(masked_mean(adv, batch.mask)),
         }
         out: dict[str, Any] = {"step": step + 1, **_mean_over_ranks(local)}
-        timing = {"rollout_s": t1 - t0, "experience_s": t2 - t1, "train_s": t3 - t2,
-                  "generate_s": rollout.generate_s, "gather_s": rollout.gather_s,
-                  "release_s": rollout.release_s, "generated": rollout.generated_tokens}  # fmt: skip
+        timing = {
+            "rollout_s": t1 - t0,
+            "experience_s": t2 - t1,
+            "train_s": t3 - t2,
+            "generate_s": rollout.generate_s,
+            "gather_s": rollout.gather_s,
+            "release_s": rollout.release_s,
+            "generated": rollout.generated_tokens,
+        }
         per_rank = _per_rank({"mem": mem, "time": timing})
         gen_s = max(r["time"]["generate_s"] for r in per_rank)
         out["gen_tokens_per_s"] = sum(r["time"]["generated"] for r in per_rank) / max(gen_s, 1e-9)
-        out["step_s"] = max(r["time"]["rollout_s"] + r["time"]["experience_s"]
-                            + r["time"]["train_s"] for r in per_rank)  # fmt: skip
+        out["step_s"] = max(
+            r["time"]["rollout_s"] + r["time"]["experience_s"] + r["time"]["train_s"]
+            for r in per_rank
+        )
         out["ranks"] = per_rank
         return out
 
@@ -202,31 +184,18 @@ class PPOTrainer:
         model; for arithmetic also the fraction a program grades correct. With
         ``heldout_samples`` k, also k answers per prompt sampled at ``temperature`` with
         fixed seeds (``heldout_sampled_*``)."""
-        mine = self.data.prompts_heldout[self.rank :: self.world]
-        self.actor.eval()
-        ids = self._prompt_ids(mine)
-        greedy = SamplingParams(max_tokens=self.cfg.max_new_tokens, temperature=0)
-        out = self._score(mine, ids, greedy, "heldout")
-        k = self.cfg.heldout_samples
-        if k:
-            reps, rep_ids, sampled = sampled_requests(mine, ids, k, self.rank,
-                                                      self.cfg.max_new_tokens, self.cfg.temperature)  # fmt: skip
-            out |= self._score(reps, rep_ids, sampled, "heldout_sampled")
-        return out
+        return self.rollouts.heldout(self._score)
 
-    def _score(self, prompts: list[Any], ids: list[list[int]], params: SamplingParams,
-               name: str) -> dict[str, float]:  # fmt: skip
-        from zchat.data import check_sum, operands_of
-
-        gens, _ = self.hybrid.generate(ids, params)
+    def _score(
+        self, prompts: list[Any], ids: list[list[int]], gens: list[Any], name: str
+    ) -> dict[str, float]:
         batch = Batch.build(ids, [g.token_ids for g in gens], self.pad_id)
         with torch.no_grad():
             scores = self.reward(batch.ids, batch.attn).float()
         correct = 0.0
         if self.cfg.task == "arithmetic":
             for p, g in zip(prompts, gens, strict=True):
-                text = self.tokenizer.decode(g.token_ids, skip_special_tokens=True)
-                correct += check_sum(text, *operands_of(p.messages))
+                correct += grade(self.tokenizer, p, g.token_ids)
         t = torch.tensor([float(scores.sum()), correct, float(len(prompts))], dtype=torch.float64)
         if dist.is_initialized():
             dist.all_reduce(t)
@@ -235,45 +204,21 @@ class PPOTrainer:
 
     # -- the loop -------------------------------------------------------------------------
     def train(self) -> dict[str, Any]:
-        import zcore.hf
-
         cfg = self.cfg
-        lead = self.rank == 0
-        log = None
-        if lead:
-            cfg.out.mkdir(parents=True, exist_ok=True)
-            log = open(cfg.out / "metrics.jsonl", "w", encoding="utf-8")
-        try:
-            before = self.evaluate()
-            self._write(log, {"eval": "before", "step": 0, **before})
-            for step in range(cfg.steps):
-                m = self.step(step)
-                self._write(log, m)
-                if lead:
-                    print(
-                        f"\rppo step {m['step']}/{cfg.steps}  reward {m['reward']:+.3f}  "
-                        f"kl {m['kl']:.4f}  actor {m['actor_loss']:+.4f}  critic "
-                        f"{m['critic_loss']:.4f}  {m['gen_tokens_per_s']:.0f} tok/s  "
-                        f"{m['step_s']:.1f} s/step",
-                        end="", file=sys.stderr, flush=True,
-                    )  # fmt: skip
-                if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
-                    self._write(log, {"eval": "during", "step": step + 1, **self.evaluate()})
-            if lead:
-                print(file=sys.stderr)
-            after = self.evaluate()
-            self._write(log, {"eval": "after", "step": cfg.steps, **after})
-        finally:
-            if log is not None:
-                log.close()
-        merge_lora_(self.actor.module)  # a LoRA actor saves as the plain architecture
-        zcore.hf.save_pretrained(self.actor, cfg.out / "actor", tokenizer_from=cfg.actor)
+        rec = Recorder("ppo", cfg.out, cfg.steps, self.rank, path=cfg.out / "metrics.jsonl")
+        before, after = rollout_loop(
+            rec, cfg.steps, self.step, self.evaluate, self._line, eval_every=cfg.eval_every
+        )
+        save_actor(self.actor, cfg.out / "actor", cfg.actor)
         return {"before": before, "after": after, "out": str(cfg.out)}
 
-    def _write(self, log: Any, record: dict[str, Any]) -> None:
-        if log is not None:
-            log.write(json.dumps(record) + "\n")
-            log.flush()
+    def _line(self, m: dict[str, Any]) -> str:
+        return (
+            f"ppo step {m['step']}/{self.cfg.steps}  reward {m['reward']:+.3f}  "
+            f"kl {m['kl']:.4f}  actor {m['actor_loss']:+.4f}  critic "
+            f"{m['critic_loss']:.4f}  {m['gen_tokens_per_s']:.0f} tok/s  "
+            f"{m['step_s']:.1f} s/step"
+        )
 
 
 def prepare_ppo(cfg: PPOConfig) -> None:
