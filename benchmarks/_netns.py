@@ -84,9 +84,20 @@ class Link:
                 link._run(link._ip, "netns", "add", ns)
             a, b = link.names
             link._run(
-                link._ip, "link", "add", IFNAME, "netns", a, "type", "veth",
-                "peer", "name", IFNAME, "netns", b,
-            )  # fmt: skip
+                link._ip,
+                "link",
+                "add",
+                IFNAME,
+                "netns",
+                a,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                IFNAME,
+                "netns",
+                b,
+            )
             for ns, addr in zip(link.names, ADDRESSES, strict=True):
                 link._run(link._ip, "-n", ns, "addr", "add", f"{addr}/30", "dev", IFNAME)
                 link._run(link._ip, "-n", ns, "link", "set", IFNAME, "up")
@@ -112,9 +123,22 @@ class Link:
             if rate is not None:
                 burst = max(rate_bits(rate) // 8 // 100, 256 * 1024)
                 self._run(
-                    self._tc, "-n", ns, "qdisc", "add", "dev", IFNAME, "root", "tbf",
-                    "rate", rate, "burst", str(burst), "latency", "100ms",
-                )  # fmt: skip
+                    self._tc,
+                    "-n",
+                    ns,
+                    "qdisc",
+                    "add",
+                    "dev",
+                    IFNAME,
+                    "root",
+                    "tbf",
+                    "rate",
+                    rate,
+                    "burst",
+                    str(burst),
+                    "latency",
+                    "100ms",
+                )
         self.rate = rate
 
     def exec_prefix(self, node: int) -> list[str]:
@@ -125,8 +149,10 @@ class Link:
         """``tc -s qdisc show`` of node ``node``'s link end (what was sent, dropped)."""
         out = subprocess.run(
             [self._tc, "-n", self.names[node], "-s", "qdisc", "show", "dev", IFNAME],
-            capture_output=True, text=True, timeout=30,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         return out.stdout.strip()
 
     def close(self) -> None:

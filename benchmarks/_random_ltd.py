@@ -58,16 +58,28 @@ def ltd_block(seq_len: int, steps: int) -> dict[str, Any]:
     low = max(per_step, seq_len // 8 // per_step * per_step)
     return {
         "enabled": True,
-        "data_routing": {"enabled": True, "random_ltd": {
-            "enabled": True, "total_layer_num": 12, "random_ltd_layer_num": len(LTD_LAYERS),
-            "random_ltd_layer_id": LTD_LAYERS, "model_mask_name": None, "model_type": "decoder",
-            "hidden_state_order": "batch_seq_dim",
-            "random_ltd_schedule": {"min_value": low, "max_value": seq_len,
-                                    "schedule_type": "fixed_linear",
-                                    "schedule_config": {"require_steps": max(1, steps - 1),
-                                                        "seq_per_step": per_step}},
-        }},
-    }  # fmt: skip
+        "data_routing": {
+            "enabled": True,
+            "random_ltd": {
+                "enabled": True,
+                "total_layer_num": 12,
+                "random_ltd_layer_num": len(LTD_LAYERS),
+                "random_ltd_layer_id": LTD_LAYERS,
+                "model_mask_name": None,
+                "model_type": "decoder",
+                "hidden_state_order": "batch_seq_dim",
+                "random_ltd_schedule": {
+                    "min_value": low,
+                    "max_value": seq_len,
+                    "schedule_type": "fixed_linear",
+                    "schedule_config": {
+                        "require_steps": max(1, steps - 1),
+                        "seq_per_step": per_step,
+                    },
+                },
+            },
+        },
+    }
 
 
 def step_flops(cfg: Any, batch: int, seq_len: int, keep: int) -> float:
@@ -115,8 +127,15 @@ def _engines(o: Any, seq_len: int) -> tuple[Any, dict[str, Any], Any, Any]:
     tokenizer = train_or_load(cache_dir(), 2048, plays)
     data = ShakespeareData.load(tokenizer, cache_dir(), plays)
     cfg = model_config(PRESET, tokenizer.vocab_size, None)
-    opts = TrainOptions(preset=PRESET, steps=o.steps, stage=0, micro_batch=o.micro_batch,
-                        seq_len=seq_len, lr=o.lr, seed=o.seed)  # fmt: skip
+    opts = TrainOptions(
+        preset=PRESET,
+        steps=o.steps,
+        stage=0,
+        micro_batch=o.micro_batch,
+        seq_len=seq_len,
+        lr=o.lr,
+        seed=o.seed,
+    )
     base = default_config(opts)
     engines = {}
     for name in ("plain", "random_ltd"):
@@ -130,8 +149,9 @@ def _engines(o: Any, seq_len: int) -> tuple[Any, dict[str, Any], Any, Any]:
 def _val_loss(engine: Any, val: Any, mb: int) -> float:
     engine.eval()
     with torch.no_grad():
-        total = sum(engine(*val.get_micro_batch(i, 0, 0, 1, mb, 1))[1].item()
-                    for i in range(VAL_BATCHES))  # fmt: skip
+        total = sum(
+            engine(*val.get_micro_batch(i, 0, 0, 1, mb, 1))[1].item() for i in range(VAL_BATCHES)
+        )
     engine.train()
     return total / VAL_BATCHES
 

@@ -78,19 +78,35 @@ from torch import nn
 
 MINILM = "all-MiniLM-L6-v2"
 COMEDIES = (
-    "The Tempest", "Two Gentlemen of Verona", "The Merry Wives of Windsor",
-    "Measure for Measure", "The Comedy of Errors", "Much Ado About Nothing",
-    "Love's Labours Lost", "A Midsummer Night's Dream", "The Merchant of Venice",
-    "As You Like It", "The Taming of the Shrew", "All's Well That Ends Well", "Twelfth Night",
+    "The Tempest",
+    "Two Gentlemen of Verona",
+    "The Merry Wives of Windsor",
+    "Measure for Measure",
+    "The Comedy of Errors",
+    "Much Ado About Nothing",
+    "Love's Labours Lost",
+    "A Midsummer Night's Dream",
+    "The Merchant of Venice",
+    "As You Like It",
+    "The Taming of the Shrew",
+    "All's Well That Ends Well",
+    "Twelfth Night",
     "A Winter's Tale",
-)  # fmt: skip
+)
 TRAGEDIES = (
-    "Coriolanus", "Titus Andronicus", "Romeo and Juliet", "Timon of Athens", "Julius Caesar",
-    "Macbeth", "Hamlet", "King Lear", "Othello", "Antony and Cleopatra",
-)  # fmt: skip
+    "Coriolanus",
+    "Titus Andronicus",
+    "Romeo and Juliet",
+    "Timon of Athens",
+    "Julius Caesar",
+    "Macbeth",
+    "Hamlet",
+    "King Lear",
+    "Othello",
+    "Antony and Cleopatra",
+)
 LABELS = ("comedy", "tragedy")
-PLAYS = ("The Tempest", "Julius Caesar", "Romeo and Juliet", "Macbeth", "Twelfth Night",
-         "Othello")  # fmt: skip
+PLAYS = ("The Tempest", "Julius Caesar", "Romeo and Juliet", "Macbeth", "Twelfth Night", "Othello")
 """The `play` task's classes: which of these six plays (three comedies, three tragedies, each
 with its own setting and cast) a line comes from."""
 TASKS = ("play", "genre")
@@ -168,8 +184,13 @@ def build_task(
                 raise ValueError(f"{name}: {n} lines asked, {len(pool)} available")
             idx = torch.randperm(len(pool), generator=g)[:n].tolist()
             out += [(pool[i], label) for i in idx]
-    return Task(tuple(n for n, _ in classes), [t for t, _ in train], [y for _, y in train],
-                [t for t, _ in held], [y for _, y in held])  # fmt: skip
+    return Task(
+        tuple(n for n, _ in classes),
+        [t for t, _ in train],
+        [y for _, y in train],
+        [t for t, _ in held],
+        [y for _, y in held],
+    )
 
 
 class Classifier(nn.Module):
@@ -191,14 +212,14 @@ class Classifier(nn.Module):
 
 
 def _encode(tok: Any, texts: list[str], max_len: int) -> dict[str, torch.Tensor]:
-    enc = tok(texts, padding="max_length", truncation=True, max_length=max_len,
-              return_tensors="pt")  # fmt: skip
+    enc = tok(texts, padding="max_length", truncation=True, max_length=max_len, return_tensors="pt")
     return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
 
 
 @torch.no_grad()
-def accuracy(model: nn.Module, data: dict[str, torch.Tensor], labels: torch.Tensor,
-             batch: int = 256) -> float:  # fmt: skip
+def accuracy(
+    model: nn.Module, data: dict[str, torch.Tensor], labels: torch.Tensor, batch: int = 256
+) -> float:
     was = model.training
     model.eval()
     right = 0
@@ -237,11 +258,17 @@ def _run(
         "gradient_accumulation_steps": 1,
         "gradient_clipping": 1.0,
         "optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": 0.01}},
-        "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0,
-                      "warmup_max_lr": lr, "warmup_num_steps": s["warmup"],
-                      "warmup_type": "linear"}},
+        "scheduler": {
+            "type": "WarmupLR",
+            "params": {
+                "warmup_min_lr": 0.0,
+                "warmup_max_lr": lr,
+                "warmup_num_steps": s["warmup"],
+                "warmup_type": "linear",
+            },
+        },
         "zero_optimization": {"stage": 0},
-    }  # fmt: skip
+    }
     if scala is not None:
         cfg["scala"] = scala
     engine, *_ = zcore.initialize(model, config=cfg)
@@ -268,15 +295,30 @@ def _run(
         train_s += time.perf_counter() - t0
         if step % s["eval_every"] == 0 or step == s["max_steps"]:
             acc = accuracy(engine.module, held, held_y)
-            curve.append({"step": step, "accuracy": round(acc, 4), "train_s": round(train_s, 2),
-                          "train_loss": round(statistics.fmean(losses[-s["eval_every"]:]), 4)})  # fmt: skip
+            curve.append(
+                {
+                    "step": step,
+                    "accuracy": round(acc, 4),
+                    "train_s": round(train_s, 2),
+                    "train_loss": round(statistics.fmean(losses[-s["eval_every"] :]), 4),
+                }
+            )
             if s["progress"]:
-                print(f"scala {scala is not None} lr {lr:g} seed {seed} step {step} acc "
-                      f"{acc:.4f} {train_s:.0f} s", file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"scala {scala is not None} lr {lr:g} seed {seed} step {step} acc "
+                    f"{acc:.4f} {train_s:.0f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
     runner.close()
     engine.destroy()
-    return {"lr": lr, "seed": seed, "final_accuracy": curve[-1]["accuracy"], "curve": curve,
-            "s_per_step": round(train_s / s["max_steps"], 3)}  # fmt: skip
+    return {
+        "lr": lr,
+        "seed": seed,
+        "final_accuracy": curve[-1]["accuracy"],
+        "curve": curve,
+        "s_per_step": round(train_s / s["max_steps"], 3),
+    }
 
 
 def resolve_device(device: str) -> str:
@@ -315,8 +357,13 @@ def first_step(curve: list[dict[str, Any]], level: float) -> int | None:
 def _spread(values: list[int | None], cap: int) -> dict[str, Any]:
     """Median / min / max steps; a run that never reached the target counts as `cap` + 1."""
     v = [cap + 1 if x is None else x for x in values]
-    return {"per_seed": values, "median": statistics.median(v), "min": min(v), "max": max(v),
-            "reached": sum(x is not None for x in values)}  # fmt: skip
+    return {
+        "per_seed": values,
+        "median": statistics.median(v),
+        "min": min(v),
+        "max": max(v),
+        "reached": sum(x is not None for x in values),
+    }
 
 
 def target_accuracy(baseline_finals: list[float], frac: float) -> float:
@@ -380,9 +427,14 @@ def scala_section(
             if data_file
             else encode_task(task, per_class_train, per_class_eval, max_len)
         )
-        block = {"enabled": True, "adv_steps": adv_steps, "adv_step_size": adv_step_size,
-                 "adv_max_norm": adv_max_norm, "adv_init_mag": adv_init_mag,
-                 "adv_start_step": adv_start_step}  # fmt: skip
+        block = {
+            "enabled": True,
+            "adv_steps": adv_steps,
+            "adv_step_size": adv_step_size,
+            "adv_max_norm": adv_max_norm,
+            "adv_init_mag": adv_init_mag,
+            "adv_start_step": adv_start_step,
+        }
         runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
         for k in range(seed, seed + seeds):
             if "baseline" in runs:
@@ -427,8 +479,12 @@ def scala_section(
 
 
 def _acc_spread(values: list[float]) -> dict[str, Any]:
-    return {"per_seed": values, "median": statistics.median(values), "min": min(values),
-            "max": max(values)}  # fmt: skip
+    return {
+        "per_seed": values,
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+    }
 
 
 TASK_TEXT = {
@@ -440,6 +496,8 @@ TASK_TEXT = {
 if __name__ == "__main__":  # pragma: no cover - manual run
     import json
 
-    kw = {k: type(scala_section.__kwdefaults__[k])(v)  # type: ignore[index]
-          for k, v in (a.split("=") for a in sys.argv[1:])}  # fmt: skip
+    kw = {
+        k: type(scala_section.__kwdefaults__[k])(v)  # type: ignore[index]
+        for k, v in (a.split("=") for a in sys.argv[1:])
+    }
     print(json.dumps(scala_section(**kw), indent=1))

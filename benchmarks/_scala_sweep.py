@@ -67,8 +67,15 @@ def scala_grid(lr: float) -> list[dict[str, Any]]:
     grid = []
 
     def add(k: int, t0: int, eps: float, rate: float) -> None:
-        grid.append({"adv_steps": k, "adv_start_step": t0, "adv_max_norm": eps,
-                     "adv_step_size": eps, "lr": rate})  # fmt: skip
+        grid.append(
+            {
+                "adv_steps": k,
+                "adv_start_step": t0,
+                "adv_max_norm": eps,
+                "adv_step_size": eps,
+                "lr": rate,
+            }
+        )
 
     for t0 in (0, 8):
         for eps in (0.01, 0.03, 0.1):
@@ -99,8 +106,12 @@ def one(arm: str, cfg: dict[str, Any], seed: int, settings: dict[str, Any]) -> d
     """One fine-tune (`_scala._run`): `cfg` holds `lr` and, for scala, the block's keys."""
     block = None
     if arm == "scala":
-        block = {"enabled": True, "adv_init_mag": 0.0, "seed": seed,
-                 **{k: v for k, v in cfg.items() if k != "lr"}}  # fmt: skip
+        block = {
+            "enabled": True,
+            "adv_init_mag": 0.0,
+            "seed": seed,
+            **{k: v for k, v in cfg.items() if k != "lr"},
+        }
     r = _scala._run(block, seed, cfg["lr"], _DATA, settings)
     return {"arm": arm, "config": cfg, **r}
 
@@ -125,8 +136,14 @@ def _pick(runs: list[dict[str, Any]], target: float) -> tuple[dict[str, Any], li
     for key, rs in _by_config(runs).items():
         if len(rs) == len(TUNE_SEEDS):
             s, f = score(rs, target)
-            table.append({"config": json.loads(key), "mean_steps": s, "mean_final": -f,
-                          "steps": [_scala.first_step(r["curve"], target) for r in rs]})  # fmt: skip
+            table.append(
+                {
+                    "config": json.loads(key),
+                    "mean_steps": s,
+                    "mean_final": -f,
+                    "steps": [_scala.first_step(r["curve"], target) for r in rs],
+                }
+            )
     table.sort(key=lambda t: (t["mean_steps"], -t["mean_final"]))
     return table[0]["config"], table
 
@@ -135,9 +152,13 @@ def run(data_file: str, out_file: str, workers: int = 8, tune_budget_s: float = 
     device = _scala.resolve_device("auto")
     st = {**PROTOCOL, "device": device, "progress": False}
     t_start = time.perf_counter()
-    result: dict[str, Any] = {"protocol": PROTOCOL, "tune_seeds": TUNE_SEEDS,
-                              "measure_seeds": MEASURE_SEEDS, "device": device,
-                              "gpu": torch.cuda.get_device_name() if device == "cuda" else None}  # fmt: skip
+    result: dict[str, Any] = {
+        "protocol": PROTOCOL,
+        "tune_seeds": TUNE_SEEDS,
+        "measure_seeds": MEASURE_SEEDS,
+        "device": device,
+        "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
+    }
 
     def save() -> None:
         result["wall_s"] = round(time.perf_counter() - t_start, 1)
@@ -145,27 +166,32 @@ def run(data_file: str, out_file: str, workers: int = 8, tune_budget_s: float = 
 
     ctx = get_context("spawn")
     with ProcessPoolExecutor(workers, ctx, initializer=_init, initargs=(data_file,)) as pool:
-        jobs = [pool.submit(one, "baseline", {"lr": lr}, k, st)
-                for lr in BASE_LRS for k in TUNE_SEEDS]  # fmt: skip
+        jobs = [
+            pool.submit(one, "baseline", {"lr": lr}, k, st) for lr in BASE_LRS for k in TUNE_SEEDS
+        ]
         base = [j.result() for j in jobs]
-        finals = {lr: statistics.fmean(r["final_accuracy"] for r in base if r["lr"] == lr)
-                  for lr in BASE_LRS}  # fmt: skip
+        finals = {
+            lr: statistics.fmean(r["final_accuracy"] for r in base if r["lr"] == lr)
+            for lr in BASE_LRS
+        }
         tune_target = round(PROTOCOL["target_frac"] * max(finals.values()), 4)
         base_cfg, base_table = _pick(base, tune_target)
         result["tune"] = {"target": tune_target, "baseline": base_table, "baseline_runs": base}
         save()
         print(f"tune target {tune_target}; baseline {base_cfg}", flush=True)
         grid = scala_grid(base_cfg["lr"])
-        sjobs: list[Future[dict[str, Any]]] = [pool.submit(one, "scala", c, k, st)
-                                               for c in grid for k in TUNE_SEEDS]  # fmt: skip
+        sjobs: list[Future[dict[str, Any]]] = [
+            pool.submit(one, "scala", c, k, st) for c in grid for k in TUNE_SEEDS
+        ]
         deadline = t_start + tune_budget_s
         while any(not j.done() for j in sjobs) and time.perf_counter() < deadline:
             time.sleep(1.0)
         dropped = [j.cancel() for j in sjobs]
         srun = [j.result() for j, c in zip(sjobs, dropped, strict=True) if not c]
     scala_cfg, scala_table = _pick(srun, tune_target)
-    result["tune"].update({"scala": scala_table, "scala_runs": srun,
-                           "scala_dropped": len(grid) - len(scala_table)})  # fmt: skip
+    result["tune"].update(
+        {"scala": scala_table, "scala_runs": srun, "scala_dropped": len(grid) - len(scala_table)}
+    )
     result["picked"] = {"baseline": base_cfg, "scala": scala_cfg}
     save()
     print(f"scala {scala_cfg} ({len(scala_table)} of {len(grid)} configs ran)", flush=True)
@@ -178,8 +204,11 @@ def run(data_file: str, out_file: str, workers: int = 8, tune_budget_s: float = 
         measured["scala"].append(one("scala", scala_cfg, k, st))
         result["measured_runs"] = measured
         save()
-        print(f"seed {k}: baseline {measured['baseline'][-1]['final_accuracy']} scala "
-              f"{measured['scala'][-1]['final_accuracy']}", flush=True)  # fmt: skip
+        print(
+            f"seed {k}: baseline {measured['baseline'][-1]['final_accuracy']} scala "
+            f"{measured['scala'][-1]['final_accuracy']}",
+            flush=True,
+        )
     result["measured"] = summarize(measured)
     save()
     print(json.dumps(result["measured"], indent=1), flush=True)
@@ -189,8 +218,9 @@ def summarize(measured: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """The measured seeds' target, steps to it per arm (per seed, median, min, max), final
     accuracies, seconds per step and their ratios."""
     cap = PROTOCOL["max_steps"]
-    target = _scala.target_accuracy([r["final_accuracy"] for r in measured["baseline"]],
-                                    PROTOCOL["target_frac"])  # fmt: skip
+    target = _scala.target_accuracy(
+        [r["final_accuracy"] for r in measured["baseline"]], PROTOCOL["target_frac"]
+    )
     out: dict[str, Any] = {"target": target}
     for arm, rs in measured.items():
         out[arm] = {
@@ -210,8 +240,14 @@ def summarize(measured: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 if __name__ == "__main__":  # pragma: no cover - manual run
     if sys.argv[1] == "encode":
         p = PROTOCOL
-        torch.save(_scala.encode_task(p["task"], p["per_class_train"], p["per_class_eval"],
-                                      p["max_len"]), sys.argv[2])  # fmt: skip
+        torch.save(
+            _scala.encode_task(p["task"], p["per_class_train"], p["per_class_eval"], p["max_len"]),
+            sys.argv[2],
+        )
     else:
-        run(sys.argv[2], sys.argv[3], *(int(a) for a in sys.argv[4:5]),
-            *(float(a) for a in sys.argv[5:6]))  # fmt: skip
+        run(
+            sys.argv[2],
+            sys.argv[3],
+            *(int(a) for a in sys.argv[4:5]),
+            *(float(a) for a in sys.argv[5:6]),
+        )

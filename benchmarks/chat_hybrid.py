@@ -80,9 +80,13 @@ def _hf_generate(model: Any, prompts: list[list[int]], max_tokens: int, pad: int
     t0 = time.perf_counter()
     with torch.no_grad():
         out = model.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=max_tokens,
-            min_new_tokens=max_tokens, do_sample=False, pad_token_id=pad,
-        )  # fmt: skip
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=max_tokens,
+            min_new_tokens=max_tokens,
+            do_sample=False,
+            pad_token_id=pad,
+        )
     return [row[width:].tolist() for row in out], time.perf_counter() - t0
 
 

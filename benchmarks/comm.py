@@ -122,9 +122,15 @@ def _options(work: Path, name: str, cfg: Path, o: dict[str, Any]) -> Any:
     from ztrain.train_options import TrainOptions
 
     return TrainOptions(
-        out=work / name, preset=o["preset"], steps=o["steps"], config=cfg,
-        micro_batch=o["micro_batch"], seq_len=o["seq_len"], eval_every=o["steps"], seed=0,
-    )  # fmt: skip
+        out=work / name,
+        preset=o["preset"],
+        steps=o["steps"],
+        config=cfg,
+        micro_batch=o["micro_batch"],
+        seq_len=o["seq_len"],
+        eval_every=o["steps"],
+        seed=0,
+    )
 
 
 def _refusal(entry: Entry, cfg: Path, work: Path, o: dict[str, Any]) -> str | None:
@@ -203,12 +209,16 @@ def _launch(
         node = rank // per_node
         env = dict(
             os.environ,
-            RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank % per_node),
-            LOCAL_WORLD_SIZE=str(per_node), MASTER_PORT=str(port),
+            RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_RANK=str(rank % per_node),
+            LOCAL_WORLD_SIZE=str(per_node),
+            MASTER_PORT=str(port),
             MASTER_ADDR=_netns.ADDRESSES[0] if link else "127.0.0.1",
             GLOO_SOCKET_IFNAME=_netns.IFNAME if link else "lo",
-            ZSTACK_LAUNCHER_PID=str(os.getpid()), PYTHONUNBUFFERED="1",
-        )  # fmt: skip
+            ZSTACK_LAUNCHER_PID=str(os.getpid()),
+            PYTHONUNBUFFERED="1",
+        )
         prefix = link.exec_prefix(node) if link else []
         log = open(out / f"rank{rank}.log", "w")  # closed below
         logs.append(log)
@@ -296,8 +306,13 @@ def run(
         chosen = [e for e in chosen if e.name in names]
         if not chosen:
             raise ValueError(f"--entries {entries_!r}: none runs on --ranks {ranks}")
-    o = {"preset": preset, "steps": steps, "warmup": warmup, "micro_batch": micro_batch,
-         "seq_len": seq_len}  # fmt: skip
+    o = {
+        "preset": preset,
+        "steps": steps,
+        "warmup": warmup,
+        "micro_batch": micro_batch,
+        "seq_len": seq_len,
+    }
 
     link, reason = None, None
     if not loopback:
@@ -330,9 +345,10 @@ def run(
                         spec = {
                             "work": str(tmp / "work"),
                             "options": o,
-                            "entries": [{"name": e.name, "config": str(configs[e.name])}
-                                        for e in todo],
-                        }  # fmt: skip
+                            "entries": [
+                                {"name": e.name, "config": str(configs[e.name])} for e in todo
+                            ],
+                        }
                         # a fresh port per launch (inside the namespaces every port is free)
                         port = port + 1 if link else _ranks.free_port()
                         per_rank = _launch(world, link, port, spec, tmp, timeout_s)

@@ -59,8 +59,15 @@ class Options:
     seed: int = 0
 
 
-def _train(work: Path, name: str, o: Options, steps: int, lr: float, eval_every: int,
-           config: dict[str, Any] | None) -> dict[str, Any]:  # fmt: skip
+def _train(
+    work: Path,
+    name: str,
+    o: Options,
+    steps: int,
+    lr: float,
+    eval_every: int,
+    config: dict[str, Any] | None,
+) -> dict[str, Any]:
     """One `z train` run on one rank in this process; its metrics records, in step order."""
     from ztrain.metrics import read_jsonl
     from ztrain.train import run
@@ -72,9 +79,18 @@ def _train(work: Path, name: str, o: Options, steps: int, lr: float, eval_every:
     if config is not None:
         path = work / f"{name}.json"
         path.write_text(json.dumps(config))
-    opts = TrainOptions(out=out, preset=o.preset, steps=steps, stage=0, config=path,
-                        micro_batch=o.micro_batch, seq_len=o.seq_len, lr=lr,
-                        eval_every=eval_every, seed=o.seed)  # fmt: skip
+    opts = TrainOptions(
+        out=out,
+        preset=o.preset,
+        steps=steps,
+        stage=0,
+        config=path,
+        micro_batch=o.micro_batch,
+        seq_len=o.seq_len,
+        lr=lr,
+        eval_every=eval_every,
+        seed=o.seed,
+    )
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):
         run(plan_run(opts, 1), echo=lambda line: None, report=False)
@@ -91,8 +107,9 @@ def _curve(records: list[dict[str, Any]]) -> list[dict[str, float]]:
             train_s += (r["tokens"] - tokens) / r["tokens_per_s"]
             tokens = r["tokens"]
         if "val_loss" in r:
-            out.append({"step": r["step"], "tokens": tokens, "train_s": train_s,
-                        "val_loss": r["val_loss"]})  # fmt: skip
+            out.append(
+                {"step": r["step"], "tokens": tokens, "train_s": train_s, "val_loss": r["val_loss"]}
+            )
     return out
 
 
@@ -155,15 +172,24 @@ def curriculum(o: Options, work: Path) -> dict[str, Any]:
     cl_curve = _curve(cl["records"])
     reached = next((p for p in cl_curve if p["val_loss"] <= target), None)
     out: dict[str, Any] = {
-        "baseline": {"steps": o.steps, "tokens": base_tokens, "train_s": base_curve[-1]["train_s"],
-                     "final_val_loss": target, "curve": base_curve},
-        "curriculum": {"steps": cl_steps, "tokens": cl_curve[-1]["tokens"],
-                       "train_s": cl_curve[-1]["train_s"], "final_val_loss": cl_curve[-1]["val_loss"],
-                       "schedule": _seqlen_config(o, cl_steps)["curriculum_learning"],
-                       "curve": cl_curve},
+        "baseline": {
+            "steps": o.steps,
+            "tokens": base_tokens,
+            "train_s": base_curve[-1]["train_s"],
+            "final_val_loss": target,
+            "curve": base_curve,
+        },
+        "curriculum": {
+            "steps": cl_steps,
+            "tokens": cl_curve[-1]["tokens"],
+            "train_s": cl_curve[-1]["train_s"],
+            "final_val_loss": cl_curve[-1]["val_loss"],
+            "schedule": _seqlen_config(o, cl_steps)["curriculum_learning"],
+            "curve": cl_curve,
+        },
         "to_baseline_loss": None,
         "val_loss_at_equal_tokens": {"baseline": target, "curriculum": cl_curve[-1]["val_loss"]},
-    }  # fmt: skip
+    }
     if reached is not None:
         out["to_baseline_loss"] = {
             "step": reached["step"],
@@ -180,8 +206,9 @@ def curriculum(o: Options, work: Path) -> dict[str, Any]:
     if o.stability:
         hot = replace(o, lr=o.lr * o.lr_scale)
         fast = _train(work, "baseline_hot", hot, o.steps, hot.lr, eval_every, None)
-        slow = _train(work, "curriculum_hot", hot, o.steps, hot.lr, eval_every,
-                      _seqlen_config(hot, o.steps))  # fmt: skip
+        slow = _train(
+            work, "curriculum_hot", hot, o.steps, hot.lr, eval_every, _seqlen_config(hot, o.steps)
+        )
         out["stability"] = {
             "lr": hot.lr,
             "steps": o.steps,

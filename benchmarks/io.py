@@ -61,8 +61,14 @@ def parse_size(text: str | int, flag: str = "--size") -> int:
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                       ctypes.c_int, ctypes.c_long]  # fmt: skip
+_libc.mmap.argtypes = [
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_long,
+]
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
 _MAP_FAILED = ctypes.c_void_p(-1).value
@@ -237,8 +243,10 @@ def _read_mode(mode: str, cached: int, nbytes: int) -> str:
     was (O_DIRECT bypasses the cache, so pages left there do not help it)."""
     if cached == 0 or mode == "O_DIRECT":
         return mode
-    return (f"buffered, NOT cold: {cached} of {nbytes} bytes stayed cached after "
-            f"posix_fadvise(DONTNEED) (tmpfs? pick a disk with --dir)")  # fmt: skip
+    return (
+        f"buffered, NOT cold: {cached} of {nbytes} bytes stayed cached after "
+        f"posix_fadvise(DONTNEED) (tmpfs? pick a disk with --dir)"
+    )
 
 
 def run(
@@ -399,8 +407,10 @@ def report(result: dict[str, Any]) -> str:
         )
     ratio = result["ratio_ours_over_deepspeed_gb_per_s"]
     if ratio:
-        lines.append(f"{result['ours']} / deepspeed_aio: write {ratio['write']:.2f}x, "
-                     f"read {ratio['read']:.2f}x, rewrite in place {ratio['rewrite']:.2f}x")  # fmt: skip
+        lines.append(
+            f"{result['ours']} / deepspeed_aio: write {ratio['write']:.2f}x, "
+            f"read {ratio['read']:.2f}x, rewrite in place {ratio['rewrite']:.2f}x"
+        )
     lines.append(f"deepspeed_aio: {result['deepspeed_aio']}")
     return "\n".join(lines)
 
@@ -418,7 +428,14 @@ if __name__ == "__main__":
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-ds", action="store_true")
     ns = ap.parse_args()
-    out = run(ns.size, ns.dir, ns.block_size, ns.queue_depth, ns.intra_op_parallelism,
-              ns.rounds, not ns.no_ds)  # fmt: skip
+    out = run(
+        ns.size,
+        ns.dir,
+        ns.block_size,
+        ns.queue_depth,
+        ns.intra_op_parallelism,
+        ns.rounds,
+        not ns.no_ds,
+    )
     print(report(out))
     print(json.dumps(out))

@@ -69,8 +69,13 @@ def _deepspeed_layer() -> Any:
 def _layers(
     d: int, ffn: int, experts: int, k: int, factor: float, with_ds: bool
 ) -> tuple[dict[str, nn.Module], str | None]:
-    common = {"num_experts": experts, "k": k, "capacity_factor": factor, "use_rts": False,
-              "top2_2nd_expert_sampling": False}  # fmt: skip
+    common = {
+        "num_experts": experts,
+        "k": k,
+        "capacity_factor": factor,
+        "use_rts": False,
+        "top2_2nd_expert_sampling": False,
+    }
     torch.manual_seed(0)
     ds_cls = _deepspeed_layer() if with_ds else None
     layers: dict[str, nn.Module] = {"dense": _mlp(d, k * ffn)}
@@ -117,8 +122,11 @@ def _routing_stats(layer: zmoe.MoE, x: torch.Tensor) -> dict[str, float]:
     assert stats is not None
     load = stats.expert_load.double()
     cv = float(load.std(unbiased=False) / load.mean()) if float(load.mean()) else 0.0
-    return {"dropped_fraction": stats.dropped_fraction, "expert_load_cv": cv,
-            "capacity": stats.capacity}  # fmt: skip
+    return {
+        "dropped_fraction": stats.dropped_fraction,
+        "expert_load_cv": cv,
+        "capacity": stats.capacity,
+    }
 
 
 def _ep2_bytes(layer: zmoe.MoE, x: torch.Tensor) -> dict[str, Any]:
@@ -138,8 +146,9 @@ def _ep2_bytes(layer: zmoe.MoE, x: torch.Tensor) -> dict[str, Any]:
             else:
                 sent = int(load.sum()) * d * es
                 off_rank = int(other) * d * es
-            ranks.append({"dispatch_bytes": sent, "combine_bytes": sent,
-                          "off_rank_bytes": 2 * off_rank})  # fmt: skip
+            ranks.append(
+                {"dispatch_bytes": sent, "combine_bytes": sent, "off_rank_bytes": 2 * off_rank}
+            )
     return {
         "method": "computed for a 2-way split of the same tokens (ep_size=1 routing)",
         "per_rank": ranks,
@@ -235,8 +244,10 @@ def report(result: dict[str, Any]) -> str:
         notes = ""
         if "dropped_fraction" in r:
             a2a = r["all_to_all_ep2"]["per_layer_total"]
-            notes = (f"dropped {r['dropped_fraction']:.3f}, load cv {r['expert_load_cv']:.3f}, "
-                     f"ep=2 all-to-all {a2a / 2**20:.1f} MiB/layer")  # fmt: skip
+            notes = (
+                f"dropped {r['dropped_fraction']:.3f}, load cv {r['expert_load_cv']:.3f}, "
+                f"ep=2 all-to-all {a2a / 2**20:.1f} MiB/layer"
+            )
         lines.append(f"{name:<14}{r['tokens_per_s']:>12.0f}  {notes}")
     for key, value in result["ratios"].items():
         target = result["targets"][key]

@@ -52,20 +52,26 @@ def _config(spec: dict[str, Any]) -> dict[str, Any]:
     elif mode.startswith("nvme"):
         pipe = mode != "nvme_serial"
         zero["offload_optimizer"] = {
-            "device": "nvme", "nvme_path": spec["dir"],
-            "pipeline_read": pipe, "pipeline_write": pipe,
-        }  # fmt: skip
+            "device": "nvme",
+            "nvme_path": spec["dir"],
+            "pipeline_read": pipe,
+            "pipeline_write": pipe,
+        }
     if mode == "nvme_all":
         zero["offload_param"] = {
-            "device": "nvme", "nvme_path": spec["dir"], "buffer_count": 4,
+            "device": "nvme",
+            "nvme_path": spec["dir"],
+            "buffer_count": 4,
             "buffer_size": spec["param_buffer"],
-        }  # fmt: skip
+        }
     if spec.get("lean"):  # hold as little as possible in memory at once
         zero.update(
-            reduce_bucket_size=4_000_000, stage3_prefetch_bucket_size=4_000_000,
-            stage3_max_live_parameters=20_000_000, stage3_max_reuse_distance=0,
+            reduce_bucket_size=4_000_000,
+            stage3_prefetch_bucket_size=4_000_000,
+            stage3_max_live_parameters=20_000_000,
+            stage3_max_reuse_distance=0,
             stage3_param_persistence_threshold=10_000,
-        )  # fmt: skip
+        )
     return {
         "train_micro_batch_size_per_gpu": spec["micro_batch"],
         "gradient_clipping": 1.0,
@@ -90,9 +96,11 @@ def _param_buffer(preset: str, n_layer: int | None, n_embd: int | None, world: i
 def _rank_main(spec: dict[str, Any]) -> None:
     rank, world = spec["rank"], spec["world"]
     os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(spec["port"]), RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(spec["port"]),
+        RANK=str(rank),
         WORLD_SIZE=str(world),
-    )  # fmt: skip
+    )
     import torch
     import torch.distributed as dist
 
@@ -113,8 +121,9 @@ def _rank_main(spec: dict[str, Any]) -> None:
     engine, *_ = zcore.initialize(model, config=config)
     g = torch.Generator().manual_seed(rank)
     seq = min(spec.get("seq", 256), cfg.block_size)
-    tok = torch.randint(0, 2048, (spec["warmup"] + spec["steps"], spec["micro_batch"], seq + 1),
-                        generator=g)  # fmt: skip
+    tok = torch.randint(
+        0, 2048, (spec["warmup"] + spec["steps"], spec["micro_batch"], seq + 1), generator=g
+    )
     rows, losses = [], []
     for i in range(len(tok)):
         x, y = tok[i, :, :-1], tok[i, :, 1:]
@@ -134,8 +143,14 @@ def _rank_main(spec: dict[str, Any]) -> None:
     store = engine.stage3.store if engine.stage3 is not None else None
     if store is not None and hasattr(store, "nvme_bytes"):
         nvme += store.nvme_bytes()
-    out = {"rows": rows, "losses": losses, "peak_rss_mb": _ranks.memory_mb()["VmHWM"], "nvme_bytes": nvme,
-           "optimizer": type(opt_store).__name__, "params": psi}  # fmt: skip
+    out = {
+        "rows": rows,
+        "losses": losses,
+        "peak_rss_mb": _ranks.memory_mb()["VmHWM"],
+        "nvme_bytes": nvme,
+        "optimizer": type(opt_store).__name__,
+        "params": psi,
+    }
     with open(spec["out"], "w") as f:
         json.dump(out, f)
     dist.destroy_process_group()
@@ -149,9 +164,13 @@ def _launch(spec: dict[str, Any], tmp: str) -> list[dict[str, Any]]:
         outs.append(out)
         rank_spec = {**spec, "rank": r, "port": port, "out": out}
         procs.append(
-            subprocess.Popen([sys.executable, __file__, json.dumps(rank_spec)],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        )  # fmt: skip
+            subprocess.Popen(
+                [sys.executable, __file__, json.dumps(rank_spec)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     logs = [p.communicate(timeout=3600)[0] for p in procs]
     if any(p.returncode for p in procs):
         tail = "\n".join(log[-2000:] for log in logs)
@@ -205,12 +224,22 @@ def run(
         raise ValueError(f"unknown modes {sorted(unknown)}; choose from {list(MODES)}")
     with tempfile.TemporaryDirectory(dir=dir) as swap, tempfile.TemporaryDirectory() as tmp:
         base = {
-            "world": world_size, "preset": preset, "stage": stage, "dir": swap, "steps": steps,
-            "warmup": warmup, "micro_batch": micro_batch, "sub_group_size": sub_group_size,
-            "block_size": block_size, "queue_depth": queue_depth, "lean": beyond_ram,
-            "n_layer": n_layer, "n_embd": n_embd, "seq": seq,
+            "world": world_size,
+            "preset": preset,
+            "stage": stage,
+            "dir": swap,
+            "steps": steps,
+            "warmup": warmup,
+            "micro_batch": micro_batch,
+            "sub_group_size": sub_group_size,
+            "block_size": block_size,
+            "queue_depth": queue_depth,
+            "lean": beyond_ram,
+            "n_layer": n_layer,
+            "n_embd": n_embd,
+            "seq": seq,
             "param_buffer": _param_buffer(preset, n_layer, n_embd, world_size),
-        }  # fmt: skip
+        }
         results = {m: _summary(_launch({**base, "mode": m}, tmp)) for m in chosen}
     out: dict[str, Any] = {
         "benchmark": "offload",
@@ -252,8 +281,10 @@ def run(
 
 
 def report(result: dict[str, Any]) -> str:
-    lines = [f"offload, {result['preset']} GPT, stage {result['stage']}, "
-             f"{result['world_size']} ranks (median step of the slowest rank):"]  # fmt: skip
+    lines = [
+        f"offload, {result['preset']} GPT, stage {result['stage']}, "
+        f"{result['world_size']} ranks (median step of the slowest rank):"
+    ]
     for mode, r in result["modes"].items():
         lines.append(
             f"  {mode:12s} step {r['median_step_s']:.3f}s  optimizer {r['median_optimizer_step_s']:.3f}s"

@@ -111,8 +111,13 @@ def generate(
 
 def _counters(engine: Engine) -> dict[str, float]:
     s = engine.stats()
-    keys = ("num_steps", "num_forward_tokens", "spec_proposed_tokens", "spec_accepted_tokens",
-            "spec_verify_steps")  # fmt: skip
+    keys = (
+        "num_steps",
+        "num_forward_tokens",
+        "spec_proposed_tokens",
+        "spec_accepted_tokens",
+        "spec_verify_steps",
+    )
     return {k: float(s.get(k, 0)) for k in keys}
 
 
@@ -155,10 +160,13 @@ def run(
     draft_layers = draft_layers or max(1, layers - max(1, layers // 8))  # the engine's default
     spec_cfg = {
         "plain": {},
-        "ngram": dict(speculative="ngram", prompt_lookup_max=prompt_lookup_max,
-                      prompt_lookup_min=prompt_lookup_min),
+        "ngram": dict(
+            speculative="ngram",
+            prompt_lookup_max=prompt_lookup_max,
+            prompt_lookup_min=prompt_lookup_min,
+        ),
         "self-draft": dict(speculative="self-draft", draft_layers=draft_layers),
-    }  # fmt: skip
+    }
     work = workloads(tok, [w.strip() for w in workloads_.split(",") if w.strip()], num_prompts)
 
     results: dict[str, Any] = {}
@@ -169,9 +177,11 @@ def run(
             ref: list | None = None
             for mode in mode_list:
                 cfg = EngineConfig(
-                    **base, max_num_seqs=c, num_speculative_tokens=num_speculative_tokens,
+                    **base,
+                    max_num_seqs=c,
+                    num_speculative_tokens=num_speculative_tokens,
                     **spec_cfg[mode],
-                )  # fmt: skip
+                )
                 engine = Engine.from_parts(runner, tok, cfg, mdir.name)
                 generate(engine, prompts[:1], 4)  # warm-up, untimed
                 before = _counters(engine)
