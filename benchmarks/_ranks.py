@@ -3,14 +3,11 @@ resident memory of a rank. Load it with ``zcore.bench.load("_ranks", Path(__file
 
 from __future__ import annotations
 
-import socket
 import sys
 
+from zcore.process import free_port
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+__all__ = ["free_port", "memory_mb"]
 
 
 def memory_mb() -> dict[str, float]:

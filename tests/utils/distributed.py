@@ -30,7 +30,6 @@ import multiprocessing.connection as mpc
 import os
 import pickle
 import signal
-import socket
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -39,6 +38,8 @@ from multiprocessing.process import BaseProcess
 from typing import Any, NamedTuple
 
 import pytest
+
+from zcore.process import free_port
 
 # After one rank fails, the others usually stop on their own within moments (gloo sees the
 # peer go away); this bounds how long a rank stuck elsewhere delays the report.
@@ -56,13 +57,6 @@ class _Outcome(NamedTuple):
     kind: str
     payload: Any
     at: float
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read it back)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _rank_main(

@@ -9,7 +9,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,20 +20,15 @@ import pytest
 
 from tests.utils.models import smollm2_dir
 from tests.zserve.server.conftest import shakespeare_prompts
+from zcore.process import free_port
 from zserve.server.prometheus import parse_prometheus
 
 MODEL = "SmolLM2-135M-Instruct"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("zserve") / "serve.log"
     z = Path(sys.executable).parent / "z"
     cmd = [

@@ -15,20 +15,15 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import socket
 import traceback
 from collections.abc import Callable
 from typing import Any
 
+from zcore.process import free_port
+
 
 class RankFailed(RuntimeError):
     """A rank raised or died; the message has its traceback."""
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _main(rank: int, world: int, port: int, threads: int, fn: Callable[..., Any],
@@ -71,7 +66,7 @@ def run_on_ranks(fn: Callable[..., Any], world: int, args: tuple[Any, ...] = (),
             raise RankFailed(f"rank 0 failed:\n{traceback.format_exc()}") from err
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [
         ctx.Process(
             target=_main, args=(r, world, port, threads, fn, args, queue, os.getpid()), daemon=False

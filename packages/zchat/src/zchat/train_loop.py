@@ -27,6 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from zchat.config import StageConfig
+from zcore.process import rss_bytes
 
 T = TypeVar("T")
 
@@ -129,15 +130,6 @@ def causal_lm_class(path: str | os.PathLike[str]) -> Any:
 
     config = AutoConfig.from_pretrained(str(path))
     return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
-
-
-def rss_bytes() -> int:
-    """This process's resident memory (Linux ``/proc/self/statm``; 0 elsewhere)."""
-    try:
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
-    return pages * os.sysconf("SC_PAGE_SIZE")
 
 
 def all_sum(*values: float) -> list[float]:

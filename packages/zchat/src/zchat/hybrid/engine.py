@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from zchat.hybrid.gather import gather_full_weights, resident_param_bytes, tensor_bytes
+from zcore.process import rss_bytes
 from zserve.config import EngineConfig
 from zserve.engine import Engine
 from zserve.runner import ModelRunner
@@ -77,15 +78,6 @@ class RolloutStats:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self) | {"tokens_per_s": self.tokens_per_s}
-
-
-def rss_bytes() -> int:
-    """This process's resident set size (Linux ``/proc/self/statm``; 0 elsewhere)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:
-        return 0
 
 
 def model_dir_of(model: nn.Module) -> Path:

@@ -35,7 +35,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from zchat.hybrid.engine import rss_bytes
 from zchat.lora import lora_disabled
 from zchat.ppo.config import PPOConfig
 from zchat.ppo.experience import Batch, critic_values, token_logprobs
@@ -50,6 +49,7 @@ from zchat.ppo.losses import (
 from zchat.ppo.models import build_actor, build_critic, check_lora_names
 from zchat.rollouts import Rollouts, grade, rollout_loop, save_actor, trim_malloc
 from zchat.train_loop import Recorder
+from zcore.process import rss_bytes
 
 
 def _mean_over_ranks(values: dict[str, float]) -> dict[str, float]:
