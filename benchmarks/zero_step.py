@@ -298,7 +298,7 @@ def run(
     warmup: int = 2,
     rounds: int = 1,
     micro_batch: int = 4,
-    seq: int = 256,
+    seq: int | None = None,
     world_size: int = 2,
     threads: int = 1,
     gradient_clipping: float = 1.0,
@@ -315,7 +315,17 @@ def run(
     and a second, less noise-proof timing). Without DeepSpeed only the last is done.
     """
     from zcore.bench import numbers
+    from ztrain.gpt import PRESETS, default_seq_len
 
+    if preset not in PRESETS:
+        raise ValueError(f"--preset {preset!r}: choose one of {sorted(PRESETS)}")
+    block = PRESETS[preset]["block_size"]
+    seq = default_seq_len(preset) if seq is None else seq
+    if seq > block:
+        raise ValueError(
+            f"--seq {seq} exceeds preset {preset}'s block_size {block}; pass --seq {block} "
+            "or less (or leave it out)"
+        )
     stage_list = numbers("--stages", stages)
     if any(s not in (0, 1, 2, 3) for s in stage_list):
         raise ValueError(f"--stages {stages!r}: need comma-separated ZeRO stages from 0-3")
@@ -431,7 +441,7 @@ if __name__ == "__main__":
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--micro-batch", type=int, default=4)
-    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--seq", type=int, default=None, help="default: the preset's, at most 256")
     ap.add_argument("--world-size", type=int, default=2)
     ap.add_argument("--no-ds", action="store_true", help="Time zcore only.")
     ap.add_argument("--profile", action="store_true", help="cProfile rank 0's timed steps.")

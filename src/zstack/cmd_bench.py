@@ -77,7 +77,9 @@ def bench_zero_step(
     warmup: int = typer.Option(2, "--warmup", min=0),
     rounds: int = typer.Option(1, "--rounds", min=1, help="Alternating ours/DeepSpeed runs."),
     micro_batch: int = typer.Option(4, "--micro-batch", min=1),
-    seq: int = typer.Option(256, "--seq", min=1, help="Tokens per sequence."),
+    seq: int | None = typer.Option(
+        None, "--seq", min=1, help="Tokens per sequence (default: the preset's, at most 256)."
+    ),
     world_size: int = typer.Option(2, "--world-size", min=1, help="gloo ranks to spawn."),
     no_ds: bool = typer.Option(False, "--no-ds", help="Time zcore only."),
     profile: bool = typer.Option(False, "--profile", help="cProfile rank 0's timed steps."),

@@ -89,7 +89,12 @@ def train(
     ),
     micro_batch: int = typer.Option(8, "--micro-batch", min=1, help="Sequences per rank."),
     grad_accum: int = typer.Option(1, "--grad-accum", min=1, help="Micro-batches per step."),
-    seq_len: int = typer.Option(256, "--seq-len", min=1, help="Tokens per sequence."),
+    seq_len: int | None = typer.Option(
+        None,
+        "--seq-len",
+        min=1,
+        help="Tokens per sequence (default: the preset's block_size, at most 256).",
+    ),
     lr: float = typer.Option(1e-3, "--lr", min=0.0, help="Peak learning rate (AdamW)."),
     eval_every: int | None = typer.Option(
         None,

@@ -89,6 +89,16 @@ PRESETS: dict[str, dict[str, Any]] = {
     "medium": dict(n_layer=8, n_head=8, n_embd=512, block_size=1024),
     "deep": dict(n_layer=12, n_head=4, n_embd=128, block_size=512),
 }
+DEFAULT_SEQ_LEN = 256
+"""Tokens per sequence of a run that names none, where the preset's block_size allows."""
+
+
+def default_seq_len(preset: str) -> int:
+    """Tokens per sequence of a `preset` run that names none: `DEFAULT_SEQ_LEN`, or the
+    preset's `block_size` when that is shorter (`tiny`: 128)."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown GPT preset {preset!r}; choose one of {sorted(PRESETS)}")
+    return min(DEFAULT_SEQ_LEN, PRESETS[preset]["block_size"])
 
 
 class CausalSelfAttention(nn.Module):

@@ -28,7 +28,9 @@ class TrainOptions:
     resume: bool = False
     micro_batch: int = 8
     grad_accum: int = 1
-    seq_len: int = 256
+    seq_len: int | None = None
+    """Tokens per sequence; None: the preset's (`ztrain.gpt.default_seq_len`: its block_size,
+    at most 256)."""
     lr: float = 1e-3
     eval_every: int | None = None
     """Steps between validation passes; None: a tenth of `steps`."""

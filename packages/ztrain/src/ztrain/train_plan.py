@@ -33,6 +33,7 @@ class TrainPlan:
     """The checkpoint in `checkpoints` to continue from (its weights, optimizer and the
     tokenizer beside it); None: a new run."""
     seq_len: int
+    """Tokens per sequence: `--seq-len`, else the preset's default."""
     seed: int
     """Model init and batch order."""
     vocab_size: int
@@ -81,7 +82,7 @@ def plan_run(opts: TrainOptions, world_size: int) -> TrainPlan:
     start = point.step if point else 0
     config = build_config(opts, world_size, start)
     from ztrain.data import plays_dir
-    from ztrain.gpt import PRESETS
+    from ztrain.gpt import PRESETS, default_seq_len
 
     try:
         plays_dir()
@@ -90,12 +91,13 @@ def plan_run(opts: TrainOptions, world_size: int) -> TrainPlan:
     if opts.preset not in PRESETS:
         raise TrainError(f"unknown `--preset {opts.preset}`; choose one of {sorted(PRESETS)}")
     block = PRESETS[opts.preset]["block_size"]
-    if opts.seq_len > block:
+    seq_len = default_seq_len(opts.preset) if opts.seq_len is None else opts.seq_len
+    if seq_len > block:
         raise TrainError(
-            f"`--seq-len {opts.seq_len}` exceeds preset {opts.preset}'s block_size {block}; "
-            f"pass `--seq-len {block}` or less"
+            f"`--seq-len {seq_len}` exceeds preset {opts.preset}'s block_size {block}; "
+            f"pass `--seq-len {block}` or less (or leave it out: {default_seq_len(opts.preset)})"
         )
-    _check_curriculum(config, opts)
+    _check_curriculum(config, seq_len)
     moe, moe_notes = plan_moe(opts, world_size, PRESETS[opts.preset]["n_layer"])
     if opts.resume:
         _check_resumable(opts, start, moe)
@@ -105,7 +107,7 @@ def plan_run(opts: TrainOptions, world_size: int) -> TrainPlan:
         steps=opts.steps,
         start=start,
         resume_tag=point.tag if point else None,
-        seq_len=opts.seq_len,
+        seq_len=seq_len,
         seed=opts.seed,
         vocab_size=opts.vocab_size,
         eval_interval=opts.eval_interval,
@@ -118,20 +120,16 @@ def plan_run(opts: TrainOptions, world_size: int) -> TrainPlan:
     )
 
 
-def _check_curriculum(config: RunConfig, opts: TrainOptions) -> None:
-    """A sequence-length curriculum ends at `--seq-len` at most (the windows' length)."""
+def _check_curriculum(config: RunConfig, seq_len: int) -> None:
+    """A sequence-length curriculum ends at `seq_len` at most (the windows' length)."""
     from zcore.data_efficiency.config import parse_blocks
 
     _, legacy = parse_blocks(config.config)
-    if (
-        legacy.enabled
-        and legacy.max_difficulty is not None
-        and legacy.max_difficulty > opts.seq_len
-    ):
+    if legacy.enabled and legacy.max_difficulty is not None and legacy.max_difficulty > seq_len:
         raise TrainError(
             f"curriculum_learning.max_difficulty {legacy.max_difficulty} exceeds `--seq-len "
-            f"{opts.seq_len}`: the curriculum cuts windows of --seq-len tokens; set "
-            f"max_difficulty to {opts.seq_len} or pass `--seq-len {legacy.max_difficulty}`"
+            f"{seq_len}`: the curriculum cuts windows of --seq-len tokens; set "
+            f"max_difficulty to {seq_len} or pass `--seq-len {legacy.max_difficulty}`"
         )
 
 
