@@ -75,11 +75,11 @@ class StageConfig(ZModel):
     def model_post_init(self, context: Any, /) -> None:
         positive = ("steps", "micro_batch", "grad_accum", "eval_batch", "log_every", "max_len")
         for key in positive:
-            if getattr(self, key) < 1 and not (key == "steps" and self.steps == 0
-                                               and self.zero_steps_allowed()):  # fmt: skip
+            if getattr(self, key) < 1 and not (
+                key == "steps" and self.steps == 0 and self.zero_steps_allowed()
+            ):
                 raise ValueError(f"`{key}` must be ≥ 1, got {getattr(self, key)}")
-        for key in ("train_examples", "heldout_examples", "warmup_steps",
-                    "persistence_threshold"):  # fmt: skip
+        for key in ("train_examples", "heldout_examples", "warmup_steps", "persistence_threshold"):
             if getattr(self, key) < 0:
                 raise ValueError(f"`{key}` must be ≥ 0, got {getattr(self, key)}")
         if not self.lr > 0:
@@ -90,8 +90,9 @@ class StageConfig(ZModel):
             raise ValueError(f"`zero_stage` must be 0-3, got {self.zero_stage}")
 
 
-def load_config(cls: type[C], data: dict[str, Any] | str | os.PathLike[str] | None = None,
-                **overrides: Any) -> C:  # fmt: skip
+def load_config(
+    cls: type[C], data: dict[str, Any] | str | os.PathLike[str] | None = None, **overrides: Any
+) -> C:
     """``cls`` from a dict or a JSON file, with ``overrides`` (None values skipped) on top.
 
     Raises :class:`ChatConfigError` naming every unknown key (with the accepted ones) and

@@ -63,9 +63,14 @@ class DPOConfig(StageConfig):
             raise ValueError(f"`label_smoothing` must be in [0, 0.5), got {self.label_smoothing}")
 
 
-def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor,
-             ref_chosen: torch.Tensor, ref_rejected: torch.Tensor, beta: float,
-             label_smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def dpo_loss(
+    policy_chosen: torch.Tensor,
+    policy_rejected: torch.Tensor,
+    ref_chosen: torch.Tensor,
+    ref_rejected: torch.Tensor,
+    beta: float,
+    label_smoothing: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean loss, per-pair implicit-reward margin ``z`` ``[B]``) from summed answer
     log-probabilities ``[B]`` of the policy and the reference."""
     z = beta * ((policy_chosen - ref_chosen) - (policy_rejected - ref_rejected))
@@ -73,8 +78,9 @@ def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor,
     return loss.mean(), z
 
 
-def pair_logps(model: Any, tokenizer: Any, pairs: list[PreferencePair], max_len: int
-               ) -> tuple[torch.Tensor, torch.Tensor, int]:  # fmt: skip
+def pair_logps(
+    model: Any, tokenizer: Any, pairs: list[PreferencePair], max_len: int
+) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(log π(chosen) ``[B]``, log π(rejected) ``[B]``, tokens in the batch): log-probs summed
     over answer tokens, one forward."""
     b = pair_batch(tokenizer, pairs, max_len)
@@ -92,16 +98,21 @@ def prepare_dpo(cfg: DPOConfig, plays: tuple[Plays, Plays] = (None, None)) -> No
     require_nonempty(data.pairs_heldout, "pairs_heldout", "raise `heldout_examples`")
 
 
-def _reference(engine: Any, tokenizer: Any, batches: list[list[PreferencePair]], max_len: int
-               ) -> list[tuple[torch.Tensor, torch.Tensor]]:  # fmt: skip
+def _reference(
+    engine: Any, tokenizer: Any, batches: list[list[PreferencePair]], max_len: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     engine.eval()
     with torch.no_grad():
         return [pair_logps(engine, tokenizer, b, max_len)[:2] for b in batches]
 
 
-def evaluate_dpo(engine: Any, tokenizer: Any, held: list[list[tuple[PreferencePair, bool]]],
-                 refs: list[tuple[torch.Tensor, torch.Tensor]], cfg: DPOConfig
-                 ) -> dict[str, float]:  # fmt: skip
+def evaluate_dpo(
+    engine: Any,
+    tokenizer: Any,
+    held: list[list[tuple[PreferencePair, bool]]],
+    refs: list[tuple[torch.Tensor, torch.Tensor]],
+    cfg: DPOConfig,
+) -> dict[str, float]:
     """Held-out pref_accuracy, implicit-reward accuracy and margin over all ranks."""
     pref = implicit = margin = counted = 0.0
     engine.eval()
@@ -119,8 +130,9 @@ def evaluate_dpo(engine: Any, tokenizer: Any, held: list[list[tuple[PreferencePa
     return {"pref_accuracy": pref / n, "implicit_accuracy": implicit / n, "margin": margin / n}
 
 
-def train_dpo(rank: int, world: int, cfg: DPOConfig,
-              plays: tuple[Plays, Plays] = (None, None)) -> dict[str, Any]:  # fmt: skip
+def train_dpo(
+    rank: int, world: int, cfg: DPOConfig, plays: tuple[Plays, Plays] = (None, None)
+) -> dict[str, Any]:
     """One rank of ``z chat dpo`` (collective): reference pass, train, evaluate, save."""
     import zcore
     import zcore.hf
@@ -144,8 +156,10 @@ def train_dpo(rank: int, world: int, cfg: DPOConfig,
 
     def evaluate() -> dict[str, float]:
         answers = evaluate_answers(engine, tokenizer, chosen, cfg, rank, world)
-        return {**evaluate_dpo(engine, tokenizer, held, ref_held, cfg),
-                "exact_match": answers["exact_match"]}  # fmt: skip
+        return {
+            **evaluate_dpo(engine, tokenizer, held, ref_held, cfg),
+            "exact_match": answers["exact_match"],
+        }
 
     before = evaluate()
     rec.write({"stage": "dpo", "step": 0, **{f"heldout_{k}": v for k, v in before.items()}})
@@ -167,13 +181,25 @@ def train_dpo(rank: int, world: int, cfg: DPOConfig,
         loss_all, right_all, seen_all = all_sum(loss_sum, right, seen)
         losses.append(loss_all / per_step)
         if step % cfg.log_every == 0 or step == cfg.steps:
-            rec.step(step, int(seen_all), loss=losses[-1], implicit_acc=right_all / per_step,
-                     lr=cfg.lr * lr_factor(cfg, step - 1))  # fmt: skip
+            rec.step(
+                step,
+                int(seen_all),
+                loss=losses[-1],
+                implicit_acc=right_all / per_step,
+                lr=cfg.lr * lr_factor(cfg, step - 1),
+            )
     train_s = time.perf_counter() - train_start
     after = evaluate()
     rec.write({"stage": "dpo", "step": cfg.steps, **{f"heldout_{k}": v for k, v in after.items()}})
     zcore.hf.save_pretrained(engine, cfg.out, tokenizer_from=cfg.model)
     engine.destroy()
-    return {"losses": losses, "heldout_before": before, "heldout_after": after, "out": cfg.out,
-            "metrics": str(rec.path), "reference_s": ref_s, "train_s": train_s,
-            "total_s": time.perf_counter() - start}  # fmt: skip
+    return {
+        "losses": losses,
+        "heldout_before": before,
+        "heldout_after": after,
+        "out": cfg.out,
+        "metrics": str(rec.path),
+        "reference_s": ref_s,
+        "train_s": train_s,
+        "total_s": time.perf_counter() - start,
+    }

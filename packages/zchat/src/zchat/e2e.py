@@ -26,11 +26,17 @@ from zcore.config import ZModel
 
 STAGE_DEFAULTS: dict[str, dict[str, Any]] = {
     "sft": {"steps": 12, "micro_batch": 4, "train_examples": 1024, "heldout_examples": 128},
-    "reward": {"score_at": "before_eos", "warmup_blocks": 4, "warmup_epochs": 3,
-               "warmup_batch": 16, "steps": 0, "train_examples": 1024,
-               "heldout_examples": 128},
+    "reward": {
+        "score_at": "before_eos",
+        "warmup_blocks": 4,
+        "warmup_epochs": 3,
+        "warmup_batch": 16,
+        "steps": 0,
+        "train_examples": 1024,
+        "heldout_examples": 128,
+    },
     "ppo": PPO_RECIPE,
-}  # fmt: skip
+}
 """What each stage runs with unless the config's block says otherwise."""
 
 WIRED: dict[str, tuple[str, ...]] = {
@@ -82,15 +88,21 @@ class E2EConfig(ZModel):
     def stage_dict(self, stage: str) -> dict[str, Any]:
         """The keys of ``stage``'s config: its defaults, the block, then the wiring."""
         out = self.out
-        wiring: dict[str, Any] = {"task": self.task, "data_seed": self.data_seed,
-                                  "out": str(out / stage)}  # fmt: skip
+        wiring: dict[str, Any] = {
+            "task": self.task,
+            "data_seed": self.data_seed,
+            "out": str(out / stage),
+        }
         if stage == "sft":
             wiring["model"] = str(self.model)
         elif stage == "reward":
             wiring["model"] = str(out / "sft")
         else:
-            wiring |= {"actor": str(out / "sft"), "reward": str(out / "reward"),
-                       "world": self.world}  # fmt: skip
+            wiring |= {
+                "actor": str(out / "sft"),
+                "reward": str(out / "reward"),
+                "world": self.world,
+            }
         return STAGE_DEFAULTS[stage] | getattr(self, stage) | wiring
 
     def check_stages(self) -> None:

@@ -17,11 +17,17 @@ EVAL_SEED = 900_000_001
 """Base seed of the held-out sampled answers."""
 
 
-def sampled_requests(prompts: list[Any], ids: list[list[int]], k: int, rank: int,
-                     max_tokens: int, temperature: float,
-                     ) -> tuple[list[Any], list[list[int]], SamplingParams]:  # fmt: skip
+def sampled_requests(
+    prompts: list[Any],
+    ids: list[list[int]],
+    k: int,
+    rank: int,
+    max_tokens: int,
+    temperature: float,
+) -> tuple[list[Any], list[list[int]], SamplingParams]:
     """Each of a rank's held-out ``prompts`` (token ``ids``) repeated ``k`` times, and the
     fixed-seed sampling parameters that answer them."""
-    params = SamplingParams(max_tokens=max_tokens, temperature=temperature,
-                            seed=EVAL_SEED + rank * len(prompts) * k)  # fmt: skip
+    params = SamplingParams(
+        max_tokens=max_tokens, temperature=temperature, seed=EVAL_SEED + rank * len(prompts) * k
+    )
     return ([p for p in prompts for _ in range(k)], [i for i in ids for _ in range(k)], params)

@@ -73,8 +73,11 @@ def convert_to_lora(
     returns the converted names. ``key`` names the config key in the error raised when
     nothing matches (an untied LM head is a linear too: ``lm_head`` matches only if asked)."""
     parts = [p for p in module_name.split(",") if p]
-    names = [n for n, m in model.named_modules()
-             if isinstance(m, nn.Linear) and any(p in n for p in parts)]  # fmt: skip
+    names = [
+        n
+        for n, m in model.named_modules()
+        if isinstance(m, nn.Linear) and any(p in n for p in parts)
+    ]
     if not names:
         raise ValueError(
             f"`{key}` {module_name!r} matches no nn.Linear of {type(model).__name__} (its "
@@ -134,8 +137,9 @@ def merge_lora_(model: nn.Module) -> int:
         params = [layer.weight, layer.lora_right_weight, layer.lora_left_weight]
         with GatheredParameters(params, modifier_rank=0), torch.no_grad():
             layer.weight.add_(layer.delta().to(layer.weight.dtype))
-        plain = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None,
-                          device="meta")  # fmt: skip
+        plain = nn.Linear(
+            layer.in_features, layer.out_features, bias=layer.bias is not None, device="meta"
+        )
         plain.weight, plain.bias = layer.weight, layer.bias
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model

@@ -26,16 +26,29 @@ class RankFailed(RuntimeError):
     """A rank raised or died; the message has its traceback."""
 
 
-def _main(rank: int, world: int, port: int, threads: int, fn: Callable[..., Any],
-          args: tuple[Any, ...], queue: Any, parent: int) -> None:  # fmt: skip
+def _main(
+    rank: int,
+    world: int,
+    port: int,
+    threads: int,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    queue: Any,
+    parent: int,
+) -> None:
     from zcore.lifetime import die_with_parent
 
     die_with_parent(parent, f"rank {rank}")  # no orphan ranks after a kill -9 of the command
     import torch
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))  # fmt: skip
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+    )
     torch.set_num_threads(threads)
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -48,8 +61,13 @@ def _main(rank: int, world: int, port: int, threads: int, fn: Callable[..., Any]
             dist.destroy_process_group()
 
 
-def run_on_ranks(fn: Callable[..., Any], world: int, args: tuple[Any, ...] = (),
-                 threads: int = 1, timeout_s: float = 3600.0) -> list[Any]:  # fmt: skip
+def run_on_ranks(
+    fn: Callable[..., Any],
+    world: int,
+    args: tuple[Any, ...] = (),
+    threads: int = 1,
+    timeout_s: float = 3600.0,
+) -> list[Any]:
     """``[fn(0, world, *args), ..., fn(world-1, world, *args)]``, each on its own rank.
 
     ``fn`` must be a module-level function (the ranks import it) and its return value
@@ -81,8 +99,11 @@ def run_on_ranks(fn: Callable[..., Any], world: int, args: tuple[Any, ...] = (),
             try:
                 rank, kind, payload = queue.get(timeout=5.0)
             except Exception:  # queue.Empty: check for a rank that died without a word
-                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)
-                        and r not in results]  # fmt: skip
+                dead = [
+                    r
+                    for r, p in enumerate(procs)
+                    if p.exitcode not in (None, 0) and r not in results
+                ]
                 if dead:
                     raise RankFailed(
                         f"rank {dead[0]} died (exit code "

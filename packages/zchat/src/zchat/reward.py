@@ -64,8 +64,14 @@ SCORE_AT = ("last", "before_eos")
 class RewardModel(nn.Module):
     """A backbone (``LlamaModel``, ...) and a scalar head: ``forward(ids, mask) -> [B]``."""
 
-    def __init__(self, backbone: nn.Module, head_weight: torch.Tensor, *, score_at: str = "last",
-                 eos_id: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        backbone: nn.Module,
+        head_weight: torch.Tensor,
+        *,
+        score_at: str = "last",
+        eos_id: int | None = None,
+    ) -> None:
         super().__init__()
         if score_at not in SCORE_AT:
             raise ValueError(f"`score_at` must be one of {', '.join(SCORE_AT)}, got {score_at!r}")
@@ -93,8 +99,7 @@ class RewardModel(nn.Module):
             last = last - (ends & (last > 0)).long()
         return last
 
-    def scored_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor
-                      ) -> torch.Tensor:  # fmt: skip
+    def scored_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The backbone's final hidden state at each row's scored token, ``[B, H]`` (what the
         head reads; a head-only warm-up fits the head on these)."""
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask)
@@ -133,15 +138,21 @@ def _backbone(path: Path, ds_config: Any, dtype: torch.dtype) -> nn.Module:
     config = AutoConfig.from_pretrained(str(path))
     cls = MODEL_MAPPING[type(config)]
     # strict=False: an LM checkpoint's `lm_head.weight` names nothing in the backbone
-    return zcore.hf.from_pretrained(cls, path, config=config, dtype=dtype, strict=False,
-                                    ds_config=ds_config)  # fmt: skip
+    return zcore.hf.from_pretrained(
+        cls, path, config=config, dtype=dtype, strict=False, ds_config=ds_config
+    )
 
 
 def build_reward_model(
-    lm_dir: str | os.PathLike[str], *, ds_config: Any = None, dtype: torch.dtype = torch.float32,
-    seed: int = 0, head: torch.Tensor | None = None, score_at: str = "last",
+    lm_dir: str | os.PathLike[str],
+    *,
+    ds_config: Any = None,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    head: torch.Tensor | None = None,
+    score_at: str = "last",
     eos_id: int | None = None,
-) -> RewardModel:  # fmt: skip
+) -> RewardModel:
     """A new reward model from a causal LM directory (the SFT output): its backbone and a
     fresh head (``head``, ``[1, hidden]``, when given: a warmed-up one). Under a stage-3
     ``ds_config`` (or an open ``zcore.zero.Init``) it is built partitioned; collective then.
@@ -181,14 +192,22 @@ def load_reward_model(
     head = load_file(str(Path(path) / HEAD_FILE))["v_head.weight"].to(dtype)
     cfg = ds_config if ds_config is not None else _plain_config()
     with contextlib.nullcontext() if Init.active() is not None else Init(config=cfg):
-        return RewardModel(_backbone(Path(path), cfg, dtype), head,
-                           score_at=meta.get("score_at", "last"), eos_id=meta.get("eos_id"))  # fmt: skip
+        return RewardModel(
+            _backbone(Path(path), cfg, dtype),
+            head,
+            score_at=meta.get("score_at", "last"),
+            eos_id=meta.get("eos_id"),
+        )
 
 
 def save_reward_model(
-    model_or_engine: Any, out_dir: str | os.PathLike[str], *, tokenizer: Any,
-    source: str | os.PathLike[str], extra: dict[str, Any] | None = None,
-) -> Path:  # fmt: skip
+    model_or_engine: Any,
+    out_dir: str | os.PathLike[str],
+    *,
+    tokenizer: Any,
+    source: str | os.PathLike[str],
+    extra: dict[str, Any] | None = None,
+) -> Path:
     """Write ``out_dir``: the backbone as a Hugging Face directory (tokenizer files copied from
     ``source``), ``value_head.safetensors`` and ``zchat_reward.json``. Collective (every rank
     calls it; rank 0 writes), at any ZeRO stage."""

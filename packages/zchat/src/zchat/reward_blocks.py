@@ -51,8 +51,10 @@ class TopBlocks(nn.Module):
         backbone = reward_model.backbone
         layers = backbone.layers
         if not 1 <= blocks <= len(layers):
-            raise ValueError(f"`warmup_blocks` must be in 1..{len(layers)} (the backbone's "
-                             f"decoder blocks), got {blocks}")  # fmt: skip
+            raise ValueError(
+                f"`warmup_blocks` must be in 1..{len(layers)} (the backbone's "
+                f"decoder blocks), got {blocks}"
+            )
         self.first = len(layers) - blocks
         self.layers = nn.ModuleList(layers[self.first :])
         self.norm, self.rotary = backbone.norm, backbone.rotary_emb
@@ -68,16 +70,18 @@ class TopBlocks(nn.Module):
         bias = torch.zeros(b, 1, t, t, dtype=hidden.dtype)
         bias.masked_fill_(~allowed[:, None], torch.finfo(hidden.dtype).min)
         for layer in self.layers:
-            out = layer(hidden, attention_mask=bias, position_ids=positions,
-                        position_embeddings=rope)  # fmt: skip
+            out = layer(
+                hidden, attention_mask=bias, position_ids=positions, position_embeddings=rope
+            )
             hidden = out[0] if isinstance(out, tuple) else out
         values = self.v_head(self.norm(hidden))  # [B, T]
         at = self.reward_model[0].score_index(ids, mask)
         return values.gather(1, at[:, None]).squeeze(1)
 
 
-def cached_rows(model: Any, tokenizer: Any, pairs: list[PreferencePair], first: int,
-                max_len: int, batch: int) -> list[tuple[Row, Row]]:  # fmt: skip
+def cached_rows(
+    model: Any, tokenizer: Any, pairs: list[PreferencePair], first: int, max_len: int, batch: int
+) -> list[tuple[Row, Row]]:
     """(chosen, rejected) cached rows of each pair: the backbone's hidden state at block
     ``first``'s input, no gradients."""
     out: list[tuple[Row, Row]] = []
@@ -86,18 +90,30 @@ def cached_rows(model: Any, tokenizer: Any, pairs: list[PreferencePair], first: 
         for i in range(0, len(pairs), batch):
             part = pairs[i : i + batch]
             b = pair_batch(tokenizer, part, max_len)  # chosen rows, then rejected
-            hs = model.backbone(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
-                                output_hidden_states=True).hidden_states[first]  # fmt: skip
+            hs = model.backbone(
+                input_ids=b["input_ids"],
+                attention_mask=b["attention_mask"],
+                output_hidden_states=True,
+            ).hidden_states[first]
             lengths = b["attention_mask"].sum(1).tolist()
-            rows = [(hs[j, : lengths[j]].clone(), b["input_ids"][j, : lengths[j]].clone())
-                    for j in range(2 * len(part))]  # fmt: skip
+            rows = [
+                (hs[j, : lengths[j]].clone(), b["input_ids"][j, : lengths[j]].clone())
+                for j in range(2 * len(part))
+            ]
             out += list(zip(rows[: len(part)], rows[len(part) :], strict=True))
     return out
 
 
-def gathered_rows(model: Any, tokenizer: Any, pairs: list[PreferencePair], first: int,
-                  max_len: int, batch: int, rank: int, world: int
-                  ) -> list[tuple[Row, Row]]:  # fmt: skip
+def gathered_rows(
+    model: Any,
+    tokenizer: Any,
+    pairs: list[PreferencePair],
+    first: int,
+    max_len: int,
+    batch: int,
+    rank: int,
+    world: int,
+) -> list[tuple[Row, Row]]:
     """:func:`cached_rows` of every pair, in pair order: rank ``r`` runs pairs ``r, r +
     world, ...`` and the shares are all-gathered."""
     mine = cached_rows(model, tokenizer, pairs[rank::world], first, max_len, batch)
@@ -163,17 +179,28 @@ def _sum_grads(params: list[nn.Parameter], world: int) -> None:
         offset += p.numel()
 
 
-def train_top_blocks(top: TopBlocks, train: list[tuple[Row, Row]], *, epochs: int,
-                     per_step: int, lr: float, head_lr: float, seed: int, rank: int,
-                     world: int, on_epoch: Any = None) -> list[float]:  # fmt: skip
+def train_top_blocks(
+    top: TopBlocks,
+    train: list[tuple[Row, Row]],
+    *,
+    epochs: int,
+    per_step: int,
+    lr: float,
+    head_lr: float,
+    seed: int,
+    rank: int,
+    world: int,
+    on_epoch: Any = None,
+) -> list[float]:
     """AdamW on the top blocks and norm (``lr``) and the head (``head_lr``), pairwise loss,
     gradients averaged over ranks; returns each step's global mean loss."""
     head = list(top.v_head.parameters())
     body = [p for p in top.parameters() if all(p is not h for h in head)]
     for p in top.parameters():
         p.requires_grad_(True)
-    opt = torch.optim.AdamW([{"params": body, "lr": lr}, {"params": head, "lr": head_lr}],
-                            weight_decay=0.0)  # fmt: skip
+    opt = torch.optim.AdamW(
+        [{"params": body, "lr": lr}, {"params": head, "lr": head_lr}], weight_decay=0.0
+    )
     params = body + head
     losses: list[float] = []
     steps = step_batches(len(train), per_step, epochs, seed)
@@ -202,10 +229,17 @@ def train_top_blocks(top: TopBlocks, train: list[tuple[Row, Row]], *, epochs: in
     return losses
 
 
-def warm_blocks(lm_dir: str, tokenizer: Any, pairs: list[PreferencePair],
-                heldout: list[PreferencePair], cfg: Any, rank: int, world: int,
-                head: torch.Tensor | None = None, log: Any = None
-                ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:  # fmt: skip
+def warm_blocks(
+    lm_dir: str,
+    tokenizer: Any,
+    pairs: list[PreferencePair],
+    heldout: list[PreferencePair],
+    cfg: Any,
+    rank: int,
+    world: int,
+    head: torch.Tensor | None = None,
+    log: Any = None,
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The warmed tensors by name (the top ``cfg.warmup_blocks`` blocks' and the final
     norm's ``backbone.*`` parameters, and ``v_head.weight``) and the warm-up's statistics
     (held-out accuracy before and after each epoch, losses). Collective when ``world`` > 1.
@@ -213,23 +247,27 @@ def warm_blocks(lm_dir: str, tokenizer: Any, pairs: list[PreferencePair],
     starts at ln 2 and the blocks' first gradients come through a head the data shapes."""
     from zchat.reward import build_reward_model
 
-    whole = build_reward_model(lm_dir, seed=cfg.seed, score_at=cfg.score_at,
-                               eos_id=tokenizer.eos_token_id, head=head)  # fmt: skip
+    whole = build_reward_model(
+        lm_dir, seed=cfg.seed, score_at=cfg.score_at, eos_id=tokenizer.eos_token_id, head=head
+    )
     if head is None:
         with torch.no_grad():
             whole.v_head.weight.zero_()
     top = TopBlocks(whole, cfg.warmup_blocks)
     for p in whole.parameters():
         p.requires_grad_(False)
-    train = gathered_rows(whole, tokenizer, pairs, top.first, cfg.max_len, cfg.eval_batch,
-                          rank, world)  # fmt: skip
-    held = cached_rows(whole, tokenizer, heldout[rank::world], top.first, cfg.max_len,
-                       cfg.eval_batch)  # fmt: skip
+    train = gathered_rows(
+        whole, tokenizer, pairs, top.first, cfg.max_len, cfg.eval_batch, rank, world
+    )
+    held = cached_rows(
+        whole, tokenizer, heldout[rank::world], top.first, cfg.max_len, cfg.eval_batch
+    )
     held_n = len(heldout)
 
     def held_accuracy() -> float:
-        right = torch.tensor([cached_accuracy(top, held, cfg.eval_batch) * len(held)],
-                             dtype=torch.float64)  # fmt: skip
+        right = torch.tensor(
+            [cached_accuracy(top, held, cfg.eval_batch) * len(held)], dtype=torch.float64
+        )
         if world > 1 and dist.is_initialized():
             dist.all_reduce(right)
         return float(right) / max(held_n, 1)
@@ -241,13 +279,26 @@ def warm_blocks(lm_dir: str, tokenizer: Any, pairs: list[PreferencePair],
         if log is not None:
             log(epoch, sum(losses) / len(losses), curve[-1])
 
-    losses = train_top_blocks(top, train, epochs=cfg.warmup_epochs, per_step=cfg.warmup_batch,
-                              lr=cfg.warmup_lr, head_lr=cfg.warmup_head_lr, seed=cfg.seed,
-                              rank=rank, world=world, on_epoch=on_epoch)  # fmt: skip
+    losses = train_top_blocks(
+        top,
+        train,
+        epochs=cfg.warmup_epochs,
+        per_step=cfg.warmup_batch,
+        lr=cfg.warmup_lr,
+        head_lr=cfg.warmup_head_lr,
+        seed=cfg.seed,
+        rank=rank,
+        world=world,
+        on_epoch=on_epoch,
+    )
     names = {id(p): n for n, p in whole.named_parameters()}
     warm = {names[id(p)]: p.detach().clone() for p in top.parameters()}
-    stats = {"blocks": cfg.warmup_blocks, "blocks_pairs": len(pairs),
-             "blocks_heldout_accuracy": curve, "blocks_losses": losses}  # fmt: skip
+    stats = {
+        "blocks": cfg.warmup_blocks,
+        "blocks_pairs": len(pairs),
+        "blocks_heldout_accuracy": curve,
+        "blocks_losses": losses,
+    }
     return warm, stats
 
 

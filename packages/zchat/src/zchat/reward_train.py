@@ -81,19 +81,21 @@ class RewardConfig(StageConfig):
 
     def model_post_init(self, context: Any, /) -> None:
         if self.steps == 0 and not self.warmup_blocks:
-            raise ValueError("`steps` 0 trains nothing: it needs a block warm-up "
-                             "(`warmup_blocks` ≥ 1), or set `steps` ≥ 1")  # fmt: skip
+            raise ValueError(
+                "`steps` 0 trains nothing: it needs a block warm-up "
+                "(`warmup_blocks` ≥ 1), or set `steps` ≥ 1"
+            )
         super().model_post_init(context)
         if self.warmup_blocks < 0 or self.warmup_epochs < 1 or self.warmup_batch < 1:
-            raise ValueError("`warmup_blocks` must be ≥ 0, `warmup_epochs` and `warmup_batch` "
-                             "≥ 1")  # fmt: skip
+            raise ValueError("`warmup_blocks` must be ≥ 0, `warmup_epochs` and `warmup_batch` ≥ 1")
         if not (self.warmup_lr > 0 and self.warmup_head_lr > 0):
             raise ValueError("`warmup_lr` and `warmup_head_lr` must be > 0")
         if self.head_lr is not None and not self.head_lr > 0:
             raise ValueError(f"`head_lr` must be > 0 (or null: `lr`), got {self.head_lr}")
         if self.head_warmup_pairs < 0 or self.head_warmup_l2 < 0 or self.head_warmup_iters < 1:
-            raise ValueError("`head_warmup_pairs` and `head_warmup_l2` must be ≥ 0 and "
-                             "`head_warmup_iters` ≥ 1")  # fmt: skip
+            raise ValueError(
+                "`head_warmup_pairs` and `head_warmup_l2` must be ≥ 0 and `head_warmup_iters` ≥ 1"
+            )
 
 
 def prepare_reward(cfg: RewardConfig, plays: tuple[Plays, Plays] = (None, None)) -> None:
@@ -104,16 +106,18 @@ def prepare_reward(cfg: RewardConfig, plays: tuple[Plays, Plays] = (None, None))
     require_nonempty(data.pairs_heldout, "pairs_heldout", "raise `heldout_examples`")
 
 
-def score_pairs(model: Any, tokenizer: Any, pairs: list[PreferencePair], max_len: int
-                ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def score_pairs(
+    model: Any, tokenizer: Any, pairs: list[PreferencePair], max_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(r_chosen ``[B]``, r_rejected ``[B]``) in one forward."""
     b = pair_batch(tokenizer, pairs, max_len)
     scores = model(b["input_ids"], b["attention_mask"])
     return scores[: len(pairs)], scores[len(pairs) :]
 
 
-def evaluate_pairs(model: Any, tokenizer: Any, pairs: list[PreferencePair], cfg: StageConfig,
-                   rank: int, world: int) -> dict[str, float]:  # fmt: skip
+def evaluate_pairs(
+    model: Any, tokenizer: Any, pairs: list[PreferencePair], cfg: StageConfig, rank: int, world: int
+) -> dict[str, float]:
     """Held-out pairwise accuracy (``r_chosen > r_rejected``) and mean margin, all ranks."""
     right = margin = counted = 0.0
     model.eval()
@@ -130,12 +134,15 @@ def evaluate_pairs(model: Any, tokenizer: Any, pairs: list[PreferencePair], cfg:
 
 
 def _epoch_line(epoch: int, loss: float, heldout: float) -> None:
-    print(f"[reward] block warm-up epoch {epoch} loss {loss:.4g} heldout_accuracy "
-          f"{heldout:.4g}", flush=True)  # fmt: skip
+    print(
+        f"[reward] block warm-up epoch {epoch} loss {loss:.4g} heldout_accuracy {heldout:.4g}",
+        flush=True,
+    )
 
 
-def train_reward(rank: int, world: int, cfg: RewardConfig,
-                 plays: tuple[Plays, Plays] = (None, None)) -> dict[str, Any]:  # fmt: skip
+def train_reward(
+    rank: int, world: int, cfg: RewardConfig, plays: tuple[Plays, Plays] = (None, None)
+) -> dict[str, Any]:
     """One rank of ``z chat reward`` (collective): train, evaluate, save ``cfg.out``."""
     import zcore
 
@@ -145,16 +152,37 @@ def train_reward(rank: int, world: int, cfg: RewardConfig,
     ds = ds_config(cfg, world)
     head, warm = None, {}
     if cfg.head_warmup_pairs:
-        head, warm = warm_head(cfg.model, tokenizer, data.pairs_train[: cfg.head_warmup_pairs],
-                               data.pairs_heldout, cfg, rank, world)  # fmt: skip
+        head, warm = warm_head(
+            cfg.model,
+            tokenizer,
+            data.pairs_train[: cfg.head_warmup_pairs],
+            data.pairs_heldout,
+            cfg,
+            rank,
+            world,
+        )
     blocks: dict[str, torch.Tensor] = {}
     if cfg.warmup_blocks:
-        blocks, more = warm_blocks(cfg.model, tokenizer, data.pairs_train, data.pairs_heldout,
-                                   cfg, rank, world, head=head,
-                                   log=_epoch_line if rank == 0 else None)  # fmt: skip
+        blocks, more = warm_blocks(
+            cfg.model,
+            tokenizer,
+            data.pairs_train,
+            data.pairs_heldout,
+            cfg,
+            rank,
+            world,
+            head=head,
+            log=_epoch_line if rank == 0 else None,
+        )
         warm = {**warm, **more}
-    model = build_reward_model(cfg.model, ds_config=ds, seed=cfg.seed, head=head,
-                               score_at=cfg.score_at, eos_id=tokenizer.eos_token_id)  # fmt: skip
+    model = build_reward_model(
+        cfg.model,
+        ds_config=ds,
+        seed=cfg.seed,
+        head=head,
+        score_at=cfg.score_at,
+        eos_id=tokenizer.eos_token_id,
+    )
     if blocks:
         load_warm_weights(model, blocks)
     groups = None
@@ -162,8 +190,9 @@ def train_reward(rank: int, world: int, cfg: RewardConfig,
         head_params = list(model.v_head.parameters())
         rest = [p for p in model.parameters() if all(p is not h for h in head_params)]
         groups = [{"params": rest}, {"params": head_params, "lr": cfg.head_lr}]
-    engine, *_ = zcore.initialize(model, config=ds, model_parameters=groups,
-                                  lr_scheduler=scheduler_for(cfg))  # fmt: skip
+    engine, *_ = zcore.initialize(
+        model, config=ds, model_parameters=groups, lr_scheduler=scheduler_for(cfg)
+    )
     rec = Recorder("reward", cfg.out, cfg.steps, rank)
     if warm:
         rec.write({"stage": "reward", "step": 0, **warm})
@@ -190,17 +219,33 @@ def train_reward(rank: int, world: int, cfg: RewardConfig,
         loss_all, right_all, seen_all = all_sum(loss_sum, right, seen)
         losses.append(loss_all / len(batch))
         if step % cfg.log_every == 0 or step == cfg.steps:
-            rec.step(step, int(seen_all), loss=losses[-1], acc=right_all / len(batch),
-                     lr=cfg.lr * lr_factor(cfg, step - 1))  # fmt: skip
+            rec.step(
+                step,
+                int(seen_all),
+                loss=losses[-1],
+                acc=right_all / len(batch),
+                lr=cfg.lr * lr_factor(cfg, step - 1),
+            )
     train_s = time.perf_counter() - train_start
     after = evaluate_pairs(engine, tokenizer, data.pairs_heldout, cfg, rank, world)
-    rec.write({"stage": "reward", "step": cfg.steps,
-               **{f"heldout_{k}": v for k, v in after.items()}})  # fmt: skip
-    extra = {"heldout_accuracy": after["accuracy"], "heldout_pairs": len(data.pairs_heldout),
-             "rule": data.rule, **{k: v for k, v in warm.items() if k != "blocks_losses"}}  # fmt: skip
+    rec.write(
+        {"stage": "reward", "step": cfg.steps, **{f"heldout_{k}": v for k, v in after.items()}}
+    )
+    extra = {
+        "heldout_accuracy": after["accuracy"],
+        "heldout_pairs": len(data.pairs_heldout),
+        "rule": data.rule,
+        **{k: v for k, v in warm.items() if k != "blocks_losses"},
+    }
     save_reward_model(engine, cfg.out, tokenizer=tokenizer, source=cfg.model, extra=extra)
     engine.destroy()
-    return {"losses": losses, "heldout_before": before, "heldout_after": after, "out": cfg.out,
-            "warmup": warm,
-            "metrics": str(rec.path), "train_s": train_s,
-            "total_s": time.perf_counter() - start}  # fmt: skip
+    return {
+        "losses": losses,
+        "heldout_before": before,
+        "heldout_after": after,
+        "out": cfg.out,
+        "warmup": warm,
+        "metrics": str(rec.path),
+        "train_s": train_s,
+        "total_s": time.perf_counter() - start,
+    }

@@ -29,8 +29,9 @@ from zchat.data import PreferencePair
 from zchat.data.render import pair_batch
 
 
-def probe_features(model: Any, tokenizer: Any, pairs: list[PreferencePair], max_len: int,
-                   batch: int) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def probe_features(
+    model: Any, tokenizer: Any, pairs: list[PreferencePair], max_len: int, batch: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(chosen ``[N, H]``, rejected ``[N, H]``) float64 hidden states at the scored token of
     each pair's answers, without gradients."""
     chosen, rejected = [], []
@@ -51,17 +52,25 @@ def probe_loss(head: torch.Tensor, chosen: torch.Tensor, rejected: torch.Tensor)
     return float(-F.logsigmoid(diff).mean())
 
 
-def fit_head(chosen: torch.Tensor, rejected: torch.Tensor, init: torch.Tensor, *, l2: float,
-             iters: int) -> torch.Tensor:  # fmt: skip
+def fit_head(
+    chosen: torch.Tensor, rejected: torch.Tensor, init: torch.Tensor, *, l2: float, iters: int
+) -> torch.Tensor:
     """The head ``[1, H]`` minimising ``mean(-logsigmoid((c - r) @ w)) + l2 * |w|^2`` from
     ``init``: full-batch L-BFGS (strong Wolfe line search) in float64."""
     if chosen.shape != rejected.shape or chosen.dim() != 2:
-        raise ValueError(f"features must be two [N, H] tensors, got {chosen.shape}, "
-                         f"{rejected.shape}")  # fmt: skip
+        raise ValueError(
+            f"features must be two [N, H] tensors, got {chosen.shape}, {rejected.shape}"
+        )
     diff = (chosen - rejected).double()
     w = init.reshape(-1).double().clone().requires_grad_(True)
-    opt = torch.optim.LBFGS([w], lr=1.0, max_iter=iters, tolerance_grad=1e-10,
-                            tolerance_change=1e-14, line_search_fn="strong_wolfe")  # fmt: skip
+    opt = torch.optim.LBFGS(
+        [w],
+        lr=1.0,
+        max_iter=iters,
+        tolerance_grad=1e-10,
+        tolerance_change=1e-14,
+        line_search_fn="strong_wolfe",
+    )
 
     def closure() -> torch.Tensor:
         opt.zero_grad()
@@ -73,9 +82,15 @@ def fit_head(chosen: torch.Tensor, rejected: torch.Tensor, init: torch.Tensor, *
     return w.detach().reshape(1, -1)
 
 
-def gathered_features(model: Any, tokenizer: Any, pairs: list[PreferencePair], max_len: int,
-                      batch: int, rank: int, world: int
-                      ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def gathered_features(
+    model: Any,
+    tokenizer: Any,
+    pairs: list[PreferencePair],
+    max_len: int,
+    batch: int,
+    rank: int,
+    world: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`probe_features` of every pair, in pair order: rank ``r`` scores pairs
     ``r, r + world, ...`` and the shares are all-gathered."""
     mine = probe_features(model, tokenizer, pairs[rank::world], max_len, batch)
@@ -95,9 +110,15 @@ def _accuracy(head: torch.Tensor, chosen: torch.Tensor, rejected: torch.Tensor) 
     return float((((chosen - rejected) @ head.reshape(-1).double()) > 0).double().mean())
 
 
-def warm_head(lm_dir: str, tokenizer: Any, pairs: list[PreferencePair],
-              heldout: list[PreferencePair], cfg: Any, rank: int, world: int
-              ) -> tuple[torch.Tensor, dict[str, float]]:  # fmt: skip
+def warm_head(
+    lm_dir: str,
+    tokenizer: Any,
+    pairs: list[PreferencePair],
+    heldout: list[PreferencePair],
+    cfg: Any,
+    rank: int,
+    world: int,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """The warmed head ``[1, H]`` (float32) for a reward model from ``lm_dir``, and the
     probe's loss and accuracy on ``pairs`` and its accuracy on ``heldout`` with the fresh
     head and the warmed one (the reward model's held-out accuracy before any training, and
@@ -106,19 +127,22 @@ def warm_head(lm_dir: str, tokenizer: Any, pairs: list[PreferencePair],
     head_warmup_l2, head_warmup_iters)."""
     from zchat.reward import build_reward_model
 
-    whole = build_reward_model(lm_dir, seed=cfg.seed, score_at=cfg.score_at,
-                               eos_id=tokenizer.eos_token_id)  # fmt: skip
+    whole = build_reward_model(
+        lm_dir, seed=cfg.seed, score_at=cfg.score_at, eos_id=tokenizer.eos_token_id
+    )
     init = whole.v_head.weight.detach().clone()
-    chosen, rejected = gathered_features(whole, tokenizer, pairs, cfg.max_len, cfg.eval_batch,
-                                         rank, world)  # fmt: skip
-    held = gathered_features(whole, tokenizer, heldout, cfg.max_len, cfg.eval_batch, rank,
-                             world)  # fmt: skip
+    chosen, rejected = gathered_features(
+        whole, tokenizer, pairs, cfg.max_len, cfg.eval_batch, rank, world
+    )
+    held = gathered_features(whole, tokenizer, heldout, cfg.max_len, cfg.eval_batch, rank, world)
     del whole
     head = fit_head(chosen, rejected, init, l2=cfg.head_warmup_l2, iters=cfg.head_warmup_iters)
-    stats = {"probe_loss_before": probe_loss(init, chosen, rejected),
-             "probe_loss_after": probe_loss(head, chosen, rejected),
-             "probe_train_accuracy": _accuracy(head, chosen, rejected),
-             "probe_pairs": float(len(pairs)),
-             "heldout_accuracy_fresh_head": _accuracy(init, *held),
-             "heldout_accuracy_warm_head": _accuracy(head, *held)}  # fmt: skip
+    stats = {
+        "probe_loss_before": probe_loss(init, chosen, rejected),
+        "probe_loss_after": probe_loss(head, chosen, rejected),
+        "probe_train_accuracy": _accuracy(head, chosen, rejected),
+        "probe_pairs": float(len(pairs)),
+        "heldout_accuracy_fresh_head": _accuracy(init, *held),
+        "heldout_accuracy_warm_head": _accuracy(head, *held),
+    }
     return head.float(), stats

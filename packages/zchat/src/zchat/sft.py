@@ -56,8 +56,14 @@ Plays = list[tuple[str, str]] | None
 def build_stage_data(cfg: StageConfig, plays: tuple[Plays, Plays] = (None, None)) -> ChatData:
     """The stage's data from its config (``plays``: zstack's train/held-out plays, for the
     Shakespeare task)."""
-    return build_chat_data(cfg.task, train=cfg.train_examples, heldout=cfg.heldout_examples,
-                           seed=cfg.data_seed, train_plays=plays[0], heldout_plays=plays[1])  # fmt: skip
+    return build_chat_data(
+        cfg.task,
+        train=cfg.train_examples,
+        heldout=cfg.heldout_examples,
+        seed=cfg.data_seed,
+        train_plays=plays[0],
+        heldout_plays=plays[1],
+    )
 
 
 def check_model_dir(path: str, key: str = "model") -> None:
@@ -79,8 +85,9 @@ def prepare_sft(cfg: SFTConfig, plays: tuple[Plays, Plays] = (None, None)) -> Ch
     return data
 
 
-def evaluate_answers(model: Any, tokenizer: Any, examples: list[SFTExample], cfg: StageConfig,
-                     rank: int, world: int) -> dict[str, float]:  # fmt: skip
+def evaluate_answers(
+    model: Any, tokenizer: Any, examples: list[SFTExample], cfg: StageConfig, rank: int, world: int
+) -> dict[str, float]:
     """Held-out answer loss (token mean) and teacher-forced exact match, over all ranks."""
     ce = tokens = exact = counted = 0.0
     model.eval()
@@ -103,12 +110,15 @@ def evaluate_answers(model: Any, tokenizer: Any, examples: list[SFTExample], cfg
 
 def answer_tokens(tokenizer: Any, items: list[SFTExample], max_len: int) -> int:
     """Answer tokens the loss covers over ``items`` (labels after the first position)."""
-    return sum(sum(1 for x in render_answer(tokenizer, e.messages, e.answer, max_len)[1][1:]
-                   if x != -100) for e in items)  # fmt: skip
+    return sum(
+        sum(1 for x in render_answer(tokenizer, e.messages, e.answer, max_len)[1][1:] if x != -100)
+        for e in items
+    )
 
 
-def train_sft(rank: int, world: int, cfg: SFTConfig, plays: tuple[Plays, Plays] = (None, None)
-              ) -> dict[str, Any]:  # fmt: skip
+def train_sft(
+    rank: int, world: int, cfg: SFTConfig, plays: tuple[Plays, Plays] = (None, None)
+) -> dict[str, Any]:
     """One rank of ``z chat sft`` (collective): train, evaluate before/after, save ``cfg.out``."""
     import zcore
     import zcore.hf
@@ -148,6 +158,13 @@ def train_sft(rank: int, world: int, cfg: SFTConfig, plays: tuple[Plays, Plays] 
     rec.write({"stage": "sft", "step": cfg.steps, **{f"heldout_{k}": v for k, v in after.items()}})
     out = zcore.hf.save_pretrained(engine, cfg.out, tokenizer_from=cfg.model)
     engine.destroy()
-    return {"losses": losses, "heldout_before": before, "heldout_after": after,
-            "out": str(Path(out)), "metrics": str(rec.path), "load_s": loaded,
-            "train_s": train_s, "total_s": time.perf_counter() - start}  # fmt: skip
+    return {
+        "losses": losses,
+        "heldout_before": before,
+        "heldout_after": after,
+        "out": str(Path(out)),
+        "metrics": str(rec.path),
+        "load_s": loaded,
+        "train_s": train_s,
+        "total_s": time.perf_counter() - start,
+    }

@@ -137,8 +137,9 @@ def model_has_weights(path: str | os.PathLike[str]) -> bool:
     ).is_file()
 
 
-def pair_batch(tokenizer: Any, pairs: list[Any], max_len: int | None = None
-               ) -> dict[str, torch.Tensor]:  # fmt: skip
+def pair_batch(
+    tokenizer: Any, pairs: list[Any], max_len: int | None = None
+) -> dict[str, torch.Tensor]:
     """:func:`answer_batch` of preference pairs: chosen answers (rows ``[0, B)``) then
     rejected ones (``[B, 2B)``), right-padded."""
     items = [(p.messages, p.chosen) for p in pairs] + [(p.messages, p.rejected) for p in pairs]

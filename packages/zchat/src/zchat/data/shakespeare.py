@@ -35,10 +35,12 @@ def spoken_lines(text: str, min_chars: int = 12, max_chars: int = 90) -> list[st
 
 def _messages(title: str, context: list[str]) -> list[dict]:
     shown = "\n".join(context)
-    return [{
-        "role": "user",
-        "content": f"Continue this passage from {title} with its next line only.\n\n{shown}",
-    }]  # fmt: skip
+    return [
+        {
+            "role": "user",
+            "content": f"Continue this passage from {title} with its next line only.\n\n{shown}",
+        }
+    ]
 
 
 def shakespeare_examples(

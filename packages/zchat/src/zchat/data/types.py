@@ -61,9 +61,15 @@ class ChatData:
         """{split: number of examples}, for logs and checks."""
         return {
             name: len(getattr(self, name))
-            for name in ("sft_train", "sft_heldout", "pairs_train", "pairs_heldout",
-                         "prompts_train", "prompts_heldout")
-        }  # fmt: skip
+            for name in (
+                "sft_train",
+                "sft_heldout",
+                "pairs_train",
+                "pairs_heldout",
+                "prompts_train",
+                "prompts_heldout",
+            )
+        }
 
 
 class EmptyDatasetError(ValueError):

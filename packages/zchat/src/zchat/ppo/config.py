@@ -36,12 +36,22 @@ def check_ranges(cfg: ZModel, at_least: dict[str, float], positive: tuple[str, .
 
 
 RECIPE: dict[str, Any] = {
-    "steps": 20, "prompts_per_rank": 16, "max_new_tokens": 8, "train_prompts": 1024,
-    "heldout_prompts": 128, "heldout_samples": 4, "whiten_advantages": True,
-    "actor_lora_dim": 8, "critic_lora_dim": 8, "actor_lora_module_name": "layers.",
-    "critic_lora_module_name": "layers.", "only_optimize_lora": True,
-    "actor_lora_learning_rate": 2e-3, "critic_lora_learning_rate": 2e-3, "critic_lr": 1e-3,
-}  # fmt: skip
+    "steps": 20,
+    "prompts_per_rank": 16,
+    "max_new_tokens": 8,
+    "train_prompts": 1024,
+    "heldout_prompts": 128,
+    "heldout_samples": 4,
+    "whiten_advantages": True,
+    "actor_lora_dim": 8,
+    "critic_lora_dim": 8,
+    "actor_lora_module_name": "layers.",
+    "critic_lora_module_name": "layers.",
+    "only_optimize_lora": True,
+    "actor_lora_learning_rate": 2e-3,
+    "critic_lora_learning_rate": 2e-3,
+    "critic_lr": 1e-3,
+}
 """What `z chat ppo` and `z chat e2e`'s PPO stage run with unless a config or flag says
 otherwise: the recipe measured on SmolLM2-135M-Instruct with 2 CPU ranks on the arithmetic
 task (``benchmarks/results/zchat-ppo.md`` has every run that chose it). LoRA only, rank 8 on
@@ -131,14 +141,35 @@ class PPOConfig(ZModel):
     def model_post_init(self, context: Any, /) -> None:
         check_ranges(
             self,
-            {"train_prompts": 1, "heldout_prompts": 1, "steps": 1, "prompts_per_rank": 1,
-             "max_new_tokens": 1, "gamma": 0, "lam": 0, "ppo_epochs": 1, "world": 1,
-             "threads": 1, "eval_every": 0, "heldout_samples": 0, "actor_lora_dim": 0, "critic_lora_dim": 0,
-             "critic_warmup_steps": 0},
-            ("temperature", "clip_reward", "cliprange", "cliprange_value", "actor_lr",
-             "critic_lr", "gradient_clipping", "actor_lora_learning_rate",
-             "critic_lora_learning_rate"),
-        )  # fmt: skip
+            {
+                "train_prompts": 1,
+                "heldout_prompts": 1,
+                "steps": 1,
+                "prompts_per_rank": 1,
+                "max_new_tokens": 1,
+                "gamma": 0,
+                "lam": 0,
+                "ppo_epochs": 1,
+                "world": 1,
+                "threads": 1,
+                "eval_every": 0,
+                "heldout_samples": 0,
+                "actor_lora_dim": 0,
+                "critic_lora_dim": 0,
+                "critic_warmup_steps": 0,
+            },
+            (
+                "temperature",
+                "clip_reward",
+                "cliprange",
+                "cliprange_value",
+                "actor_lr",
+                "critic_lr",
+                "gradient_clipping",
+                "actor_lora_learning_rate",
+                "critic_lora_learning_rate",
+            ),
+        )
         if self.kl_coef < 0:
             raise ValueError(
                 f"`kl_coef` {self.kl_coef} < 0 would reward moving away from the reference "

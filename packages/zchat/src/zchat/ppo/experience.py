@@ -63,8 +63,9 @@ def token_logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     each response token; differentiable (wrap in ``no_grad`` for a frozen model). Only the
     response rows go through the LM head (transformers' ``logits_to_keep`` with per-row
     positions): the ``[B, L, V]`` logits of the prompts are never built."""
-    rows = model(input_ids=batch.ids, attention_mask=batch.attn,
-                 logits_to_keep=batch.index).logits.float()  # [B, T, V]  # fmt: skip
+    rows = model(
+        input_ids=batch.ids, attention_mask=batch.attn, logits_to_keep=batch.index
+    ).logits.float()  # [B, T, V]
     logp = torch.log_softmax(rows, dim=-1)
     return logp.gather(2, batch.targets[:, :, None]).squeeze(2) * batch.mask
 

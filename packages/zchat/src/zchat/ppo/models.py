@@ -21,9 +21,14 @@ from zchat.ppo.experience import Critic
 
 
 def lora_param_groups(
-    model: nn.Module, dim: int, module_name: str, key: str, only: bool, lora_lr: float,
+    model: nn.Module,
+    dim: int,
+    module_name: str,
+    key: str,
+    only: bool,
+    lora_lr: float,
     keep_trainable: tuple[str, ...] = (),
-) -> list[dict[str, Any]]:  # fmt: skip
+) -> list[dict[str, Any]]:
     """Convert ``model``'s matched linears to LoRA (``dim`` > 0) and return its param groups:
     the LoRA matrices at ``lora_lr``, then every other trainable parameter at the config's
     rate. ``only`` freezes all but the LoRA matrices and names ending in ``keep_trainable``."""
@@ -52,11 +57,17 @@ def build_actor(cfg: PPOConfig) -> Any:
 
     ds = cfg.zero_config(cfg.actor_lr)
     hf_config = AutoConfig.from_pretrained(str(cfg.actor))
-    actor = zcore.hf.from_pretrained(AutoModelForCausalLM, cfg.actor, ds_config=ds,
-                                     config=hf_config)  # fmt: skip
-    groups = lora_param_groups(actor, cfg.actor_lora_dim, cfg.actor_lora_module_name,
-                               "actor_lora_module_name", cfg.only_optimize_lora,
-                               cfg.actor_lora_learning_rate)  # fmt: skip
+    actor = zcore.hf.from_pretrained(
+        AutoModelForCausalLM, cfg.actor, ds_config=ds, config=hf_config
+    )
+    groups = lora_param_groups(
+        actor,
+        cfg.actor_lora_dim,
+        cfg.actor_lora_module_name,
+        "actor_lora_module_name",
+        cfg.only_optimize_lora,
+        cfg.actor_lora_learning_rate,
+    )
     engine, *_ = zcore.initialize(actor, model_parameters=groups, config=ds)
     return engine
 
@@ -70,9 +81,15 @@ def build_critic(cfg: PPOConfig) -> Any:
     ds = cfg.zero_config(cfg.critic_lr)
     with Init(config=ds):  # the wrapper too, so the engine finds its partitions
         critic = Critic(load_reward_model(cfg.reward))
-    groups = lora_param_groups(critic, cfg.critic_lora_dim, cfg.critic_lora_module_name,
-                               "critic_lora_module_name", cfg.only_optimize_lora,
-                               cfg.critic_lora_learning_rate, keep_trainable=("v_head.weight",))  # fmt: skip
+    groups = lora_param_groups(
+        critic,
+        cfg.critic_lora_dim,
+        cfg.critic_lora_module_name,
+        "critic_lora_module_name",
+        cfg.only_optimize_lora,
+        cfg.critic_lora_learning_rate,
+        keep_trainable=("v_head.weight",),
+    )
     engine, *_ = zcore.initialize(critic, model_parameters=groups, config=ds)
     return engine
 
@@ -93,7 +110,13 @@ def check_lora_name(dim: int, path: Any, names: str, key: str, causal_lm: bool =
 
 def check_lora_names(cfg: PPOConfig) -> None:
     """:func:`check_lora_name` for the actor and the critic."""
-    check_lora_name(cfg.actor_lora_dim, cfg.actor, cfg.actor_lora_module_name,
-                    "actor_lora_module_name")  # fmt: skip
-    check_lora_name(cfg.critic_lora_dim, cfg.reward, cfg.critic_lora_module_name,
-                    "critic_lora_module_name", causal_lm=False)  # fmt: skip
+    check_lora_name(
+        cfg.actor_lora_dim, cfg.actor, cfg.actor_lora_module_name, "actor_lora_module_name"
+    )
+    check_lora_name(
+        cfg.critic_lora_dim,
+        cfg.reward,
+        cfg.critic_lora_module_name,
+        "critic_lora_module_name",
+        causal_lm=False,
+    )
