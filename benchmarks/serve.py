@@ -35,7 +35,6 @@ Run: ``z bench serve MODEL_DIR [--rates 0.5,1.0,2.0] [--num-requests 12] --json`
 
 from __future__ import annotations
 
-import itertools
 import os
 import platform
 import random
@@ -46,9 +45,12 @@ from typing import Any
 
 import torch
 
+from zcore.bench import load
 from zserve.config import EngineConfig
 from zserve.engine import Engine
 from zserve.sampling import SamplingParams
+
+summarize = load("_serve_sla", Path(__file__).parent).summarize
 
 POLICIES = ("splitfuse", "prefill-first", "static")
 
@@ -139,68 +141,6 @@ def drive(engine: Any, workload: list[dict[str, Any]], max_run_s: float) -> dict
         for r in pending:
             engine.abort(r["id"])
     return {"records": recs, "timed_out": timed_out, "wall_s": time.perf_counter() - t0}
-
-
-def _pct(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    ys = sorted(xs)
-    pos = q * (len(ys) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(ys) - 1)
-    return ys[lo] + (ys[hi] - ys[lo]) * (pos - lo)
-
-
-def _ema_within(latencies: list[float], limit: float, span: int) -> bool:
-    """Whether the EMA of `latencies` (span `span`, bias-corrected as pandas' `ewm(span)
-    .mean()`) stays below `limit` at every token."""
-    decay = 1.0 - 2.0 / (span + 1)
-    num = den = 0.0
-    for x in latencies:
-        num, den = x + decay * num, 1.0 + decay * den
-        if num / den >= limit:
-            return False
-    return True
-
-
-def _cum_within(latencies: list[float], limit: float) -> bool:
-    """Whether token i after the first arrives within (i+1) * `limit` of the first."""
-    return all(t <= (i + 1) * limit for i, t in enumerate(itertools.accumulate(latencies)))
-
-
-def summarize(run: dict[str, Any], sla: dict[str, float]) -> dict[str, Any]:
-    recs = list(run["records"].values())
-    ttft, itl, ok, ok_cum, tokens = [], [], 0, 0, 0
-    end = 0.0
-    per_token = 1.0 / sla["decode_tokens_per_s"]
-    for r in recs:
-        ts = r["times"]
-        tokens += len(ts)
-        if not ts:
-            continue
-        end = max(end, ts[-1])
-        ttft.append(ts[0] - r["arrival"])
-        gaps = [b - a for a, b in itertools.pairwise(ts)]
-        itl += gaps
-        if len(ts) == r["max_tokens"] and ts[0] - r["arrival"] <= sla["ttft_s"]:
-            ok += _ema_within(gaps, per_token, int(sla["ema_span"]))
-            ok_cum += _cum_within(gaps, per_token)
-    start = min(r["arrival"] for r in recs)
-    duration = max(end - start, 1e-9)
-    pct = {f"p{int(q * 100)}": q for q in (0.5, 0.95, 0.99)}
-    return {
-        "requests": len(recs),
-        "completed": sum(len(r["times"]) == r["max_tokens"] for r in recs),
-        "met_sla": ok,
-        "met_sla_cum": ok_cum,
-        "duration_s": duration,
-        "tokens_per_s": tokens / duration,
-        "effective_rps": ok / duration,
-        "effective_rps_cum": ok_cum / duration,
-        "ttft_s": {k: _pct(ttft, q) for k, q in pct.items()},
-        "itl_s": {k: _pct(itl, q) for k, q in pct.items()},
-        "timed_out": run["timed_out"],
-    }
 
 
 def _engines(model_dir: Path, policies: list[str], base: dict[str, Any]):

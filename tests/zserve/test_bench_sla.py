@@ -8,7 +8,7 @@ from pathlib import Path
 
 from zcore.bench import load
 
-serve = load("serve", Path(__file__).resolve().parents[2] / "benchmarks")
+scoring = load("_serve_sla", Path(__file__).resolve().parents[2] / "benchmarks")
 
 
 def _ema_direct(xs: list[float], span: int) -> list[float]:
@@ -27,17 +27,17 @@ def test_ema_check_matches_the_bias_corrected_ema() -> None:
         xs = [rng.expovariate(1.0) for _ in range(rng.randint(0, 40))]
         limit = rng.uniform(0.5, 2.5)
         want = all(v < limit for v in _ema_direct(xs, 16))
-        assert serve._ema_within(xs, limit, 16) == want
+        assert scoring.ema_within(xs, limit, 16) == want
 
 
 def test_a_stall_fails_although_the_mean_rate_holds() -> None:
     steady = [0.5] * 40  # 2 tok/s against a 1 tok/s SLA
     stalled = [0.5] * 20 + [6.0] + [0.5] * 19  # mean 0.64 s/token, but a 6 s stall
-    assert serve._ema_within(steady, 1.0, 16) and serve._cum_within(steady, 1.0)
+    assert scoring.ema_within(steady, 1.0, 16) and scoring.cum_within(steady, 1.0)
     assert sum(stalled) / len(stalled) < 1.0
-    assert not serve._ema_within(stalled, 1.0, 16)  # the EMA jumps to 0.5 + 5.5 * 2/17
-    assert serve._cum_within(stalled, 1.0)  # tokens banked early cover this stall...
-    assert not serve._cum_within([6.0] + [0.5] * 39, 1.0)  # ...but not one at the start
+    assert not scoring.ema_within(stalled, 1.0, 16)  # the EMA jumps to 0.5 + 5.5 * 2/17
+    assert scoring.cum_within(stalled, 1.0)  # tokens banked early cover this stall...
+    assert not scoring.cum_within([6.0] + [0.5] * 39, 1.0)  # ...but not one at the start
 
 
 def test_summarize_counts_requests_that_hold_the_rate() -> None:
@@ -48,7 +48,7 @@ def test_summarize_counts_requests_that_hold_the_rate() -> None:
         "stall": {"arrival": 1.0, "max_tokens": 3, "times": [1.2, 5.2, 5.7]},
         "short": {"arrival": 0.0, "max_tokens": 4, "times": [0.5, 1.0]},  # never completed
     }
-    got = serve.summarize({"records": records, "timed_out": False}, sla)
+    got = scoring.summarize({"records": records, "timed_out": False}, sla)
     assert got["met_sla"] == 1 and got["met_sla_cum"] == 1
     assert got["completed"] == 3 and got["requests"] == 4
     assert got["effective_rps"] == 1 / 5.7
