@@ -80,10 +80,14 @@ def _rank_main(spec: dict[str, Any]) -> None:
     """One rank of one run: build one engine per side, time alternating steps, write JSON."""
     rank, world, sides, opt = spec["rank"], spec["world"], spec["sides"], spec["options"]
     os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(spec["port"]), RANK=str(rank),
-        WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(spec["port"]),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_SIZE=str(world),
         ZNATIVE_NUM_THREADS=str(opt["threads"]),
-    )  # fmt: skip
+    )
     import torch
     import torch._dynamo  # torch.optim loads it on first use (~170 MB): keep it out of the deltas
     import torch.distributed as dist
@@ -257,8 +261,9 @@ def _summary(timing: list[list[dict]], memory: list[list[dict]], side: str) -> d
         "median_cpu_s": statistics.median(_slowest(timing, side, "cpu")),
         "isolated_median_step_s": statistics.median(isolated),
         "isolated_step_s": isolated,
-        "peak_rss_mb": [max(run[i]["process"]["peak_rss_mb"] for run in memory)
-                        for i in range(len(memory[0]))],
+        "peak_rss_mb": [
+            max(run[i]["process"]["peak_rss_mb"] for run in memory) for i in range(len(memory[0]))
+        ],
         "rss_before_init_mb": [r["process"]["rss_before_init_mb"] for r in memory[0]],
         "rss_after_init_mb": [r["process"]["rss_after_init_mb"] for r in memory[0]],
         "losses": losses,
@@ -266,7 +271,7 @@ def _summary(timing: list[list[dict]], memory: list[list[dict]], side: str) -> d
         "optimizer": first[0]["sides"][side]["optimizer"],
         "zero_optimizer": first[0]["sides"][side]["zero_optimizer"],
         "torch_threads": memory[0][0]["process"]["torch_threads"],
-    }  # fmt: skip
+    }
     profile = first[0]["sides"][side]["profile"]
     if profile:
         out["profile_rank0"] = profile
@@ -335,10 +340,20 @@ def run(
             f"(got {steps}, {warmup}, {rounds}, {world_size}, {threads})"
         )
     opt = dict(
-        preset=preset, vocab_size=2048, steps=steps, warmup=warmup, micro_batch=micro_batch,
-        seq=seq, world_size=world_size, threads=threads, gradient_clipping=gradient_clipping,
-        lr=lr, seed=seed, profile=profile, timeout_s=timeout_s,
-    )  # fmt: skip
+        preset=preset,
+        vocab_size=2048,
+        steps=steps,
+        warmup=warmup,
+        micro_batch=micro_batch,
+        seq=seq,
+        world_size=world_size,
+        threads=threads,
+        gradient_clipping=gradient_clipping,
+        lr=lr,
+        seed=seed,
+        profile=profile,
+        timeout_s=timeout_s,
+    )
     env = dict(os.environ)
     # DeepSpeed JIT-builds its CPU ops with the interpreter's venv tools (ninja).
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
@@ -378,7 +393,8 @@ def run(
         "warmup": warmup,
         "rounds": rounds,
         "precision": "fp32",
-        "timing": "both engines in the same ranks, alternating steps" if len(sides) > 1
+        "timing": "both engines in the same ranks, alternating steps"
+        if len(sides) > 1
         else "zcore alone",
         "config": ds_config(opt, stage_list[0]) | {"zero_optimization": {"stage": "per row"}},
         "machine": {
@@ -390,7 +406,7 @@ def run(
         "deepspeed_version": ds_version,
         "deepspeed_status": ds_status,
         "stages": rows,
-    }  # fmt: skip
+    }
 
 
 def report(result: dict[str, Any]) -> str:
@@ -447,8 +463,16 @@ if __name__ == "__main__":
     ap.add_argument("--profile", action="store_true", help="cProfile rank 0's timed steps.")
     ns = ap.parse_args()
     out = run(
-        ns.preset, ns.stages, ns.steps, ns.warmup, ns.rounds, ns.micro_batch, ns.seq,
-        ns.world_size, deepspeed=not ns.no_ds, profile=ns.profile,
-    )  # fmt: skip
+        ns.preset,
+        ns.stages,
+        ns.steps,
+        ns.warmup,
+        ns.rounds,
+        ns.micro_batch,
+        ns.seq,
+        ns.world_size,
+        deepspeed=not ns.no_ds,
+        profile=ns.profile,
+    )
     print(report(out))
     print(json.dumps(out))
