@@ -109,6 +109,7 @@ SIZED_SOURCES = [
     ("packages", "*/src/**/*.py"),
     ("src", "**/*.py"),
     ("benchmarks", "**/*.py"),
+    ("tools", "*.py"),
     ("native/python", "**/*.py"),
     ("native/crates", "**/*.rs"),
 ]
