@@ -4,7 +4,7 @@ import io
 
 import pytest
 
-from ztrain.progress import TrainProgress, format_duration, format_metrics, rss_bytes
+from ztrain.progress import TrainProgress, format_duration, format_metrics
 
 
 def _run(p: TrainProgress) -> None:
@@ -64,7 +64,3 @@ def test_formatting_helpers() -> None:
     assert format_duration(3723) == "1:02:03"
     assert format_duration(65) == "1:05"
     assert format_duration(float("nan")) == "-:--"
-
-
-def test_rss_bytes_is_plausible() -> None:
-    assert 10 * 2**20 < rss_bytes() < 64 * 2**30

@@ -12,8 +12,6 @@ plain line. `enabled=False` (ranks other than 0) prints nothing.
 
 from __future__ import annotations
 
-import os
-import resource
 import sys
 import time
 from collections.abc import Sequence
@@ -32,16 +30,6 @@ from rich.progress import (
 )
 from rich.table import Column
 from rich.text import Text
-
-
-def rss_bytes() -> int:
-    """Resident set size of this process now (`/proc/self/statm`), else its peak (`getrusage`)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
 
 
 def format_metrics(

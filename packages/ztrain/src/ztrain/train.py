@@ -51,9 +51,10 @@ def _restart_metrics(path: Path, resume_step: int | None) -> None:
 def run(plan: TrainPlan, echo: Callable[[str], None] = print, report: bool = True) -> int:
     """Train on this rank (every rank of the job calls it); returns the exit code. Without
     `report` the run ends at its last checkpoint (no export, plot or summary: benchmarks)."""
+    from zcore.process import rss_bytes
     from ztrain.metrics import JsonlWriter
     from ztrain.moe_plan import model_name
-    from ztrain.progress import TrainProgress, rss_bytes
+    from ztrain.progress import TrainProgress
 
     t = Trainer.start(plan)
     engine, ranks = t.engine, t.ranks
