@@ -22,13 +22,7 @@ Models (from `$ZSTACK_MODELS` or `~/.cache/zstack/models`) and objectives:
 
 Only the selected weights train; the rest is frozen (see `zquant.admm_nm`).
 
-Measured (2-core shared CPU, one torch thread, defaults: 30 ADMM + 10 masked steps vs 40
-masked steps, lr 1e-4, decoupled rho 200 x1.5 every 5 steps, cap 3000; 604 s):
-MiniLM cosine dense 1.0, magnitude 0.6332, magnitude + fine-tune 0.8089, ADMM 0.7915;
-SmolLM2 perplexity dense 58.29, magnitude 127.47, magnitude + fine-tune 117.41, ADMM 127.15.
-ADMM beats one-shot magnitude on both, not magnitude + equal fine-tune at this budget: its
-final mask differs from magnitude's in 0.01% (MiniLM) / 0.05% (SmolLM2) of entries, so the
-gain the paper reports (whole fine-tuning runs) needs far more steps than a CPU bench has.
+Measured runs (date, host, command, numbers): `benchmarks/results/admm-nm.md`.
 """
 
 from __future__ import annotations

@@ -26,17 +26,7 @@ validation losses (the same 4 fixed validation micro-batches at full length, eve
 The done-when target of issue 22 is `wall_clock_saved >= 0.2` with `val_loss_gap <= 0.02`;
 `meets_target` says whether this run met it.
 
-Measured (2026-11-26, 2 CPU cores shared with other jobs, load average 11-20; `--steps 60
---seq-len 64 --micro-batch 8 --evals 6`, so 60 steps of 8 x 256 tokens, 37 min): median
-step 17.68 s plain, 15.46 s random-LTD: 12.6% less wall-clock for 38.3% fewer model FLOPs;
-final validation loss 5.904 plain, 5.825 random-LTD (gap -1.33%, random-LTD lower; the
-curves cross twice, 6.99/6.37 at step 10, 5.98/6.00 at step 20). So the quality half of the
-target held and the wall-clock half did not here: on CPU at width 128 the work random-LTD
-does not shrink (optimizer step, LM head, embeddings, per-op overhead) and the gather/scatter
-copies (timed at 0.09 s each under that load, 0.1 ms on a quiet moment) eat into the saving.
-The same command on the same machine once quiet (load about 1, 9.5 min): 0.421 s -> 0.276 s
-per step, 34.4% less wall-clock for the same 38.3% fewer FLOPs, validation loss 5.9038 ->
-5.8397 (gap -1.09%): the target met. The load, not the method, made the first run miss.
+Measured runs (date, host, command, numbers): `benchmarks/results/random-ltd.md`.
 """
 
 from __future__ import annotations
