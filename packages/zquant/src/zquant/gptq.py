@@ -16,8 +16,7 @@ the original weight, exactly as round-to-nearest sets them, so a GPTQ weight pac
 runs through the same `QuantLinear` kernels; only which grid point each weight takes
 changes. With ``scale_refits`` the scales are then refit by least squares to the chosen
 codes (`refit_scales`; the same objective, so the layer's error can only fall), and
-rounded again on them. Measured with 3 refits: MiniLM group-32 FP6 0.99778 -> 0.99811
-cosine (1,024 sentences); SmolLM2 group-32 FP6 perplexity +0.8% of fp32 (256 sentences).
+rounded again on them (measured gains: ``benchmarks/results/quant-accuracy.md``).
 
 `quantize_gptq` walks the transformer blocks in order: block k's linears get their ``H``
 from the inputs block k receives from the *already quantized* blocks before it (so later

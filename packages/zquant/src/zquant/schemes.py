@@ -22,9 +22,9 @@ Named recipes (`get_recipe`), after ZeroQuant and FP6-LLM:
 | xtc   | binary (sign x per-channel scale), see `zquant.xtc`      | full precision     |
 
 The `a8` recipes keep the `ACT_OUTLIERS` (8) largest activation channels of each call in
-full precision (`nn.OutlierQuantLinear`, LLM.int8()'s decomposition): measured on MiniLM,
-W8A8's embedding cosine goes from 0.9965 to 0.999, and SmolLM2's perplexity from +3.9% to
-+1.0% of fp32. Set `act_outliers=0` for plain token-wise INT8.
+full precision (`nn.OutlierQuantLinear`, LLM.int8()'s decomposition), which brings W8A8
+most of the way back to fp32 on MiniLM and SmolLM2 (`benchmarks/results/quant-accuracy.md`).
+Set `act_outliers=0` for plain token-wise INT8.
 
 The output heads (`lm_head`, BERT's `pooler.dense`) stay in full precision by default
 (`keep`), as in ZeroQuant: the head is tied to the embeddings in most small models.
@@ -34,10 +34,8 @@ channels kept in full precision), so it runs on the INT8 GEMM. A tied head is qu
 its own: the input embedding table stays full precision beside it (see `zquant.serialize`).
 This is the precision llama.cpp's Q8_0/Q4_1 GGUFs give SmolLM2's tied `token_embd` (Q8_0),
 and it matters at batch 1: SmolLM2-135M's 49152 x 576 fp32 head is 113 MB read per decoded
-token, about half of what a W8A8/W4 decode step reads; INT8 makes it 28 MB. Measured
-(`z eval --ppl`, 4096 held-out Shakespeare tokens, fp32 39.388): W8A8 40.1531 -> 40.1534,
-W4 53.040 -> 53.175 with the INT8 head (8 outlier channels; without them the head's logits
-err 3x more: relative L2 2.6e-2 vs 8.3e-3).
+token, about half of what a W8A8/W4 decode step reads; INT8 makes it 28 MB, at a
+perplexity cost measured in `benchmarks/results/quant-accuracy.md`.
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ exactly 0 (DeepSpeed's ``exp_avg_mask``, made automatic): 1-bit signs give such 
 ``g / (sqrt(v) + eps)`` on the steps before the freeze that skip the variance, and
 multiplies the average back. DeepSpeed's raw-gradient compression gives every element one
 sign scale, so an embedding row that saw no gradient gets the largest elements' noise over
-its own tiny variance. Measured on `z train` (tiny, 600 steps, variance frozen at 120):
-validation loss +9.0% over Adam with DeepSpeed's update, +1.6% preconditioned.
+its own tiny variance; on `z train` preconditioning ended much closer to Adam's validation
+loss (``benchmarks/results/zero-one-adam.md``).
 
 **ZeRO stages 1-2** (DeepSpeed refuses every stage). With fp32 parameters (`z train`'s
 default) the stage 0 algorithm runs on ``(world, P)`` grids and the weights' all-gather is

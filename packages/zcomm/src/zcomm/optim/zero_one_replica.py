@@ -30,11 +30,7 @@ the whole group and *computes* the all-gather instead of sending it:
   owner's row scaled by it) is agreed over the ranks with one 2-element all-reduce, so
   every rank scales the grid by the same float.
 
-Measured (`z train --preset tiny --seq-len 128 --steps 600 --nproc 2`, ``ZeroOneAdam``
-with ``preconditioned``, variance frozen at 120, configs in the issue-17 note): at stages 1
-and 2 alike, validation loss 4.6558 against Adam's 4.6272 (+0.6%), 346.3 MiB sent per rank
-over the run against 1-bit Adam's 799.9 MiB at the same stages (2.31x fewer). Stage 0's
-0/1 Adam: 4.7023, 227.8 MiB.
+Measured loss and bytes against Adam and 1-bit Adam: ``benchmarks/results/zero-one-adam.md``.
 
 Wire bytes are stage 0's (plus the second all-reduce per synchronization), not ZeRO's.
 The price is memory: the momentum, the variance and the two sums are ``(world, P)``

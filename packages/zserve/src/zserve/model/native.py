@@ -118,10 +118,9 @@ def torch_single_threaded(active: bool) -> Iterator[None]:
     kernels, which run on znative's own team; torch's remaining ops there are small, but the
     largest (the sampler's reductions over the 49152-wide logits row) are past torch's grain
     size: its OpenMP worker wakes each step and then spins, which we take to be what kept
-    the team's helper off the second core (not traced further). Measured (SmolLM2 fp32,
-    batch-1 decode, 2 cores, ``ZNATIVE_NUM_THREADS=2``): 33.8 tok/s with 2 torch threads,
-    39.7 with 1; bf16 54.7 vs 55.5. Prefill and batched steps keep torch's threads (their
-    GEMMs are torch's)."""
+    the team's helper off the second core (not traced further; the measured decode rates:
+    ``benchmarks/results/serve-decode-threads.md``). Prefill and batched steps keep torch's
+    threads (their GEMMs are torch's)."""
     saved = torch.get_num_threads()
     if not active or saved == 1:
         yield
