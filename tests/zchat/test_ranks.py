@@ -10,8 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from tests.utils.processes import alive, still_alive_after
 
 SCRIPT = """
@@ -28,7 +26,6 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.timeout(180)
 def test_ranks_die_with_a_killed_parent(tmp_path: Path) -> None:
     script = tmp_path / "stage.py"
     script.write_text(SCRIPT)
@@ -36,10 +33,10 @@ def test_ranks_die_with_a_killed_parent(tmp_path: Path) -> None:
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         files = [tmp_path / f"rank{r}.pid" for r in range(2)]
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 40
         while not all(f.is_file() and f.read_text() for f in files):
             assert parent.poll() is None, "the parent exited before both ranks started"
-            assert time.monotonic() < deadline, "ranks did not start in 120 s"
+            assert time.monotonic() < deadline, "ranks did not start in 40 s"
             time.sleep(0.1)
         pids = [int(f.read_text()) for f in files]
         assert all(alive(pid) for pid in pids)
