@@ -34,7 +34,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -145,8 +144,8 @@ def _refusal(entry: Entry, cfg: Path, work: Path, o: dict[str, Any]) -> str | No
 
 
 # -- one rank -----------------------------------------------------------------------------
-def _worker(spec_path: str) -> None:
-    """Train every entry of the spec on this rank (RANK etc. come from the environment)."""
+def _worker(spec: dict[str, Any]) -> None:
+    """Train every entry of the spec on this rank (started by ``_ranks.launch``)."""
     from zcore.lifetime import die_with_parent
 
     # `_launch` gives its pid, as `z launch` does
@@ -157,8 +156,7 @@ def _worker(spec_path: str) -> None:
     from ztrain.train_plan import plan_run
     from ztrain.trainer import Trainer
 
-    spec = json.loads(Path(spec_path).read_text())
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    world = spec["world"]
     work, o = Path(spec["work"]), spec["options"]
     threads = max(1, (os.cpu_count() or 1) // world)
     out = []
@@ -189,7 +187,7 @@ def _worker(spec_path: str) -> None:
             row["error"] = f"{type(err).__name__}: {err}"
             row["refused"] = isinstance(err, ConfigError)
         out.append(row)
-    Path(spec["out"]).joinpath(f"rank{rank}.json").write_text(json.dumps(out))
+    _ranks.write_result(spec, out)
 
 
 # -- the run ------------------------------------------------------------------------------
@@ -198,51 +196,22 @@ def _launch(
 ) -> list[list[dict[str, Any]]]:
     """Start ``world`` ranks (half in each namespace, or on loopback) on ``spec``; every
     rank's rows."""
-    out = tmp / f"out-{world}-{port}"
-    out.mkdir()
-    spec = {**spec, "out": str(out)}
-    spec_path = tmp / f"spec-{world}-{port}.json"
-    spec_path.write_text(json.dumps(spec))
     per_node = world // 2
-    procs, logs = [], []
-    for rank in range(world):
-        node = rank // per_node
-        env = dict(
-            os.environ,
-            RANK=str(rank),
-            WORLD_SIZE=str(world),
-            LOCAL_RANK=str(rank % per_node),
-            LOCAL_WORLD_SIZE=str(per_node),
-            MASTER_PORT=str(port),
-            MASTER_ADDR=_netns.ADDRESSES[0] if link else "127.0.0.1",
-            GLOO_SOCKET_IFNAME=_netns.IFNAME if link else "lo",
-            ZSTACK_LAUNCHER_PID=str(os.getpid()),
-            PYTHONUNBUFFERED="1",
-        )
-        prefix = link.exec_prefix(node) if link else []
-        log = open(out / f"rank{rank}.log", "w")  # closed below
-        logs.append(log)
-        cmd = [*prefix, sys.executable, __file__, str(spec_path)]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
-    deadline = time.monotonic() + timeout_s
-    try:
-        codes = [p.wait(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
-    except subprocess.TimeoutExpired:
-        codes = None
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        for log in logs:
-            log.close()
-    if codes is None or any(codes):
-        tails = "\n".join(
-            f"rank {r}: " + (out / f"rank{r}.log").read_text()[-1500:] for r in range(world)
-        )
-        why = f"timed out after {timeout_s:g}s" if codes is None else f"exit codes {codes}"
-        raise RuntimeError(f"z bench comm: the {world} ranks failed ({why})\n{tails}")
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+
+    def placement(rank: int) -> tuple[list[str], dict[str, str]]:
+        env = {
+            "LOCAL_RANK": str(rank % per_node),
+            "LOCAL_WORLD_SIZE": str(per_node),
+            "MASTER_ADDR": _netns.ADDRESSES[0] if link else "127.0.0.1",
+            "GLOO_SOCKET_IFNAME": _netns.IFNAME if link else "lo",
+            "PYTHONUNBUFFERED": "1",
+        }
+        return (link.exec_prefix(rank // per_node) if link else []), env
+
+    what = f"z bench comm: {world} ranks"
+    return _ranks.launch(
+        __file__, world, spec, tmp, timeout_s=timeout_s, what=what, port=port, per_rank=placement
+    )
 
 
 def _summarize(rows: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
@@ -429,5 +398,8 @@ def report(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":
-    _worker(sys.argv[1])
+if __name__ == "__main__":  # one rank, started by run() through _ranks.launch
+    rank_spec = _ranks.rank_spec(sys.argv)
+    if rank_spec is None:
+        sys.exit("this file runs as a rank of `z bench comm`; run that instead")
+    _worker(rank_spec)

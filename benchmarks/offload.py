@@ -27,10 +27,7 @@ Run: ``z bench offload --dir /path/on/nvme --json``.
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -95,12 +92,6 @@ def _param_buffer(preset: str, n_layer: int | None, n_embd: int | None, world: i
 
 def _rank_main(spec: dict[str, Any]) -> None:
     rank, world = spec["rank"], spec["world"]
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(spec["port"]),
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-    )
     import torch
     import torch.distributed as dist
 
@@ -151,37 +142,15 @@ def _rank_main(spec: dict[str, Any]) -> None:
         "optimizer": type(opt_store).__name__,
         "params": psi,
     }
-    with open(spec["out"], "w") as f:
-        json.dump(out, f)
+    _ranks.write_result(spec, out)
     dist.destroy_process_group()
 
 
 def _launch(spec: dict[str, Any], tmp: str) -> list[dict[str, Any]]:
-    port = _ranks.free_port()
-    procs, outs = [], []
-    for r in range(spec["world"]):
-        out = os.path.join(tmp, f"{spec['mode']}_{r}.json")
-        outs.append(out)
-        rank_spec = {**spec, "rank": r, "port": port, "out": out}
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, __file__, json.dumps(rank_spec)],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    logs = [p.communicate(timeout=3600)[0] for p in procs]
-    if any(p.returncode for p in procs):
-        tail = "\n".join(log[-2000:] for log in logs)
-        raise RuntimeError(
-            f"mode {spec['mode']}: ranks exited {[p.returncode for p in procs]}\n{tail}"
-        )
-    results = []
-    for out in outs:
-        with open(out) as f:
-            results.append(json.load(f))
-    return results
+    """Start ``spec["world"]`` fresh ranks for one mode; their results (rank order)."""
+    return _ranks.launch(
+        __file__, spec["world"], spec, tmp, timeout_s=3600, what=f"mode {spec['mode']}"
+    )
 
 
 def _summary(ranks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -295,5 +264,8 @@ def report(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":
-    _rank_main(json.loads(sys.argv[1]))
+if __name__ == "__main__":  # one rank, started by run() through _ranks.launch
+    rank_spec = _ranks.rank_spec(sys.argv)
+    if rank_spec is None:
+        sys.exit("this file runs as a rank of `z bench offload`; run that instead")
+    _rank_main(rank_spec)

@@ -15,10 +15,7 @@ Run: ``z bench zero --world-size 4 --json``.
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -32,10 +29,10 @@ from zcore.bench import load
 _ranks = load("_ranks", Path(__file__).parent)
 
 
-def _rank(rank: int, world: int, port: int, preset: str, stages: list[int], out: str) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world)
-    )
+def _rank(spec: dict[str, Any]) -> None:
+    """One rank (started by :func:`run` through ``_ranks.launch``): every stage's bytes."""
+    rank, world, preset = spec["rank"], spec["world"], spec["preset"]
+    stages = [int(s) for s in spec["stages"].split(",")]
     torch.set_num_threads(1)
     import zcore
     from zcore.zero import Init
@@ -76,9 +73,7 @@ def _rank(rank: int, world: int, port: int, preset: str, stages: list[int], out:
             }
         )
         del engine, model
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump(rows, f)
+    _ranks.write_result(spec, rows)
     dist.destroy_process_group()
 
 
@@ -99,20 +94,10 @@ def run(world_size: int = 4, preset: str = "small", stages: str = "0,1,2,3") -> 
     bad = [s for s in numbers("--stages", stages) if s not in (0, 1, 2, 3)]  # validate early
     if bad:
         raise ValueError(f"--stages {stages!r}: {bad} not ZeRO stages; give stages from 0-3")
-    port = _ranks.free_port()
     with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "rows.json")
-        procs = [
-            subprocess.Popen(
-                [sys.executable, __file__, str(r), str(world_size), str(port), preset, stages, out]
-            )
-            for r in range(world_size)
-        ]
-        codes = [p.wait(timeout=1800) for p in procs]
-        if any(codes):
-            raise RuntimeError(f"benchmark ranks exited with codes {codes}")
-        with open(out) as f:
-            rows = json.load(f)
+        spec = {"preset": preset, "stages": stages}
+        ranks = _ranks.launch(__file__, world_size, spec, tmp, timeout_s=1800, what="z bench zero")
+    rows = ranks[0]
     report_rows = []
     for row in rows:
         psi = row["params"]
@@ -161,6 +146,8 @@ def report(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # one rank, started by run()
-    r, w, port, preset, stages, out = sys.argv[1:]
-    _rank(int(r), int(w), int(port), preset, [int(s) for s in stages.split(",")], out)
+if __name__ == "__main__":  # one rank, started by run() through _ranks.launch
+    spec = _ranks.rank_spec(sys.argv)
+    if spec is None:
+        sys.exit("this file runs as a rank of `z bench zero`; run that instead")
+    _rank(spec)

@@ -79,15 +79,8 @@ def _engine(side: str, model: Any, config: dict[str, Any]) -> tuple[Any, str, st
 def _rank_main(spec: dict[str, Any]) -> None:
     """One rank of one run: build one engine per side, time alternating steps, write JSON."""
     rank, world, sides, opt = spec["rank"], spec["world"], spec["sides"], spec["options"]
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(spec["port"]),
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        LOCAL_SIZE=str(world),
-        ZNATIVE_NUM_THREADS=str(opt["threads"]),
-    )
+    # the rendezvous variables come from _ranks.launch; these must be set before torch loads
+    os.environ.update(LOCAL_SIZE=str(world), ZNATIVE_NUM_THREADS=str(opt["threads"]))
     import torch
     import torch._dynamo  # torch.optim loads it on first use (~170 MB): keep it out of the deltas
     import torch.distributed as dist
@@ -155,8 +148,7 @@ def _rank_main(spec: dict[str, Any]) -> None:
         "peak_rss_mb": _ranks.memory_mb()["VmHWM"],
         "torch_threads": torch.get_num_threads(),
     }
-    with open(spec["out"], "w") as f:
-        json.dump({"process": process, "sides": result}, f)
+    _ranks.write_result(spec, {"process": process, "sides": result})
     dist.barrier()
     dist.destroy_process_group()
 
@@ -199,42 +191,11 @@ def _deepspeed_status(env: dict[str, str]) -> tuple[str | None, str]:
 
 def _launch(sides: tuple[str, ...], stage: int, opt: dict, env: dict, tmp: str) -> list[dict]:
     """Start ``world_size`` fresh ranks for one run; return their results (rank order)."""
-    port, world = _ranks.free_port(), opt["world_size"]
-    procs, outs, logs = [], [], []
-    for rank in range(world):
-        name = os.path.join(tmp, f"{'+'.join(sides)}-{stage}-{port}-{rank}")
-        spec = dict(rank=rank, world=world, port=port, sides=sides, stage=stage, options=opt)
-        spec["out"] = name + ".json"
-        with open(name + ".log", "w") as f:
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, __file__, "--rank-spec", json.dumps(spec)],
-                    env=env,
-                    stdout=f,
-                    stderr=subprocess.STDOUT,
-                )
-            )
-        outs.append(name + ".json")
-        logs.append(name + ".log")
-    try:
-        codes = [p.wait(timeout=opt["timeout_s"]) for p in procs]
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        codes = [p.wait() for p in procs]
-    if any(codes) or not all(os.path.exists(o) for o in outs):
-        bad = next((i for i, c in enumerate(codes) if c), 0)
-        with open(logs[bad]) as f:
-            tail = "".join(f.readlines()[-15:])
-        raise RuntimeError(
-            f"{'+'.join(sides)} stage {stage}: ranks exited with codes {codes} (timeout "
-            f"{opt['timeout_s']} s); last lines of rank {bad}:\n{tail}"
-        )
-    results = []
-    for o in outs:
-        with open(o) as f:
-            results.append(json.load(f))
-    return results
+    spec = {"sides": sides, "stage": stage, "options": opt}
+    what = f"{'+'.join(sides)} stage {stage}"
+    return _ranks.launch(
+        __file__, opt["world_size"], spec, tmp, timeout_s=opt["timeout_s"], what=what, env=env
+    )
 
 
 def _slowest(runs: list[list[dict]], side: str, key: str = "total") -> list[float]:
@@ -445,8 +406,9 @@ def report(result: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--rank-spec":  # one rank, started by run()
-        _rank_main(json.loads(sys.argv[2]))
+    rank_spec = _ranks.rank_spec(sys.argv)
+    if rank_spec is not None:  # one rank, started by run() through _ranks.launch
+        _rank_main(rank_spec)
         sys.exit(0)
     import argparse
 
