@@ -15,7 +15,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -24,6 +24,7 @@ from torch.utils.hooks import RemovableHandle
 from zcore.comm import mesh_for_config
 from zcore.comm.accounting import Traffic, TrafficTally
 from zcore.config import ZConfig
+from zcore.engine_parts import Counters, ModelState, RankLocalState
 from zcore.lr_schedules.attach import engine_random_ltd, engine_scheduler
 from zcore.monitor import MonitorMaster
 from zcore.optim.factory import build_inner_optimizer
@@ -33,7 +34,11 @@ from zcore.zero.backends import optimizer_backend, param_backend
 from zcore.zero.collectives import collectives_for
 from zcore.zero.communicating import bind_inner
 from zcore.zero.optimizer import ZeroOptimizer
+from zcore.zero.sharded_state import OptimizerShards
 from zcore.zero.stage3 import ShardStore, Stage3Params
+
+if TYPE_CHECKING:
+    from zcore.checkpoint.parts import CheckpointParts
 
 log = logging.getLogger("zcore")
 
@@ -51,8 +56,23 @@ def unique_named_parameters(module: nn.Module) -> list[tuple[str, nn.Parameter]]
     return out
 
 
+def _counter(name: str) -> property:
+    def get(self: ZEngine) -> int:
+        return getattr(self.counters, name)
+
+    def put(self: ZEngine, value: int) -> None:
+        setattr(self.counters, name, value)
+
+    return property(get, put, doc=f"``counters.{name}``")
+
+
 class ZEngine:
     """A model under ZeRO data parallelism (see the module docstring)."""
+
+    global_steps = _counter("global_steps")
+    micro_steps = _counter("micro_steps")
+    global_samples = _counter("global_samples")
+    skipped_steps = _counter("skipped_steps")
 
     def __init__(
         self,
@@ -86,10 +106,8 @@ class ZEngine:
         self.module = model
         self.random_ltd = engine_random_ltd(config, self)  # data_efficiency.data_routing
         self.scaler = LossScaler.from_config(config.fp16) if config.fp16.enabled else None
-        self.micro_steps = 0
-        self.global_steps = 0
-        self.global_samples = 0
-        self.skipped_steps = 0
+        self.counters = Counters(on_load=self.mesh.set_step)
+        """The step counters (a checkpoint part; ``global_steps`` etc. read them)."""
         self._no_sync = False
         self._sync = True
         self._times = {"forward": 0.0, "backward": 0.0, "step": 0.0}
@@ -449,18 +467,6 @@ class ZEngine:
         self.monitor.close()
 
     # -- checkpoints ----------------------------------------------------------------------
-    COUNTERS = ("global_steps", "micro_steps", "global_samples", "skipped_steps")
-
-    def counters_state_dict(self) -> dict[str, int]:
-        """The step counters a checkpoint keeps (DeepSpeed's names)."""
-        return {k: int(getattr(self, k)) for k in self.COUNTERS}
-
-    def load_counters_state_dict(self, state: dict[str, int]) -> None:
-        """Take back :meth:`counters_state_dict`; collectives are labelled with the step."""
-        for k in self.COUNTERS:
-            setattr(self, k, int(state[k]))
-        self.mesh.set_step(self.global_steps)
-
     def state_parts(self) -> dict[str, Any]:
         """The parts a checkpoint saves whole through ``state_dict`` / ``load_state_dict``
         (the master weights and optimizer state are sharded by the store instead):
@@ -472,6 +478,36 @@ class ZEngine:
             parts["loss_scaler"] = self.scaler
         return parts
 
+    def checkpoint_parts(self) -> CheckpointParts:
+        """Everything :mod:`zcore.checkpoint` saves and loads, and this rank's place."""
+        from zcore.checkpoint.parts import CheckpointParts, RankPlace
+
+        mesh = self.mesh
+        place = RankPlace(
+            rank=self.rank,
+            world=mesh.spec.world,
+            data_world=self.world_size,
+            coords=mesh.full_coords(),
+            mesh=mesh.describe(),
+            comm=self.world_comm,
+        )
+        zopt = self.zopt
+        return CheckpointParts(
+            place=place,
+            counters=self.counters,
+            sharded=OptimizerShards(zopt),
+            model=ModelState(
+                self.module, lambda: {id(p) for ps in zopt.params for p in ps}, self.stage3
+            ),
+            per_rank=RankLocalState(lambda: zopt.communicator, self.collectives, mesh.spec.world),
+            whole=self.state_parts(),
+            info={
+                "stage": self.stage,
+                "dtype": str(self.dtype).removeprefix("torch."),
+                "config": self.config.to_dict(),
+            },
+        )
+
     def save_16bit_model(self, save_dir: str, save_filename: str = "pytorch_model.bin") -> bool:
         """Rank 0 writes the full model in its training dtype as one plain ``state_dict``.
 
@@ -481,7 +517,14 @@ class ZEngine:
         """
         from zcore.checkpoint.model16 import save_16bit_model
 
-        return save_16bit_model(self, save_dir, save_filename)
+        zc = self.config.zero_optimization
+        if self.stage == 3 and not zc.stage3_gather_16bit_weights_on_model_save:
+            raise ValueError(
+                "save_16bit_model at ZeRO stage 3 gathers every parameter; set "
+                "`zero_optimization.stage3_gather_16bit_weights_on_model_save: true`, or use "
+                "save_checkpoint + `z checkpoint consolidate`"
+            )
+        return save_16bit_model(self.checkpoint_parts(), save_dir, save_filename)
 
     def save_checkpoint(
         self,
@@ -493,7 +536,7 @@ class ZEngine:
         """Write this rank's shard and (rank 0) the manifest under ``save_dir/tag`` atomically."""
         from zcore.checkpoint import save
 
-        return save(self, save_dir, tag, client_state or {}, save_latest)
+        return save(self.checkpoint_parts(), save_dir, tag, client_state or {}, save_latest)
 
     def load_checkpoint(
         self,
@@ -508,4 +551,5 @@ class ZEngine:
         """
         from zcore.checkpoint import load
 
-        return load(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states)
+        parts = self.checkpoint_parts()
+        return load(parts, load_dir, tag, load_optimizer_states, load_lr_scheduler_states)

@@ -33,7 +33,7 @@ import torch
 from zcore.config import ZConfig
 from zcore.optim import NativeOptimizer
 from zcore.zero.layout import ParamShard
-from zcore.zero.optimizer import ZeroOptimizer
+from zcore.zero.partition import Partition
 from zcore.zero.store import OptimizerFactory, OptimizerStore, sq_norm
 from zoffload.aio import AioConfig, AioHandle, new_aligned_tensor
 from zoffload.swap import SwapError, SwapIO, SwapSpace, crc32, wait_all
@@ -66,9 +66,7 @@ class NvmeStore(OptimizerStore):
     def __init__(self, config: ZConfig) -> None:
         self.config = config
 
-    def attach(
-        self, part: ZeroOptimizer, make_optimizer: OptimizerFactory, hyper: list[dict]
-    ) -> None:
+    def attach(self, part: Partition, make_optimizer: OptimizerFactory, hyper: list[dict]) -> None:
         self.part = part
         config = self.config
         # the master lives on NVMe: the inner optimizer holds only the hyperparameters

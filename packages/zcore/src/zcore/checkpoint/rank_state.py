@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from zcore.checkpoint.files import CheckpointError, load_torch, save_torch
 
 if TYPE_CHECKING:
-    from zcore.engine import ZEngine
+    from zcore.checkpoint.parts import RankPlace
 
 log = logging.getLogger(__name__)
 
@@ -26,40 +26,28 @@ def comm_file(rank: int) -> str:
     return f"comm_rank_{rank:05d}.pt"
 
 
-def rank_state(engine: ZEngine) -> dict[str, Any] | None:
-    """This rank's state to save, or None when the engine keeps none."""
-    talker = engine.zopt.communicator
-    collectives = engine.collectives.state_dict()
-    if talker is None and not collectives:
-        return None
-    return {
-        "world": engine.mesh.spec.world,
-        "optimizer": talker.comm_state_dict() if talker is not None else None,
-        "collectives": collectives,
-    }
-
-
-def save_rank_state(engine: ZEngine, state: dict[str, Any] | None, tmp: Path) -> None:
+def save_rank_state(rank: int, state: dict[str, Any] | None, tmp: Path) -> None:
+    """Write global rank ``rank``'s state (the per-rank part's ``state_dict``), if any."""
     if state is not None:
-        save_torch(state, tmp / comm_file(engine.rank))
+        save_torch(state, tmp / comm_file(rank))
 
 
-def read_rank_state(engine: ZEngine, path: Path, manifest: dict[str, Any]) -> dict | None:
+def read_rank_state(place: RankPlace, path: Path, manifest: dict[str, Any]) -> dict | None:
     """This rank's saved state, or None when the checkpoint has none that fits this job."""
     saved_world = manifest.get("comm_state_world")
     if saved_world is None:
         return None
-    if int(saved_world) != engine.mesh.spec.world:
-        if engine.rank == 0:
+    if int(saved_world) != place.world:
+        if place.rank == 0:
             log.warning(
                 "checkpoint `%s` keeps per-rank error feedback for %s ranks and this job has "
                 "%d: it starts from zero (as after a DeepSpeed load)",
                 path,
                 saved_world,
-                engine.mesh.spec.world,
+                place.world,
             )
         return None
-    file = path / comm_file(engine.rank)
+    file = path / comm_file(place.rank)
     if not file.exists():
         raise CheckpointError(
             f"`{file}` is missing: the manifest says every one of {saved_world} ranks saved "
@@ -69,12 +57,3 @@ def read_rank_state(engine: ZEngine, path: Path, manifest: dict[str, Any]) -> di
     if not isinstance(state, dict) or "optimizer" not in state or "collectives" not in state:
         raise CheckpointError(f"`{file}` is not a per-rank state file; load another tag")
     return state
-
-
-def apply_rank_state(engine: ZEngine, state: dict[str, Any] | None) -> None:
-    """Hand the state back (None: start it afresh)."""
-    talker = engine.zopt.communicator
-    if talker is not None:
-        talker.load_comm_state_dict(None if state is None else state["optimizer"])
-    if state is not None and state["collectives"]:
-        engine.collectives.load_state_dict(state["collectives"])

@@ -17,13 +17,12 @@ import torch
 
 from zcore.checkpoint.files import CheckpointError, load_json, load_torch
 from zcore.checkpoint.rank_files import file_pieces, listed_files
-from zcore.checkpoint.rank_state import apply_rank_state, read_rank_state
+from zcore.checkpoint.rank_state import read_rank_state
 from zcore.checkpoint.sharded import FORMAT, resolve_tag
 from zcore.zero.layout import GroupLayout, ParamShard, copy_ranges
 
 if TYPE_CHECKING:
-    from zcore.engine import ZEngine
-    from zcore.zero.optimizer import ZeroOptimizer
+    from zcore.checkpoint.parts import CheckpointParts, ShardedPart
 
 #: Optimizer classes whose per-parameter states have the same keys, by that kind of state
 #: (zcore's CPU optimizers load torch.optim's state and the other way round).
@@ -47,7 +46,7 @@ class _Loaded:
     """Everything a load commits, read and checked while the engine is untouched."""
 
     path: Path
-    targets: list[torch.Tensor]  # zopt.master_for_load(): what finish_load receives
+    targets: list[torch.Tensor]  # sharded.load_targets(): what its load_state_dict receives
     masters: list[torch.Tensor]  # the checkpoint's values for them (maybe the same tensors)
     state: dict[str, Any] | None  # the inner optimizer's new state_dict
     common: dict[str, Any]
@@ -57,21 +56,25 @@ class _Loaded:
 
 
 def load(
-    engine: ZEngine, load_dir: str, tag: str | None, load_optimizer: bool, load_scheduler: bool
+    parts: CheckpointParts,
+    load_dir: str,
+    tag: str | None,
+    load_optimizer: bool,
+    load_scheduler: bool,
 ) -> tuple[str, dict]:
-    """Load a checkpoint written on any world size into ``engine`` (collective).
+    """Load a checkpoint written on any world size into ``parts`` (collective).
 
-    Raises :class:`CheckpointError` on every rank, leaving the engine unchanged, when any
-    rank cannot read a file or finds that the checkpoint does not fit the engine.
+    Raises :class:`CheckpointError` on every rank, leaving the parts unchanged, when any
+    rank cannot read a file or finds that the checkpoint does not fit them.
     """
     root = Path(load_dir)
     loaded: _Loaded | None = None
     failure: Exception | None = None
     try:
-        loaded = _read(engine, root, tag, load_optimizer)
+        loaded = _read(parts, root, tag, load_optimizer)
     except Exception as err:  # every rank must reach the vote below
         failure = err
-    if engine.world_comm.max_flag(failure is not None, "all_reduce(checkpoint read and checked)"):
+    if parts.place.comm.max_flag(failure is not None, "all_reduce(checkpoint read and checked)"):
         unchanged = "nothing was loaded, the engine is unchanged"
         if failure is None:
             raise CheckpointError(
@@ -81,12 +84,12 @@ def load(
         what = "" if isinstance(failure, CheckpointError) else f"{type(failure).__name__}: "
         raise CheckpointError(f"{what}{failure}; {unchanged}") from failure
     assert loaded is not None
-    _commit(engine, loaded, load_scheduler)
+    _commit(parts, loaded, load_scheduler)
     return str(loaded.path), dict(loaded.common["client_state"])
 
 
-def _read(engine: ZEngine, root: Path, tag: str | None, load_optimizer: bool) -> _Loaded:
-    """Read and check every file into new buffers; changes nothing in ``engine``."""
+def _read(parts: CheckpointParts, root: Path, tag: str | None, load_optimizer: bool) -> _Loaded:
+    """Read and check every file into new buffers; changes nothing in ``parts``."""
     path = root / resolve_tag(root, tag)
     manifest = load_json(path / "manifest.json")
     if manifest.get("format") != FORMAT:
@@ -96,19 +99,19 @@ def _read(engine: ZEngine, root: Path, tag: str | None, load_optimizer: bool) ->
     try:
         old_layouts = [GroupLayout.from_json(g) for g in manifest["groups"]]
         shard_world = int(manifest["shard_world"])
-        counters = {k: int(manifest[k]) for k in engine.COUNTERS}
+        counters = {k: int(manifest[k]) for k in parts.counters.state_dict()}
     except (KeyError, TypeError, ValueError) as err:
         raise CheckpointError(
             f"`{path / 'manifest.json'}` lacks or mangles {err}; {_DAMAGED}"
         ) from err
-    zopt = engine.zopt
+    sharded = parts.sharded
     axes = manifest.get("axes") or ["dp"] * len(old_layouts)
-    _check_layouts(path, old_layouts, zopt.layouts, shard_world, axes)
+    _check_layouts(path, old_layouts, sharded.layouts, shard_world, axes)
     if load_optimizer:
-        _check_optimizer(path, manifest.get("optimizer"), type(zopt.optimizer).__name__)
+        _check_optimizer(path, manifest.get("optimizer"), sharded.kind)
 
-    targets = zopt.master_for_load()
-    masters = [_buffer_for(t, zopt.master) for t in targets]
+    targets = sharded.load_targets()
+    masters = [_buffer_for(t, sharded.live()) for t in targets]
     states: list[dict[str, Any]] = [{} for _ in targets]
     copied = [0] * len(targets)
     seen: list[dict[str, ParamShard]] = [{} for _ in targets]
@@ -117,27 +120,27 @@ def _read(engine: ZEngine, root: Path, tag: str | None, load_optimizer: bool) ->
             path / name,
             manifest,
             old_layouts,
-            zopt,
+            sharded,
             masters,
             states if load_optimizer else None,
             seen,
         )
         copied = [a + b for a, b in zip(copied, got, strict=True)]
-    for g, new in enumerate(zopt.layouts):
+    for g, new in enumerate(sharded.layouts):
         if axes[g] != "dp":  # expert layouts differ per file: check against what they held
             _check_names(path, GroupLayout(tuple(seen[g].values()), 0), new)
-        want = sum(hi - lo for lo, hi in (d.owned(zopt.group_rank(g)) for d in new.shards))
+        want = sum(hi - lo for lo, hi in (d.owned(sharded.group_rank(g)) for d in new.shards))
         if copied[g] != want:
             raise CheckpointError(
                 f"the rank files of `{path}` hold {copied[g]} of the {want} values this rank "
                 f"needs in parameter group {g}; {_DAMAGED}"
             )
     common = load_torch(path / "common.pt")
-    _check_common(path / "common.pt", common, engine, len(old_layouts))
+    _check_common(path / "common.pt", common, parts, len(old_layouts))
 
     state = None
     if load_optimizer:
-        current = zopt.optimizer.state_dict()["param_groups"]
+        current = sharded.param_groups()
         state = {
             "state": {g: s for g, s in enumerate(states) if s},
             "param_groups": [
@@ -145,7 +148,7 @@ def _read(engine: ZEngine, root: Path, tag: str | None, load_optimizer: bool) ->
                 for saved, mine in zip(common["param_groups"], current, strict=True)
             ],
         }
-    per_rank = read_rank_state(engine, path, manifest) if load_optimizer else None
+    per_rank = read_rank_state(parts.place, path, manifest) if load_optimizer else None
     return _Loaded(
         path, targets, masters, state, common, counters, manifest.get("loss_scaler"), per_rank
     )
@@ -235,7 +238,7 @@ def _read_shard(
     file: Path,
     manifest: dict[str, Any],
     old_layouts: list[GroupLayout],
-    zopt: ZeroOptimizer,
+    sharded: ShardedPart,
     masters: list[torch.Tensor],
     states: list[dict[str, Any]] | None,
     seen: list[dict[str, ParamShard]],
@@ -258,7 +261,7 @@ def _read_shard(
             f"optimizer state for {len(old_layouts)} parameter groups); {_DAMAGED}"
         )
     copied = []
-    for g, new in enumerate(zopt.layouts):
+    for g, new in enumerate(sharded.layouts):
         piece = pieces[g]
         if piece is None:
             copied.append(0)
@@ -273,7 +276,7 @@ def _read_shard(
                 f"manifest says [{old.numel}]; {_DAMAGED}"
             )
         try:
-            copied.append(copy_ranges(masters[g], new, zopt.group_rank(g), values, old, src))
+            copied.append(copy_ranges(masters[g], new, sharded.group_rank(g), values, old, src))
         except ValueError as err:  # a shape differs (dense groups are checked before)
             raise CheckpointError(
                 f"`{file}`: {err}; load it into the model it was saved from"
@@ -285,13 +288,13 @@ def _read_shard(
                 mine = states[g].get(key)
                 if mine is None:
                     mine = states[g][key] = torch.zeros(new.numel, dtype=value.dtype)
-                copy_ranges(mine, new, zopt.group_rank(g), value, old, src)
+                copy_ranges(mine, new, sharded.group_rank(g), value, old, src)
             elif key not in states[g]:  # per-group scalars (the step count): same everywhere
                 states[g][key] = value.clone() if torch.is_tensor(value) else value
     return copied
 
 
-def _check_common(file: Path, common: Any, engine: ZEngine, groups: int) -> None:
+def _check_common(file: Path, common: Any, parts: CheckpointParts, groups: int) -> None:
     """``common.pt`` is whole and its frozen parameters and buffers fit the model."""
     if not isinstance(common, dict) or any(k not in common for k in _COMMON_KEYS):
         raise CheckpointError(
@@ -303,62 +306,37 @@ def _check_common(file: Path, common: Any, engine: ZEngine, groups: int) -> None
             f"`{file}` has {len(common['param_groups'])} optimizer param groups, the manifest "
             f"{groups}; {_DAMAGED}"
         )
-    params = dict(engine.module.named_parameters())
-    buffers = dict(engine.module.named_buffers())
-    changed = []
-    for name, value in common["frozen"].items():
-        p = params.get(name)
-        if p is None:
-            continue
-        stage3 = engine.stage3
-        shape = stage3.params[p].shape if stage3 is not None and p in stage3.params else p.shape
-        if tuple(value.shape) != tuple(shape):
-            changed.append((name, value.shape, shape))
+    params, buffers = parts.model.shapes()
+    changed = [
+        (name, value.shape, params[name])
+        for name, value in common["frozen"].items()
+        if name in params and tuple(value.shape) != params[name]
+    ]
     if changed:
         _raise_shapes(file.parent, "frozen parameter", changed)
     changed = [
-        (name, value.shape, buffers[name].shape)
+        (name, value.shape, buffers[name])
         for name, value in common["buffers"].items()
-        if name in buffers and tuple(value.shape) != tuple(buffers[name].shape)
+        if name in buffers and tuple(value.shape) != buffers[name]
     ]
     if changed:
         _raise_shapes(file.parent, "buffer", changed)
 
 
-def _commit(engine: ZEngine, loaded: _Loaded, load_scheduler: bool) -> None:
-    """Move the checked values into the engine."""
-    zopt = engine.zopt
+def _commit(parts: CheckpointParts, loaded: _Loaded, load_scheduler: bool) -> None:
+    """Move the checked values into the parts."""
     for target, values in zip(loaded.targets, loaded.masters, strict=True):
         if values is not target:
             target.copy_(values)
-    zopt.finish_load(loaded.targets, loaded.state)
-    apply_rank_state(engine, loaded.rank_state)  # may move this rank's master (0/1 Adam)
-    zopt.publish()
+    parts.sharded.load_state_dict({"master": loaded.targets, "optimizer": loaded.state})
+    parts.per_rank.load_state_dict(loaded.rank_state)  # may move this rank's master (0/1 Adam)
+    parts.sharded.after_load()  # publishes the master into the model
     common = loaded.common
-    _load_frozen_and_buffers(engine, common)
-    parts = engine.state_parts()
-    if load_scheduler and "lr_scheduler" in parts and common["lr_scheduler"] is not None:
-        parts["lr_scheduler"].load_state_dict(common["lr_scheduler"])
-    engine.load_counters_state_dict(loaded.counters)
-    if "loss_scaler" in parts and loaded.loss_scaler is not None:
-        parts["loss_scaler"].load_state_dict(loaded.loss_scaler)
-    zopt.zero_grad()
-
-
-def _load_frozen_and_buffers(engine: ZEngine, common: dict) -> None:
-    params = dict(engine.module.named_parameters())
-    for name, value in common["frozen"].items():
-        p = params.get(name)
-        if p is None:
-            continue
-        if engine.stage3 is not None and p in engine.stage3.params:
-            engine.stage3.gather([p], "gather(frozen parameter for load)")
-            p.data.copy_(value)
-            engine.stage3.repartition(p)
-            engine.stage3.release([p])
-        else:
-            p.data.copy_(value)
-    buffers = dict(engine.module.named_buffers())
-    for name, value in common["buffers"].items():
-        if name in buffers:
-            buffers[name].copy_(value)
+    parts.model.load_state_dict({"frozen": common["frozen"], "buffers": common["buffers"]})
+    scheduler = parts.whole.get("lr_scheduler")
+    if load_scheduler and scheduler is not None and common["lr_scheduler"] is not None:
+        scheduler.load_state_dict(common["lr_scheduler"])
+    parts.counters.load_state_dict(loaded.counters)
+    scaler = parts.whole.get("loss_scaler")
+    if scaler is not None and loaded.loss_scaler is not None:
+        scaler.load_state_dict(loaded.loss_scaler)

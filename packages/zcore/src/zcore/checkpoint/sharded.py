@@ -16,60 +16,35 @@ from zcore.checkpoint.files import (
     save_text,
     save_torch,
 )
-from zcore.checkpoint.rank_state import rank_state, save_rank_state
+from zcore.checkpoint.rank_state import save_rank_state
 
 if TYPE_CHECKING:
-    from zcore.engine import ZEngine
+    from zcore.checkpoint.parts import CheckpointParts, ShardedPart
 
 FORMAT = "zstack-zero-v1"
 
 
 def rank_file(rank: int) -> str:
+    """The rank file of global rank ``rank`` (the manifest's ``files`` gives its coordinates)."""
     return f"rank_{rank:05d}.pt"
 
 
-def _frozen_and_buffers(engine: ZEngine) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    trainable = {id(p) for ps in engine.zopt.params for p in ps}
-    frozen = {}
-    for name, p in engine.module.named_parameters():
-        if id(p) in trainable:
-            continue
-        if engine.stage3 is not None and p in engine.stage3.params:
-            engine.stage3.gather([p], "gather(frozen parameter for checkpoint)")
-            frozen[name] = p.data.detach().clone()
-            engine.stage3.release([p])
-        else:
-            frozen[name] = p.data.detach().clone()
-    # the module's state_dict keys: non-persistent buffers (rotary caches, zmoe's idle
-    # expert bias) are rebuilt by the model, and DeepSpeed does not save them either
-    persistent = set(engine.module.state_dict(keep_vars=True))
-    buffers = {n: b.detach().clone() for n, b in engine.module.named_buffers() if n in persistent}
-    return frozen, buffers
-
-
-def _aliases(engine: ZEngine) -> dict[str, str]:
-    first: dict[int, str] = {}
-    aliases = {}
-    for name, p in engine.module.named_parameters(remove_duplicate=False):
-        if id(p) in first:
-            aliases[name] = first[id(p)]
-        else:
-            first[id(p)] = name
-    return aliases
-
-
-def save(engine: ZEngine, save_dir: str, tag: str | None, client_state: dict, latest: bool) -> str:
+def save(
+    parts: CheckpointParts, save_dir: str, tag: str | None, client_state: dict, latest: bool
+) -> str:
     """Write the checkpoint (collective: every rank must call it)."""
     root = Path(save_dir)
-    tag = tag or f"global_step{engine.global_steps}"
+    counters = parts.counters.state_dict()
+    tag = tag or f"global_step{counters['global_steps']}"
     if "/" in tag or tag.startswith("."):
         raise ValueError(f"checkpoint tag {tag!r} must be a plain name (no `/`, no leading `.`)")
     tmp = root / f".tmp-{tag}"
     # votes span every rank of the job; replicas of a partition (MiCS) write it once
-    zopt, comm = engine.zopt, engine.world_comm
+    place, sharded = parts.place, parts.sharded
+    comm = place.comm
     failure = ""
     try:
-        if engine.rank == 0:
+        if place.rank == 0:
             root.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir()
@@ -78,47 +53,46 @@ def save(engine: ZEngine, save_dir: str, tag: str | None, client_state: dict, la
     if comm.max_flag(bool(failure), "all_reduce(checkpoint dir ready)"):
         raise CheckpointError(failure or f"rank 0 could not create `{tmp}`")
 
-    frozen, buffers = _frozen_and_buffers(engine)  # collective at stage 3
-    parts = engine.state_parts()
-    owned = [zopt.owns_group(g) for g in range(len(zopt.layouts))]
-    files = _written_files(engine, any(owned))  # collective
-    mine = rank_state(engine)
+    model = parts.model.state_dict()  # collective at stage 3
+    owned = [sharded.owns(g) for g in range(len(sharded.layouts))]
+    files = _written_files(parts, any(owned))  # collective
+    mine = parts.per_rank.state_dict()
     try:
-        save_rank_state(engine, mine, tmp)
+        save_rank_state(place.rank, mine, tmp)
         if any(owned):
-            master, state = zopt.master_for_save(), zopt.optimizer_state_for_save()
+            state = sharded.state_dict()
+            master, opt = state["master"], state["optimizer"]
             shard = {
                 "master": [m if own else m[:0] for m, own in zip(master, owned, strict=True)],
-                "optimizer": {g: s for g, s in state.items() if owned[g]},
-                "groups": [_piece(zopt, g) if own else None for g, own in enumerate(owned)],
+                "optimizer": {g: s for g, s in opt.items() if owned[g]},
+                "groups": [_piece(sharded, g) if own else None for g, own in enumerate(owned)],
             }
-            save_torch(shard, tmp / rank_file(engine.data_rank))
-        if engine.rank == 0:
+            save_torch(shard, tmp / rank_file(place.rank))
+        if place.rank == 0:
+            scheduler = parts.whole.get("lr_scheduler")
             common = {
-                "frozen": frozen,
-                "buffers": buffers,
+                "frozen": model["frozen"],
+                "buffers": model["buffers"],
                 "client_state": client_state,
-                "lr_scheduler": parts["lr_scheduler"].state_dict()
-                if "lr_scheduler" in parts
-                else None,
-                "param_groups": zopt.optimizer.state_dict()["param_groups"],
+                "lr_scheduler": scheduler.state_dict() if scheduler is not None else None,
+                "param_groups": sharded.param_groups(),
             }
             save_torch(common, tmp / "common.pt")
     except Exception as err:
         failure = (
-            f"rank {engine.rank} could not write its checkpoint shard under `{tmp}`: {err}; "
+            f"rank {place.rank} could not write its checkpoint shard under `{tmp}`: {err}; "
             f"free space or choose another save_dir (the previous checkpoint in `{root}` is intact)"
         )
     if comm.max_flag(bool(failure), "all_reduce(checkpoint shards written)"):
-        if engine.rank == 0:
+        if place.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(failure or f"another rank failed to write its shard under `{tmp}`")
 
-    if engine.rank == 0:
+    if place.rank == 0:
         try:
-            manifest = _manifest(engine, tag, files)
+            manifest = _manifest(parts, tag, files, counters)
             if mine is not None:  # every rank wrote one (the engine's kind decides, not data)
-                manifest["comm_state_world"] = engine.mesh.spec.world
+                manifest["comm_state_world"] = place.world
             save_json(manifest, tmp / "manifest.json")
             final, old = root / tag, root / f".old-{tag}"
             if final.exists():
@@ -136,23 +110,24 @@ def save(engine: ZEngine, save_dir: str, tag: str | None, client_state: dict, la
     return str(root / tag)
 
 
-def _piece(zopt: Any, g: int) -> dict[str, Any]:
+def _piece(sharded: ShardedPart, g: int) -> dict[str, Any]:
     """What a rank file says of its slot of group ``g`` (:mod:`.rank_files` reads it)."""
     return {
-        "layout": zopt.layouts[g].to_json(),
-        "rank": zopt.group_rank(g),
-        "axis": zopt.group_axis[g],
+        "layout": sharded.layouts[g].to_json(),
+        "rank": sharded.group_rank(g),
+        "axis": sharded.axes[g],
     }
 
 
-def _written_files(engine: ZEngine, writes: bool) -> dict[str, dict[str, int]]:
-    """Every rank file of this save and its coordinates on the mesh (collective)."""
-    mesh = engine.mesh
-    axes = ("dp", "ep", "edp") if mesh.spec.ep > 1 else ("dp",)
-    mine = [engine.data_rank if writes else -1, *(mesh.coordinate(a) for a in axes)]
+def _written_files(parts: CheckpointParts, writes: bool) -> dict[str, dict[str, int]]:
+    """Every rank file of this save and the full mesh coordinates of the rank that wrote it
+    (collective): ranks at different pipeline or tensor coordinates write different files."""
+    place = parts.place
+    axes = sorted(place.coords)
+    mine = [place.rank if writes else -1, *(place.coords[a] for a in axes)]
     inp = torch.tensor(mine, dtype=torch.int64)
-    out = torch.empty(engine.world_comm.size * len(mine), dtype=torch.int64)
-    engine.world_comm.all_gather(out, inp, "all_gather(checkpoint rank files)").wait()
+    out = torch.empty(place.comm.size * len(mine), dtype=torch.int64)
+    place.comm.all_gather(out, inp, "all_gather(checkpoint rank files)").wait()
     files = {}
     for row in out.view(-1, len(mine)).tolist():
         if row[0] >= 0:
@@ -160,25 +135,27 @@ def _written_files(engine: ZEngine, writes: bool) -> dict[str, dict[str, int]]:
     return files
 
 
-def _manifest(engine: ZEngine, tag: str, files: dict[str, dict[str, int]]) -> dict[str, Any]:
-    zopt, parts = engine.zopt, engine.state_parts()
+def _manifest(
+    parts: CheckpointParts, tag: str, files: dict[str, dict[str, int]], counters: dict[str, int]
+) -> dict[str, Any]:
+    sharded, scaler = parts.sharded, parts.whole.get("loss_scaler")
     return {
         "format": FORMAT,
         "tag": tag,
-        "world_size": engine.world_size,
-        "shard_world": zopt.shard_world,
+        "world_size": parts.place.data_world,
+        "shard_world": sharded.shard_world,
         # the job's mesh, and where each rank file sits on it
-        "mesh": engine.mesh.describe(),
+        "mesh": parts.place.mesh,
         "files": files,
-        "axes": zopt.group_axis,
-        "stage": engine.stage,
-        "dtype": str(engine.dtype).removeprefix("torch."),
-        "optimizer": type(zopt.optimizer).__name__,
-        "groups": [layout.to_json() for layout in zopt.layouts],
-        "aliases": _aliases(engine),
-        **engine.counters_state_dict(),
-        "loss_scaler": parts["loss_scaler"].state_dict() if "loss_scaler" in parts else None,
-        "config": engine.config.to_dict(),
+        "axes": sharded.axes,
+        "stage": parts.info.get("stage"),
+        "dtype": parts.info.get("dtype"),
+        "optimizer": sharded.kind,
+        "groups": [layout.to_json() for layout in sharded.layouts],
+        "aliases": parts.model.aliases(),
+        **counters,
+        "loss_scaler": scaler.state_dict() if scaler is not None else None,
+        "config": parts.info.get("config"),
     }
 
 

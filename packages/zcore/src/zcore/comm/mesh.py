@@ -277,6 +277,13 @@ class Mesh:
         names = [*AXES, "dp_local", *(("ep", "edp") if self.spec.ep > 1 else ())]
         return {a: self.coordinate(a) for a in names if self.size(a) > 1}
 
+    def full_coords(self) -> dict[str, int]:
+        """This rank's index on every main axis (``pp``, ``dp_replicate``, ``dp``, ``tp``,
+        size 1 included) and, with experts, on ``ep`` and ``edp``: the key of its
+        checkpoint rank file, unique per rank."""
+        names = [*AXES, *(("ep", "edp") if self.spec.ep > 1 else ())]
+        return {a: self.coordinate(a) for a in names}
+
     @property
     def node_size(self) -> int:
         """Ranks per node: what counts as "intra-node" for hpZ, qgZ and byte accounting.

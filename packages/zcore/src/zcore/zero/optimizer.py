@@ -26,6 +26,7 @@ from zcore.zero.axes import GroupAxis
 from zcore.zero.collectives import Collectives
 from zcore.zero.communicating import CommunicatingOptimizer, CompressedGather
 from zcore.zero.layout import GroupLayout, ParamShard, from_slots, own_slot, slot_view
+from zcore.zero.partition import Partition
 from zcore.zero.reducer import GradReducer
 from zcore.zero.stage3 import Stage3Params
 from zcore.zero.store import MemoryStore, OptimizerFactory, OptimizerStore, sq_norm
@@ -86,7 +87,7 @@ class ZeroOptimizer:
         self.store = store or MemoryStore()
         """Where the master, the optimizer state and the gradient partitions live."""
         hyper = [{k: v for k, v in g.items() if k not in ("params", "axis")} for g in groups]
-        self.store.attach(self, make_optimizer, hyper)
+        self.store.attach(self.partition(), make_optimizer, hyper)
         # one reducer per axis in use (dense first): each buckets its groups' gradients
         self.reducers: dict[str, GradReducer] = {}
         for axis in dict.fromkeys(["dp", *self.group_axis]):
@@ -121,6 +122,19 @@ class ZeroOptimizer:
         :mod:`zcore.zero.communicating`): while it says so, gradients stay local."""
         self._stepped = False
         """True while the publish after a step runs (only it may replay compressed updates)."""
+
+    def partition(self) -> Partition:
+        """What the store sees of this optimizer (:mod:`zcore.zero.partition`)."""
+        return Partition(
+            params=self.params,
+            layouts=self.layouts,
+            where=self.where,
+            stage=self.stage,
+            grad_accum_dtype=self.grad_accum_dtype,
+            comm=self.comm,
+            slot_of=self.slot_of,
+            stage3=self.stage3,
+        )
 
     def group_world(self, g: int) -> int:
         """Ranks group ``g`` is cut across (1 at stage 0)."""

@@ -9,10 +9,10 @@ A store is chosen by ``offload_optimizer.device`` (:mod:`zcore.zero.backends`) a
 independent of the collectives (:mod:`zcore.zero.collectives`): any store combines with
 any collectives.
 
-The store sees its partition through the public attributes of ``ZeroOptimizer``:
-``params``, ``layouts``, ``where`` (parameter → (group, slot)), ``stage3``, ``comm``,
-:meth:`~ZeroOptimizer.group_world` / :meth:`~ZeroOptimizer.group_rank` (a group's axis,
-:mod:`zcore.zero.axes`) and :meth:`~ZeroOptimizer.slot_of`.
+The store sees the optimizer only through the :class:`~zcore.zero.partition.Partition` that
+:meth:`OptimizerStore.attach` receives: the groups' parameters and layouts, where each
+parameter sits, the stage, the accumulation dtype, the ``dp`` comm, each parameter's slot,
+and stage 3's shards.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from torch import nn
 from zcore.zero.layout import ParamShard
 
 if TYPE_CHECKING:
-    from zcore.zero.optimizer import ZeroOptimizer
+    from zcore.zero.partition import Partition
 
 OptimizerFactory = Callable[[list[dict[str, Any]]], torch.optim.Optimizer]
 
@@ -39,12 +39,10 @@ class OptimizerStore(ABC):
     """The inner optimizer; its ``param_groups`` carry each group's hyperparameters."""
 
     @abstractmethod
-    def attach(
-        self, part: ZeroOptimizer, make_optimizer: OptimizerFactory, hyper: list[dict]
-    ) -> None:
-        """Build the master partition of every group of ``part`` (from
-        :meth:`~ZeroOptimizer.slot_of`), its zero state and the inner optimizer, with
-        ``hyper[g]`` (group ``g``'s hyperparameters) as its param groups."""
+    def attach(self, part: Partition, make_optimizer: OptimizerFactory, hyper: list[dict]) -> None:
+        """Build the master partition of every group of ``part`` (from ``part.slot_of``),
+        its zero state and the inner optimizer, with ``hyper[g]`` (group ``g``'s
+        hyperparameters) as its param groups."""
 
     # -- gradients ------------------------------------------------------------------------
     @abstractmethod
@@ -69,7 +67,7 @@ class OptimizerStore(ABC):
     @abstractmethod
     def update(self, coef: float) -> None:
         """Step the master partition with the gradient partitions times ``coef``. May issue
-        collectives over ``part.comm`` (every rank calls it)."""
+        collectives over the partition's ``comm`` (every rank calls it)."""
 
     @abstractmethod
     def published(self, g: int) -> torch.Tensor | None:
@@ -149,9 +147,7 @@ class MemoryStore(OptimizerStore):
         self.pin_memory = pin_memory and torch.cuda.is_available()
         self.master: list[torch.Tensor] = []
 
-    def attach(
-        self, part: ZeroOptimizer, make_optimizer: OptimizerFactory, hyper: list[dict]
-    ) -> None:
+    def attach(self, part: Partition, make_optimizer: OptimizerFactory, hyper: list[dict]) -> None:
         self.part = part
         self.master = [self._initial(g) for g in range(len(part.params))]
         # Stage 0-1 accumulate model-sized gradients, so their partitions exist only while
