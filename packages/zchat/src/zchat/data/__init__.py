@@ -13,7 +13,7 @@ Tasks (``TASKS``) and their preference rules (``ChatData.rule``):
 - ``arithmetic``: "What is a + b?"; the correct sum is preferred over ``a+b+d``, ``d`` in
   ±1..±9 (:func:`check_sum` grades any answer).
 - ``shakespeare``: continue two spoken lines of a play; the real next line is preferred
-  over a line drawn from another play (plays from zstack's ``load_plays``).
+  over a line drawn from another play (plays from ztrain's ``load_plays``).
 """
 
 from zchat.data.arithmetic import check_sum, operands_of

