@@ -18,8 +18,8 @@ copy of the SFT model too, except with a LoRA-only actor (``only_optimize_lora``
 :mod:`zchat.ppo.models`): its frozen base *is* the SFT model, so the reference's
 log-probabilities are the actor's own forward with the LoRA layers off.
 
-With :data:`zchat.ppo.config.RECIPE`, the sampled held-out reward rises on every seed
-measured; the runs that chose the recipe: ``benchmarks/results/zchat-ppo.md``.
+:data:`zchat.ppo.config.RECIPE` is what ``z chat ppo`` runs by default; the runs that chose
+it: ``benchmarks/results/zchat-ppo.md``.
 
 Metrics (means over ranks; memory and time per rank) go to ``metrics.jsonl`` every step,
 with a live progress line on rank 0; the held-out prompts are scored before the first step
