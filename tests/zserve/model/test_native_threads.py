@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.utils.cli import run_z
 from tests.utils.models import smollm2_dir
 from zserve.engine import Engine
 from zserve.model.native import torch_single_threaded
@@ -37,8 +36,16 @@ def test_step_threads_follow_the_kernels(tmp_path) -> None:
     """A plain fp32 model keeps torch's threads for a prefill (its GEMMs are torch's) and
     drops them for a decode step; a model whose every projection and head run on znative's
     kernels (W4 with an INT8 head) drops them for every step."""
-    w4 = tmp_path / "w4"
-    run_z("quantize", str(smollm2_dir()), "--recipe", "w4", "--lm-head", "int8", "--out", str(w4))
+    from zquant.hf import load_model
+    from zquant.ptq import quantize
+    from zquant.schemes import get_recipe
+    from zquant.serialize import save_quantized
+
+    recipe = get_recipe("w4", lm_head="int8")  # `z quantize --recipe w4 --lm-head int8`
+    model = load_model(smollm2_dir())
+    quantize(model, recipe)
+    w4 = save_quantized(model, tmp_path / "w4", recipe=recipe, source_dir=smollm2_dir())
+    del model
     saved = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
