@@ -22,8 +22,15 @@ import torch
 from zserve.block_manager import BlockManager
 from zserve.config import EngineConfig
 from zserve.detokenizer import IncrementalDetokenizer
+from zserve.logprobs import (
+    TokenLogprob,
+    gather_logprobs,
+    record_prompt_logprobs,
+    scores_prompt,
+    token_logprobs,
+)
 from zserve.outputs import RequestOutput
-from zserve.sampling import Sampler, SamplingParams, TokenLogprob, gather_logprobs
+from zserve.sampling import Sampler, SamplingParams
 from zserve.scheduler import (
     PrefillFirstScheduler,
     Scheduler,
@@ -266,7 +273,7 @@ class Engine:
         spans: list[tuple[int, int]] = []  # each chunk's (first logits row, rows)
         rows = 0
         for c, draft in zip(sched.chunks, drafts, strict=True):
-            scores = self._scores_prompt(c.seq, c.start) or bool(draft)
+            scores = scores_prompt(c.seq, c.start) or bool(draft)
             n = c.num_tokens + len(draft) if scores else int(c.want_logits)
             table = self.kv.block_table(c.seq.seq_id)
             chunks.append(
@@ -297,7 +304,7 @@ class Engine:
                 verified.append((c.seq, draft, logits[first : first + n]))
                 continue
             if chunk.all_logits:
-                self._record_prompt_logprobs(c.seq, c.start, logits[first : first + n])
+                record_prompt_logprobs(c.seq, c.start, logits[first : first + n])
             if c.want_logits:
                 last_rows.append(first + n - 1)
         sampled = [
@@ -314,7 +321,7 @@ class Engine:
         tokens = self.sampler.sample(
             logits, [s.params for s in sampled], [s.extra["gen"] for s in sampled], masks
         )
-        lps = self._token_logprobs(logits, sampled, tokens)
+        lps = token_logprobs(logits, sampled, tokens)
         for seq, tok, lp in zip(sampled, tokens, lps, strict=True):
             results.append(self._append(seq, tok, lp))
         accepted = {seq.seq_id: self._verify(seq, d, r, results) for seq, d, r in verified}
@@ -342,42 +349,6 @@ class Engine:
             lps = list(gather_logprobs(rows[:n], toks, [seq.params.logprobs] * n))
         results.append(self._append_tokens(seq, toks, lps))
         return len(toks) - 1
-
-    # -- log-probabilities ----------------------------------------------------------------
-    @staticmethod
-    def _scores_prompt(seq: Sequence, start: int) -> bool:
-        """Whether a chunk of `seq` from `start` needs the logits of its every token: the
-        request scores its prompt, not done yet, and the chunk predicts prompt tokens."""
-        return (
-            seq.params.prompt_logprobs is not None
-            and "prompt_lp_sent" not in seq.extra
-            and start < len(seq.prompt_token_ids) - 1
-        )
-
-    def _record_prompt_logprobs(self, seq: Sequence, start: int, rows: torch.Tensor) -> None:
-        """rows: the logits at positions start.. of `seq`; row i predicts token start+i+1."""
-        prompt = seq.prompt_token_ids
-        lp: list[TokenLogprob | None] = seq.extra.setdefault("prompt_lp", [None] * len(prompt))
-        n = min(rows.shape[0], len(prompt) - 1 - start)
-        k = seq.params.prompt_logprobs or 0
-        targets = prompt[start + 1 : start + 1 + n]
-        for i, entry in enumerate(gather_logprobs(rows[:n], targets, [k] * n)):
-            lp[start + 1 + i] = entry
-
-    @staticmethod
-    def _token_logprobs(
-        logits: torch.Tensor, seqs: list[Sequence], tokens: list[int]
-    ) -> list[TokenLogprob | None]:
-        want = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
-        out: list[TokenLogprob | None] = [None] * len(seqs)
-        if want:
-            idx = torch.tensor(want, dtype=torch.int64, device=logits.device)
-            got = gather_logprobs(
-                logits[idx], [tokens[i] for i in want], [seqs[i].params.logprobs for i in want]
-            )
-            for i, entry in zip(want, got, strict=True):
-                out[i] = entry
-        return out
 
     def _append(self, seq: Sequence, tok: int, lp: TokenLogprob | None = None) -> RequestOutput:
         return self._append_tokens(seq, [tok], [lp])

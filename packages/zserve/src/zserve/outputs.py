@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from zserve.sampling import TokenLogprob
+from zserve.logprobs import TokenLogprob
 
 
 @dataclass

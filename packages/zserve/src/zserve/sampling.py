@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 import torch
 
 from zserve.config import SEED_MAX, SEED_MIN
+from zserve.logprobs import TokenLogprob as TokenLogprob
+from zserve.logprobs import gather_logprobs as gather_logprobs
 from zserve.structured.spec import GrammarSpec
 
 MAX_LOGPROBS = 20
@@ -218,35 +220,3 @@ def _apply_masks(logits: torch.Tensor, masks: Sequence[torch.Tensor | None]) -> 
             raise ValueError(f"mask {i} allows no token; a grammar that ended must end its request")
         logits[i].masked_fill_(~mask.to(logits.device), float("-inf"))
     return logits
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    """One token's log-probability and the likeliest alternatives at its position."""
-
-    token_id: int
-    logprob: float
-    top: tuple[tuple[int, float], ...] = ()
-    """(token id, logprob) of the likeliest tokens, likeliest first."""
-
-
-def gather_logprobs(
-    logits: torch.Tensor, targets: Sequence[int], num_top: Sequence[int]
-) -> list[TokenLogprob]:
-    """logits: (n, V), one row per target; each row's log-softmax at its target, and its
-    ``num_top[i]`` likeliest tokens. Raw logits: no temperature or filtering applied."""
-    if not targets:
-        return []
-    lp = torch.log_softmax(logits.float(), dim=-1)  # (n, V)
-    idx = torch.tensor(list(targets), dtype=torch.int64, device=lp.device)
-    chosen = lp.gather(1, idx[:, None]).squeeze(1).tolist()
-    k = max(num_top)
-    top_v: list[list[float]] = [[] for _ in targets]
-    top_i: list[list[int]] = [[] for _ in targets]
-    if k:
-        values, ids = lp.topk(k, dim=-1)
-        top_v, top_i = values.tolist(), ids.tolist()
-    return [
-        TokenLogprob(t, c, tuple(zip(top_i[r][:nt], top_v[r][:nt], strict=True)))
-        for r, (t, c, nt) in enumerate(zip(targets, chosen, num_top, strict=True))
-    ]

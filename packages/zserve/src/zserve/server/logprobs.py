@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
-from zserve.sampling import TokenLogprob
+from zserve.logprobs import TokenLogprob
 from zserve.server.protocol import ChatTokenLogprob, CompletionLogprobs, TopLogprob
 
 
