@@ -28,6 +28,9 @@ difference measured is the head's.
 Only layers 0-3 are quantized (`--skip` the rest: FP6 rounding of the whole 135M model takes
 minutes on a shared 2-core CPU); the 4 quantized layers run every kernel, and the skipped ones
 are the per-module full-precision fallback list.
+
+`z quantize` and `z eval` are made here through the zquant calls those commands make
+(`_quantize`, `z_eval_ppl`), in this process.
 """
 
 from __future__ import annotations
@@ -39,7 +42,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.utils.cli import run_z
 from tests.utils.models import smollm2_dir
 from zserve.engine import Engine, make_engine
 from zserve.model.quantized import QuantizedModelError
@@ -54,11 +56,6 @@ SKIP = ("model.layers.[4-9].*", "model.layers.[12][0-9].*")  # quantize layers 0
 QUANTIZED_LAYERS = 4 * 7
 
 
-def z(*args: str) -> str:
-    """`z ARGS...`'s standard output (the command must succeed)."""
-    return run_z(*args).stdout
-
-
 @pytest.fixture(scope="module")
 def text_file(tmp_path_factory) -> Path:
     from ztrain.data import load_plays, split_plays
@@ -69,11 +66,19 @@ def text_file(tmp_path_factory) -> Path:
     return path
 
 
-def _quantize(tmp_path_factory, recipe: str) -> Path:
+def _quantize(tmp_path_factory, recipe: str, **options) -> Path:
+    """What `z quantize SMOLLM2 --recipe RECIPE [--skip ...] [--lm-head ...] --out DIR` writes,
+    through the zquant calls it makes."""
+    from zquant.hf import load_model
+    from zquant.ptq import quantize
+    from zquant.schemes import get_recipe
+    from zquant.serialize import save_quantized
+
     out = tmp_path_factory.mktemp("q") / f"smollm2-{recipe}"
-    skips = [a for s in SKIP for a in ("--skip", s)]
-    z("quantize", str(smollm2_dir()), "--recipe", recipe, "--out", str(out), *skips)
-    return out
+    spec = get_recipe(recipe, **{"skip": SKIP, **options})
+    model = load_model(smollm2_dir())
+    quantize(model, spec)
+    return save_quantized(model, out, recipe=spec, source_dir=smollm2_dir())
 
 
 @pytest.fixture(scope="module")
@@ -87,9 +92,15 @@ def fp6_dir(tmp_path_factory) -> Path:
 
 
 def z_eval_ppl(model_dir: Path, text: Path) -> float:
-    out = z("eval", str(model_dir), "--ppl", str(text), "--max-tokens", str(PPL_TOKENS),
-            "--window", str(WINDOW), "--json")  # fmt: skip
-    return float(json.loads(out.strip().splitlines()[-1])["ppl"])
+    """What `z eval MODEL_DIR --ppl TEXT --max-tokens PPL_TOKENS --window WINDOW` reports:
+    zquant's perplexity of the directory as `load_quantized` reads it."""
+    from zquant.hf import load_tokenizer
+    from zquant.metrics import perplexity
+    from zquant.serialize import load_quantized
+
+    model, tokenizer = load_quantized(model_dir), load_tokenizer(model_dir)
+    text_ = text.read_text(encoding="utf-8")
+    return float(perplexity(model, tokenizer, text_, max_tokens=PPL_TOKENS, window=WINDOW))
 
 
 def text_ids(model_dir: Path, text: Path) -> list[int]:
@@ -259,10 +270,7 @@ def test_pruned_w4a8_with_bf16_fallback(tmp_path, text_file) -> None:
 @pytest.fixture(scope="module")
 def head_dir(tmp_path_factory) -> Path:
     """SmolLM2 with only its tied LM head quantized (INT8, W8A8); the embedding stays fp32."""
-    out = tmp_path_factory.mktemp("q") / "smollm2-head"
-    z("quantize", str(smollm2_dir()), "--recipe", "w4", "--lm-head", "int8", "--out", str(out),
-      "--skip", "model.layers.*")  # fmt: skip
-    return out
+    return _quantize(tmp_path_factory, "w4", lm_head="int8", skip=("model.layers.*",))
 
 
 def test_quantized_lm_head_served_as_z_eval_scores_it(head_dir, text_file) -> None:
