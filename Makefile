@@ -2,6 +2,7 @@
 # the packages themselves run on 3.10), pip and a Rust toolchain:
 #   make demo   set up everything, then run the main job
 #   make test   set up everything, then run every check CI runs
+#   make test-slow   the `slow` tests (multi-rank matrices, real-model runs) CI leaves out
 # Each set-up step leaves a stamp in .make/ and reruns only when its inputs change.
 
 PYTHON ?= python3
@@ -16,7 +17,7 @@ PKG_DIRS     := $(sort $(wildcard packages/*))
 MANIFESTS    := pyproject.toml native/pyproject.toml $(addsuffix /pyproject.toml,$(PKG_DIRS))
 NATIVE_SRC   := $(shell find native/Cargo.toml native/Cargo.lock native/pyproject.toml native/crates native/python -type f -not -path '*/__pycache__/*' 2>/dev/null)
 
-.PHONY: all setup demo test test-rust test-python lint stubtest bench bench-deepspeed llama-cpp bench-llamacpp clean
+.PHONY: all setup demo test test-slow test-rust test-python lint stubtest bench bench-deepspeed llama-cpp bench-llamacpp clean
 
 all: setup
 
@@ -86,8 +87,17 @@ lint: $(STAMP)/deps
 stubtest: $(STAMP)/native
 	$(PY) -m mypy.stubtest znative._native
 
+# The default suite on PYTEST_WORKERS xdist workers, a test file per worker at a time
+# (`--dist loadfile`: a module's fixtures are built once); pytest-timeout's 60 s per test
+# (pyproject.toml) is its budget, and tests/conftest.py refuses a longer one.
+PYTEST_WORKERS ?= 2
 test-python: setup
-	$(PY) -m pytest -m "not slow" --durations=30
+	$(PY) -m pytest -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile --durations=30
+
+# Every `slow` test, one at a time (they are the multi-rank and real-model runs that would
+# crowd each other); each has 900 s unless it says otherwise.
+test-slow: setup
+	$(PY) -m pytest -m slow --durations=30
 
 bench: setup
 	$(BIN)/z bench adam --numel $(NUMEL) --json
