@@ -13,7 +13,7 @@ answered greedily and, with ``heldout_samples`` k, k times each with fixed seeds
 (and every ``eval_every`` steps), writes each step's record and the evaluations to the
 stage's ``metrics.jsonl`` (:class:`zchat.train_loop.Recorder`) with a live progress line,
 and :func:`save_actor` writes the trained actor (LoRA merged) as a Hugging Face directory.
-Every function here is collective: every rank calls it together.
+The rollouts, the loop and the save are collective: every rank calls them together.
 """
 
 from __future__ import annotations
