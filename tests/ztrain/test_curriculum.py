@@ -77,8 +77,17 @@ def opts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> TrainOptions:
     monkeypatch.setenv("ZSTACK_CACHE", str(Path.home() / ".cache" / "zstack" / "shakespeare"))
     config = tmp_path / "ds.json"
     config.write_text(json.dumps(_config(tmp_path)))
-    return TrainOptions(out=tmp_path / "a", preset="tiny", steps=STEPS, stage=1, config=config,
-                        micro_batch=2, grad_accum=2, seq_len=SEQ, vocab_size=2048)  # fmt: skip
+    return TrainOptions(
+        out=tmp_path / "a",
+        preset="tiny",
+        steps=STEPS,
+        stage=1,
+        config=config,
+        micro_batch=2,
+        grad_accum=2,
+        seq_len=SEQ,
+        vocab_size=2048,
+    )
 
 
 def test_resumed_curriculum_run_equals_the_uninterrupted_one(opts: TrainOptions) -> None:

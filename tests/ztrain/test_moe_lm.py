@@ -23,9 +23,16 @@ from ztrain.tokenizer import Tokenizer
 
 def config(vocab: int, **overrides: object) -> MoELMConfig:
     base: dict[str, object] = dict(
-        vocab_size=vocab, n_layer=2, n_head=4, n_embd=64, block_size=128, expert_ffn=48,
-        experts=(4, 4), k=2, dropless=True,
-    )  # fmt: skip
+        vocab_size=vocab,
+        n_layer=2,
+        n_head=4,
+        n_embd=64,
+        block_size=128,
+        expert_ffn=48,
+        experts=(4, 4),
+        k=2,
+        dropless=True,
+    )
     return MoELMConfig(**{**base, **overrides})  # type: ignore[arg-type]
 
 

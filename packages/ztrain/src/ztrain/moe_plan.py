@@ -98,8 +98,9 @@ def plan_moe(opts: TrainOptions, world_size: int, n_layer: int) -> tuple[MoESpec
     try:
         layers = layer_experts(n_layer, opts.moe_layers, counts)
     except ValueError as err:
-        raise TrainError(f"`--moe-layers {opts.moe_layers}`, `--moe-experts "
-                         f"{opts.moe_experts}`: {err}") from None  # fmt: skip
+        raise TrainError(
+            f"`--moe-layers {opts.moe_layers}`, `--moe-experts {opts.moe_experts}`: {err}"
+        ) from None
     notes = []
     ep = opts.moe_ep
     if opts.dense_twin:
