@@ -67,6 +67,7 @@ def initialize(
     config: dict | str | os.PathLike | None = None,
     collate_fn: Any = None,
     config_params: dict | None = None,
+    mesh: Any = None,
 ) -> tuple[Any, Any, Any, Any]:
     """Wrap ``model`` for ZeRO training; returns ``(engine, optimizer, dataloader, lr_scheduler)``.
 
@@ -81,6 +82,8 @@ def initialize(
         training_data: a ``torch.utils.data.Dataset``; a distributed loader with the
             config's micro-batch size is returned for it.
         config: DeepSpeed-style config: a dict or the path of a JSON file.
+        mesh: a :class:`zcore.comm.MeshSpec` sizing every mesh axis, for axes the config
+            does not size (``pp``, ``tp``); default: the mesh the config describes.
     """
     from zcore.config import ZConfig
     from zcore.engine import ZEngine
@@ -90,7 +93,7 @@ def initialize(
     if config is None:
         raise ValueError("zcore.initialize needs config= (a dict or the path of a JSON file)")
     cfg = ZConfig.load(config)
-    engine = ZEngine(model, cfg, optimizer, model_parameters, lr_scheduler)
+    engine = ZEngine(model, cfg, optimizer, model_parameters, lr_scheduler, mesh)
     loader = None
     if training_data is not None:
         from torch.utils.data import DataLoader, DistributedSampler

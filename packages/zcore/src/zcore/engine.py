@@ -21,39 +21,30 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from zcore.comm import mesh_for_config
+from zcore.builders import (
+    build_zero_optimizer,
+    param_groups,
+    place_parameters,
+    unique_named_parameters,
+)
+from zcore.comm import MeshSpec, mesh_for_config
 from zcore.comm.accounting import Traffic, TrafficTally
 from zcore.config import ZConfig
 from zcore.engine_parts import Counters, ModelState, RankLocalState
 from zcore.lr_schedules.attach import engine_random_ltd, engine_scheduler
 from zcore.monitor import MonitorMaster
-from zcore.optim.factory import build_inner_optimizer
 from zcore.precision import LossScaler, model_dtype
-from zcore.zero.axes import bind_model, group_axes, mesh_request, param_axis, split_groups
-from zcore.zero.backends import optimizer_backend, param_backend
+from zcore.zero.axes import bind_model, group_axes, mesh_request
 from zcore.zero.collectives import collectives_for
-from zcore.zero.communicating import bind_inner
-from zcore.zero.optimizer import ZeroOptimizer
 from zcore.zero.sharded_state import OptimizerShards
-from zcore.zero.stage3 import ShardStore, Stage3Params
+from zcore.zero.stage3 import Stage3Params
 
 if TYPE_CHECKING:
     from zcore.checkpoint.parts import CheckpointParts
 
 log = logging.getLogger("zcore")
 
-_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-def unique_named_parameters(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
-    """``named_parameters()`` with tied parameters listed once (first name wins)."""
-    seen: set[int] = set()
-    out = []
-    for name, p in module.named_parameters(remove_duplicate=False):
-        if id(p) not in seen:
-            seen.add(id(p))
-            out.append((name, p))
-    return out
+__all__ = ["ZEngine", "unique_named_parameters"]
 
 
 def _counter(name: str) -> property:
@@ -81,12 +72,13 @@ class ZEngine:
         optimizer: torch.optim.Optimizer | None = None,
         model_parameters: Any = None,
         lr_scheduler: Any = None,
+        mesh: MeshSpec | None = None,
     ) -> None:
         self.config = config
         zc = config.zero_optimization
         first = next(iter(model.parameters()), None)
         device = first.device if first is not None else torch.device("cpu")
-        self.mesh = mesh_for_config(config, device, mesh_request(model).get("ep", 1))
+        self.mesh = mesh_for_config(config, device, mesh_request(model).get("ep", 1), mesh)
         bind_model(model, self.mesh)
         self.axes = group_axes(self.mesh)
         """The axes a parameter group is sharded over: ``dp``, ``edp`` (experts)."""
@@ -114,79 +106,18 @@ class ZEngine:
 
         self.collectives = collectives_for(config, self.mesh)
         named = unique_named_parameters(model)
-        names = {p: n for n, p in named}
-        self.stage3: Stage3Params | None = None
-        if self.stage == 3:
-            self.stage3 = getattr(model, "_z_stage3", None) or Stage3Params(
-                self.comm, persistence_threshold=int(zc.stage3_param_persistence_threshold)
-            )
-            # also when zero.Init built it: its fetch policy comes from this config
-            self.stage3.prefetch_elems = int(zc.stage3_prefetch_bucket_size)
-            self.stage3.max_live_elems = int(zc.stage3_max_live_parameters)
-            self.stage3.max_reuse_elems = int(zc.stage3_max_reuse_distance)
-            self.stage3.axis_comms = {a: ax.shard for a, ax in self.axes.items()}
-            for n, p in named:
-                if p not in self.stage3.params:  # zero.Init broadcast its own already
-                    self._broadcast([p.data], param_axis(p))
-                    self.stage3.partition(p, n)
-                elif param_axis(p) != "dp" and self.mesh.spec.ep > 1:
-                    raise ValueError(
-                        f"expert parameter `{n}` was partitioned by zero.Init over every "
-                        "data-parallel rank, but experts are cut across the expert-data-"
-                        f"parallel ranks (ep {self.mesh.spec.ep}); build MoE layers outside "
-                        "zero.Init (each rank builds only its own experts)"
-                    )
-            self.stage3.collectives = self.collectives
-            self.stage3.cast_(self.dtype)
-            off_param = zc.offload_param
-            offloading = off_param is not None and off_param.device != "none"
-            if offloading and type(self.stage3.store) is ShardStore:  # not by zero.Init already
-                self.stage3.store = param_backend(off_param.device)(config, self.stage3)
-            self._cast_buffers()
-            self._broadcast(list(model.buffers()))
-            self.stage3.install(model)
-        else:
-            model.to(self.dtype)
-            for axis in self.axes:
-                self._broadcast([p.data for _, p in named if param_axis(p) == axis], axis)
-            self._broadcast(list(model.buffers()))
-
-        groups = split_groups(self._param_groups(named, optimizer, model_parameters))
-        accum = config.data_types.grad_accum_dtype
-        comm_dtype = config.communication_data_type
-        offload = zc.offload_optimizer
-        store = optimizer_backend(offload.device if offload else "none")(config)
-        self.zopt = ZeroOptimizer(
-            groups,
-            names,
-            self.stage,
-            self.comm,
-            build_inner_optimizer(config, optimizer, self.dtype),
-            stage3=self.stage3,
-            grad_accum_dtype=_DTYPES[accum] if accum else self.dtype,
-            comm_dtype=_DTYPES[comm_dtype] if comm_dtype else None,
-            reduce_bucket_elems=int(zc.reduce_bucket_size),
-            allgather_bucket_elems=int(zc.allgather_bucket_size),
-            overlap_comm=zc.effective_overlap_comm,
-            # gloo's reduce_scatter is about 2x slower than its all_reduce of the same bucket
-            # (240 vs 115 ms for 26.8M fp32 elements on 2 ranks here), so on gloo the bucket
-            # is all-reduced and each rank keeps its row, as `reduce_scatter: false` does.
-            reduce_scatter=zc.reduce_scatter
-            and (self._backend() != "gloo" or self.collectives.scatter_layout),
-            # DeepSpeed's ZeRO divides by the world size before summing; with
-            # `prescale_gradients` by `gradient_predivide_factor`, the rest after.
-            predivide=config.gradient_predivide_factor if config.prescale_gradients else None,
-            allgather_partitions=zc.allgather_partitions,
-            replicas=self.replicas,
-            collectives=self.collectives,
-            store=store,
-            axes=self.axes,
+        self.stage3: Stage3Params | None = place_parameters(
+            model, config, named, self.axes, self.collectives, self.dtype, self.mesh.spec.ep
         )
-        bind_inner(
-            self.zopt,
-            self.comm,
-            replicas=self.replicas.size,
-            type_name=config.optimizer.type if config.optimizer else type(optimizer).__name__,
+        self.zopt = build_zero_optimizer(
+            config,
+            param_groups(named, optimizer, model_parameters),
+            {p: n for n, p in named},
+            self.axes,
+            optimizer,
+            self.dtype,
+            self.stage3,
+            self.collectives,
         )
         self.optimizer = self.zopt.optimizer
         # Kept so that destroy() can take them off again: each one holds this engine, and
@@ -203,51 +134,6 @@ class ZEngine:
         # bytes sent per optimizer step: the mesh's tally at the last boundary, and the delta
         self._traffic_mark = self.mesh.traffic()
         self._step_traffic = TrafficTally()
-
-    # -- construction helpers -------------------------------------------------------------
-    def _backend(self) -> str:
-        if self.comm.group is None:
-            return "none"
-        return str(torch.distributed.get_backend(self.comm.group))
-
-    def _broadcast(self, tensors: list[torch.Tensor], axis: str = "dp") -> None:
-        """Start every rank from the values of the first rank of ``axis`` (as
-        DistributedDataParallel does; experts: the first rank holding the same experts)."""
-        for t in tensors:
-            if t.numel():
-                self.axes[axis].broadcast_from_first(t, "broadcast(initial parameters)")
-
-    def _cast_buffers(self) -> None:
-        for m in self.module.modules():
-            for k, b in m.named_buffers(recurse=False):
-                if b is not None and b.is_floating_point():
-                    setattr(m, k, b.to(self.dtype))
-
-    def _param_groups(
-        self,
-        named: list[tuple[str, nn.Parameter]],
-        optimizer: torch.optim.Optimizer | None,
-        model_parameters: Any,
-    ) -> list[dict[str, Any]]:
-        known = {id(p) for _, p in named}
-        if optimizer is not None:
-            raw = optimizer.param_groups
-        elif model_parameters is not None:
-            mp = list(model_parameters)
-            raw = mp if mp and isinstance(mp[0], dict) else [{"params": mp}]
-        else:
-            raw = [{"params": [p for _, p in named if p.requires_grad]}]
-        groups = []
-        for g in raw:
-            params = [p for p in g["params"] if p.requires_grad]
-            stray = [p for p in params if id(p) not in known]
-            if stray:
-                raise ValueError(
-                    f"{len(stray)} optimizer parameter(s) are not parameters of the model; "
-                    "build the optimizer from `model.parameters()`"
-                )
-            groups.append({**g, "params": params})
-        return groups
 
     # -- the training step ----------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

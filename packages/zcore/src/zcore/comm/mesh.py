@@ -166,12 +166,25 @@ def spec_from_config(config: Any, world: int, ep: int = 1) -> MeshSpec:
         ) from None
 
 
-def mesh_for_config(config: Any, device: torch.device | str | None = None, ep: int = 1) -> Mesh:
+def mesh_for_config(
+    config: Any,
+    device: torch.device | str | None = None,
+    ep: int = 1,
+    spec: MeshSpec | None = None,
+) -> Mesh:
     """Join the job (if launched) and return its mesh as ``config`` (and the model's
-    expert-parallel size ``ep``) sizes it (shared)."""
+    expert-parallel size ``ep``) sizes it (shared); ``spec`` gives every axis size instead
+    (axes the config cannot size yet: ``pp``, ``tp``), and must agree with ``ep``."""
     backend = None if device is None else backend_for(device)
     world = dist.get_world_size() if init_distributed(config.comm_timeout_s, backend) else 1
-    return job_mesh(spec_from_config(config, world, ep), config.comm_timeout_s, device)
+    if spec is None:
+        spec = spec_from_config(config, world, ep)
+    elif spec.ep != ep:
+        raise MeshError(
+            f"the mesh has ep {spec.ep} but the model's MoE layers ask for ep_size {ep}; "
+            f"build the MeshSpec with ep={ep}"
+        )
+    return job_mesh(spec, config.comm_timeout_s, device)
 
 
 @dataclass

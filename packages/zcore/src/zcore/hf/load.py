@@ -209,6 +209,7 @@ def _materialize(
             setattr(model.get_submodule(owner), leaf, new)
         if stage3 is not None:
             stage3.partition(new, names[0])
+            new._z_data_axis = init.data_axis  # type: ignore[attr-defined]
     for name, key in plan.buffers:
         owner, _, leaf = name.rpartition(".")
         module = model.get_submodule(owner)

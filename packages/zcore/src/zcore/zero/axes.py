@@ -1,12 +1,21 @@
-"""Which mesh axis each parameter group is sharded and reduced over.
+"""How each parameter is cut across the mesh, and so what every reduction spans.
 
-Dense parameters are cut across ``dp`` (and summed across ``dp_replicate`` replicas, MiCS).
+Each parameter says how it is cut; today that is its data-parallel slot axis. Dense
+parameters are cut across ``dp`` (and summed across ``dp_replicate`` replicas, MiCS).
 A parameter tagged ``p.zero_axis = "edp"`` — an expert's, set by the MoE layer that built
 it — is cut across the expert-data-parallel ranks instead: the ranks that hold the same
 experts. Ranks on different ``ep`` coordinates hold *different* expert parameters, so
 nothing is reduced across ``ep``; only the gradient norm and the overflow flag are summed
 over it. With ``ep = 1`` the expert axis is the dense one, but expert parameters still form
 groups of their own, so a checkpoint has the same groups at every ``ep``.
+
+Every other mesh axis is, for a group, one of two kinds (:class:`GroupAxis`): ``disjoint``
+(ranks hold different parameters: pipeline stages, expert-parallel ranks), across which
+the gradient norm and the overflow flag are summed so each element counts exactly once in
+the job; or ``mirrors`` (ranks hold the same values and compute the same gradients: a
+tensor-parallel axis for parameters it does not cut), which no reduction touches and on
+which only coordinate 0 writes checkpoint files. A tensor-parallel shard (different
+elements on each ``tp`` rank) will be a group whose ``disjoint`` holds ``tp``.
 
 The engine splits each optimizer param group by axis (as DeepSpeed splits MoE parameters
 into groups of their own): dense parameters keep their group, expert ones move to a new
@@ -53,24 +62,49 @@ class GroupAxis:
     """The ranks a group's partition is cut across (stage 0: whose gradients are summed)."""
     replicas: Comm | None = None
     """Ranks holding the same partition: gradients summed across them too (MiCS)."""
-    spread: Comm | None = None
-    """Ranks holding *different* parameters of this axis (``ep``): only the gradient norm
-    and the overflow flag are summed across them."""
+    disjoint: tuple[Comm, ...] = ()
+    """Ranks holding *different* parameters of this kind (``ep``, ``pp``): only the gradient
+    norm and the overflow flag are summed across them."""
+    mirrors: tuple[Comm, ...] = ()
+    """Ranks holding the same values and computing the same gradients (a replicated ``tp``):
+    nothing is reduced across them; coordinate 0 writes the checkpoint."""
 
     def broadcast_from_first(self, t: torch.Tensor, what: str) -> None:
         """``t`` as the first rank of this axis has it, on every rank holding the same values."""
-        for comm in (self.replicas, self.shard):
+        for comm in (self.replicas, self.shard, *self.mirrors):
             if comm is not None:
                 comm.broadcast(t, 0, what).wait()
 
+    def broadcast_from(self, t: torch.Tensor, index: int, what: str) -> None:
+        """``t`` as the data rank ``index`` of this axis has it (replica ``index // shard``,
+        slot ``index % shard``), on every rank of its data axes (not the mirrors)."""
+        reps = self.replicas.size if self.replicas is not None else 1
+        if not 0 <= index < reps * self.shard.size:
+            raise ValueError(
+                f"modifier_rank {index} is not a data-parallel rank: the data axes have "
+                f"{reps} replica(s) x {self.shard.size} rank(s) = {reps * self.shard.size}"
+            )
+        self.shard.broadcast(t, index % self.shard.size, what).wait()
+        if self.replicas is not None:
+            self.replicas.broadcast(t, index // self.shard.size, what).wait()
+
+    @property
+    def first_copy(self) -> bool:
+        """Whether this rank is the first of the ranks holding its partition (it writes it)."""
+        return all(c.rank == 0 for c in (self.replicas, *self.mirrors) if c is not None)
+
 
 def group_axes(mesh: Mesh) -> dict[str, GroupAxis]:
-    """The axes of ``mesh`` a parameter group can be sharded over."""
-    dense = GroupAxis("dp", mesh.comm("dp"), mesh.comm("dp_replicate"))
+    """The axes of ``mesh`` a parameter group can be sharded over, each with the axes whose
+    ranks hold different parameters (``pp``; experts: ``ep``) and those that mirror it
+    (``tp``: no parameter is cut by it yet)."""
+    stages = (mesh.comm("pp"),) if mesh.spec.pp > 1 else ()
+    mirrors = (mesh.comm("tp"),) if mesh.spec.tp > 1 else ()
+    dense = GroupAxis("dp", mesh.comm("dp"), mesh.comm("dp_replicate"), stages, mirrors)
     if mesh.spec.ep == 1:
-        expert = GroupAxis("edp", dense.shard, dense.replicas)
+        expert = GroupAxis("edp", dense.shard, dense.replicas, stages, mirrors)
     else:
-        expert = GroupAxis("edp", mesh.comm("edp"), None, mesh.comm("ep"))
+        expert = GroupAxis("edp", mesh.comm("edp"), None, (mesh.comm("ep"), *stages), mirrors)
     return {"dp": dense, "edp": expert}
 
 

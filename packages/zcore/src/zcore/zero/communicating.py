@@ -32,12 +32,19 @@ the master's values to replay from); other dtypes are gathered as usual.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
+from torch import nn
 
 from zcore.comm import Comm
+from zcore.zero.layout import ParamShard, slot_view
+from zcore.zero.store import sq_norm
+
+if TYPE_CHECKING:
+    from zcore.zero.optimizer import ZeroOptimizer
 
 
 @dataclass(frozen=True)
@@ -149,3 +156,128 @@ def bind_inner(zopt: Any, comm: Comm, *, replicas: int, type_name: str) -> None:
     fp32 = all(p.dtype == torch.float32 for ps in zopt.params for p in ps)
     inner.bind(OptimizerContext(comm, zopt.stage, zopt.segments(), fp32_params=fp32))
     zopt.communicator = talker
+    zopt.local = LocalGradients(talker, zopt) if talker is not None else None
+
+
+class LocalGradients:
+    """The ZeRO optimizer's side of a communicating inner optimizer: while the optimizer
+    asks for local gradients, each rank keeps its own (stage 0: in the partition; stages
+    1-2: a ``(world, P)`` grid per group until the step, then the optimizer's compressed
+    reduce-scatter), measures their norm and overflow, and at stages 1-2 may fill the
+    weights' all-gather from the owners' compressed updates (:class:`CompressedGather`)."""
+
+    def __init__(self, talker: CommunicatingOptimizer, zopt: ZeroOptimizer) -> None:
+        self.talker = talker
+        self._zopt = zopt
+        self._grids: dict[int, torch.Tensor] = {}
+        self._sq, self._nonfinite = 0.0, False
+
+    @property
+    def active(self) -> bool:
+        """Whether this cycle's gradients stay on their rank (the optimizer averages them)."""
+        return not self.talker.reduce_gradients()
+
+    def add(self, g: int, shard: ParamShard, grad: torch.Tensor) -> None:
+        """Keep one parameter's local gradient (``shard`` of group ``g``)."""
+        zopt = self._zopt
+        if zopt.stage == 0:  # the partition is the whole flat group
+            zopt.store.accumulate(g, shard, grad.reshape(-1), 1.0)
+            return
+        w = zopt.group_world(g)  # every rank's slot of it, kept until the step
+        grid = self._grids.get(g)
+        if grid is None:
+            grid = self._grids[g] = torch.zeros(
+                w, zopt.layouts[g].numel, dtype=torch.float32, device=grad.device
+            )
+        cols = grid[:, shard.offset : shard.offset + shard.shard_size]
+        cols.add_(slot_view(grad.reshape(-1), shard, w))
+
+    def reduce(self) -> None:
+        """Stages 1-2: each group's grid goes through the optimizer's own (compressed)
+        reduce-scatter, and this rank's averaged row lands in its gradient partition."""
+        if not self._grids:
+            return
+        zopt = self._zopt
+        # what the compression hides: the local gradients' norm (for clipping, as at stage
+        # 0) and whether they overflowed (signs of inf and NaN are just +1)
+        self._sq = sum(sq_norm(t) for t in self._grids.values())  # fp32 drift-free
+        self._nonfinite = not math.isfinite(self._sq)
+        for g, grid in sorted(self._grids.items()):
+            avg = self.talker.reduce_scatter_local(grid, f"grad.{g}")
+            for shard in zopt.layouts[g].shards:
+                at = slice(shard.offset, shard.offset + shard.shard_size)
+                zopt.store.accumulate(g, shard, avg[at], 1.0)
+        self._grids.clear()
+
+    def nonfinite(self) -> bool:
+        """Whether this rank's local gradients overflowed (stages 1-2; stage 0: the store's)."""
+        return self.active and self._nonfinite
+
+    def grad_norm(self, inv_scale: float) -> float:
+        """Every rank's own gradients: the root mean square of their norms, the same on
+        every rank (so is the clipping), and the true norm when they agree (stages 1-2:
+        measured before the compressed reduce-scatter)."""
+        zopt = self._zopt
+        local = zopt.store.grad_sq_norm() if zopt.stage == 0 else self._sq
+        sq = zopt.comm.sum_scalar(local, "all_reduce(local grad norms)")
+        return math.sqrt(sq / zopt.comm.size) * inv_scale
+
+    def gather(
+        self,
+        comm: Comm,
+        chunk: list[nn.Parameter],
+        inp: torch.Tensor,
+        grid: torch.Tensor,
+        stepped: bool,
+    ) -> bool:
+        """Stages 1-2 with a :class:`CompressedGather` on fp32 parameters: fill ``grid`` with
+        every rank's slots of ``chunk`` replayed from the owners' compressed updates (after
+        a step) or restored from the checkpoint (a publish after a load), and return True.
+        False: gather ``inp`` as usual."""
+        talker, where = self.talker, self._zopt.where
+        if self._zopt.stage not in (1, 2) or not isinstance(talker, CompressedGather):
+            return False
+        if inp.dtype != torch.float32 or not talker.compress_gather():
+            return False  # a model that cannot hold the master
+        runs = _adjacent_runs([where[p] for p in chunk])
+        if not stepped:  # a publish after a load: the rows saved, if the talker has them
+            restore = getattr(talker, "restored_slots", None)
+            if restore is None:
+                return False
+            rows = [
+                restore(f"weights.{g}.{first.offset}", g, first.offset, _width(run))
+                for run in runs
+                for g, first in run[:1]
+            ]
+            if not rows or any(r is None for r in rows):
+                return False
+            grid.copy_(torch.cat(rows, dim=1))
+            return True
+        held = torch.cat(
+            [slot_view(p.data.reshape(-1), where[p][1], comm.size) for p in chunk], dim=1
+        )
+        col = 0  # one call per run of parameters adjacent in one group's master slot
+        for run in runs:
+            g, first = run[0]
+            cols = slice(col, col + _width(run))
+            key = f"weights.{g}.{first.offset}"
+            grid[:, cols] = talker.gather_slots(held[:, cols], key, g, first.offset)
+            col += _width(run)
+        return True
+
+
+def _width(run: list[tuple[int, ParamShard]]) -> int:
+    return sum(s.shard_size for _, s in run)
+
+
+def _adjacent_runs(at: list[tuple[int, ParamShard]]) -> list[list[tuple[int, ParamShard]]]:
+    """``(group, shard)`` pairs cut into runs that sit next to each other in one group's
+    flat master slot, in order."""
+    runs: list[list[tuple[int, ParamShard]]] = []
+    for g, s in at:
+        last = runs[-1][-1] if runs else None
+        if last is not None and last[0] == g and s.offset == last[1].offset + last[1].shard_size:
+            runs[-1].append((g, s))
+        else:
+            runs.append([(g, s)])
+    return runs

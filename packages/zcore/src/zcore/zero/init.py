@@ -11,6 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 from zcore.comm import Comm, job_mesh, mesh_for_config
+from zcore.zero.axes import group_axes
 from zcore.zero.stage3 import Stage3Params
 
 _ACTIVE: list[Init] = []
@@ -76,6 +77,7 @@ class Init:
         else:
             mesh = job_mesh(None, self.timeout_s)
         self._mesh = mesh
+        self.data_axis = group_axes(mesh)["dp"]
         self.stage3 = Stage3Params(
             mesh.comm("dp"), persistence_threshold=self.persistence_threshold
         )
@@ -110,8 +112,9 @@ class Init:
         return _ACTIVE[-1] if _ACTIVE else None
 
     def _from_rank0(self, p: nn.Parameter, what: str) -> None:
-        """``p`` as rank 0 has it, on every rank (the mesh's first data-parallel rank)."""
-        self._mesh.broadcast_from_first(p.data, what)
+        """``p`` as rank 0 has it, on every rank holding the same values (the mesh's first
+        data-parallel rank; its mirrors too)."""
+        self.data_axis.broadcast_from_first(p.data, what)
 
     def _wrap_init(self, init: Any) -> Any:
         stage3 = self.stage3
@@ -132,6 +135,7 @@ class Init:
                     if p not in stage3.params and not p.is_meta:
                         self._from_rank0(p, "broadcast(zero.Init parameter)")
                         stage3.partition(p, name)
+                        p._z_data_axis = self.data_axis  # type: ignore[attr-defined]
 
         return wrapped
 
@@ -167,8 +171,9 @@ class Init:
 class GatheredParameters:
     """Full values of (possibly partitioned) parameters inside the block.
 
-    With ``modifier_rank=r``, edits made on rank ``r`` inside the block are broadcast to
-    every rank and re-partitioned on exit (fp32 master weights of an engine included);
+    With ``modifier_rank=r``, edits made on data-parallel rank ``r`` inside the block are
+    broadcast over the parameter's data axes (``dp_replicate x dp``; experts: the ranks
+    holding the same experts) and re-partitioned on exit (fp32 master weights of an engine included);
     with ``modifier_rank=None`` the block is read-only and edits are discarded.
     Collective: every rank must enter it with the same parameters.
     """
@@ -205,11 +210,17 @@ class GatheredParameters:
         s3 = self.stage3
         try:
             if self.modifier_rank is not None:
-                # rank `modifier_rank` of the job: every replica of the partition takes it
-                comm = _world_comm(s3.comm.timeout_s if s3 is not None else 1800.0)
+                # data rank `modifier_rank` of each parameter's data axes: every replica of
+                # the partition takes it; parameters no engine or zero.Init placed: the job's
+                world = None
                 for p in self.params:
                     what = "broadcast(GatheredParameters)"
-                    comm.broadcast(p.data, self.modifier_rank, what).wait()
+                    axis = getattr(p, "_z_data_axis", None)
+                    if axis is not None:
+                        axis.broadcast_from(p.data, self.modifier_rank, what)
+                    else:
+                        world = world or _world_comm(s3.comm.timeout_s if s3 else 1800.0)
+                        world.broadcast(p.data, self.modifier_rank, what).wait()
                     if s3 is not None and p in s3.params:
                         s3.repartition(p)
                     else:

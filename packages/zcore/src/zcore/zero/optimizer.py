@@ -24,12 +24,12 @@ from torch import nn
 from zcore.comm import Comm
 from zcore.zero.axes import GroupAxis
 from zcore.zero.collectives import Collectives
-from zcore.zero.communicating import CommunicatingOptimizer, CompressedGather
-from zcore.zero.layout import GroupLayout, ParamShard, from_slots, own_slot, slot_view
+from zcore.zero.communicating import CommunicatingOptimizer, LocalGradients
+from zcore.zero.layout import GroupLayout, ParamShard, from_slots, own_slot
 from zcore.zero.partition import Partition
 from zcore.zero.reducer import GradReducer
 from zcore.zero.stage3 import Stage3Params
-from zcore.zero.store import MemoryStore, OptimizerFactory, OptimizerStore, sq_norm
+from zcore.zero.store import MemoryStore, OptimizerFactory, OptimizerStore
 
 
 class ZeroOptimizer:
@@ -115,11 +115,11 @@ class ZeroOptimizer:
         if stage3 is not None:
             stage3.on_repartition.append(self.refresh_master)
         self.last_grad_norm: float | None = None
-        self._local_grids: dict[int, torch.Tensor] = {}
-        self._local_sq, self._local_nonfinite = 0.0, False
         self.communicator: CommunicatingOptimizer | None = None
         """The inner optimizer when it averages across ranks itself (1-bit Adam; see
         :mod:`zcore.zero.communicating`): while it says so, gradients stay local."""
+        self.local: LocalGradients | None = None
+        """This rank's local gradients while the communicator asks for them."""
         self._stepped = False
         """True while the publish after a step runs (only it may replay compressed updates)."""
 
@@ -146,10 +146,9 @@ class ZeroOptimizer:
 
     def owns_group(self, g: int) -> bool:
         """Whether this rank writes group ``g``'s partition to checkpoints: the first
-        replica of each slot (stage 0: of the whole group)."""
+        replica and mirror of each slot (stage 0: of the whole group)."""
         ax = self.axes[self.group_axis[g]]
-        first_replica = ax.replicas is None or ax.replicas.rank == 0
-        return first_replica and (self.stage >= 1 or ax.shard.rank == 0)
+        return ax.first_copy and (self.stage >= 1 or ax.shard.rank == 0)
 
     # -- construction ---------------------------------------------------------------------
     def _shape(self, p: nn.Parameter) -> torch.Size:
@@ -202,25 +201,15 @@ class ZeroOptimizer:
     def local_gradients(self) -> bool:
         """Whether this cycle's gradients stay on their rank (a communicating optimizer
         averages them itself), instead of being reduced across ranks."""
-        return self.communicator is not None and not self.communicator.reduce_gradients()
+        return self.local is not None and self.local.active
 
     def on_grad(self, p: nn.Parameter) -> None:
         """Move ``p.grad`` into a reduction bucket and drop it from the parameter."""
         if p.grad is None or p not in self.where:
             return
         g, shard = self.where[p]
-        if self.local_gradients:
-            if self.stage == 0:  # the partition is the whole flat group
-                self.store.accumulate(g, shard, p.grad.reshape(-1), 1.0)
-            else:  # every rank's slot of it, kept until the step (see _reduce_local)
-                w = self.group_world(g)
-                grid = self._local_grids.get(g)
-                if grid is None:
-                    grid = self._local_grids[g] = torch.zeros(
-                        w, self.layouts[g].numel, dtype=torch.float32, device=p.grad.device
-                    )
-                cols = grid[:, shard.offset : shard.offset + shard.shard_size]
-                cols.add_(slot_view(p.grad.reshape(-1), shard, w))
+        if self.local is not None and self.local.active:
+            self.local.add(g, shard, p.grad)
         else:
             self.reducers[self.group_axis[g]].add(g, shard, p.grad)
         p.grad = None
@@ -237,25 +226,8 @@ class ZeroOptimizer:
                 if p.grad is not None:
                     self.on_grad(p)
         self.finish_reduction()
-        if self._local_grids:
-            self._reduce_local()
-
-    def _reduce_local(self) -> None:
-        """Stages 1-2 with a communicating optimizer: each group's local gradient grid
-        ``(world, P)`` goes through the optimizer's own (compressed) reduce-scatter, and
-        this rank's averaged row lands in its gradient partition."""
-        assert self.communicator is not None
-        # what the compression hides: the local gradients' norm (for clipping, as at stage
-        # 0) and whether they overflowed (signs of inf and NaN are just +1)
-        grids = list(self._local_grids.values())
-        self._local_sq = sum(sq_norm(t) for t in grids)  # fp32 drift-free at any size
-        self._local_nonfinite = not math.isfinite(self._local_sq)
-        for g, grid in sorted(self._local_grids.items()):
-            avg = self.communicator.reduce_scatter_local(grid, f"grad.{g}")
-            for shard in self.layouts[g].shards:
-                at = slice(shard.offset, shard.offset + shard.shard_size)
-                self.store.accumulate(g, shard, avg[at], 1.0)
-        self._local_grids.clear()
+        if self.local is not None:
+            self.local.reduce()
 
     def zero_grad(self) -> None:
         self.store.zero_grad()
@@ -265,39 +237,34 @@ class ZeroOptimizer:
 
     # -- step -----------------------------------------------------------------------------
     def grads_overflow(self) -> bool:
-        flag = self.store.grads_nonfinite() or (self.local_gradients and self._local_nonfinite)
-        what = "all_reduce(fp16 overflow flag)"
-        if len(self.reducers) == 1:
-            return self.comm.max_flag(flag, what)
-        # the axes' shards and spreads together cover every data-parallel rank
+        """Whether any rank's gradients hold an inf or NaN: the flag is taken over each
+        axis's shard and the axes holding different parameters, never over mirrors."""
+        flag = self.store.grads_nonfinite() or (self.local is not None and self.local.nonfinite())
+        comms: list[Comm] = []
         for axis in self.reducers:
             ax = self.axes[axis]
-            for comm in (ax.shard, ax.spread):
-                if comm is not None:
-                    flag = comm.max_flag(flag, what)
+            comms += [c for c in (ax.shard, *ax.disjoint) if all(c is not k for k in comms)]
+        for comm in comms:
+            flag = comm.max_flag(flag, "all_reduce(fp16 overflow flag)")
         return flag
 
     def global_grad_norm(self, inv_scale: float) -> float:
-        if self.local_gradients:
-            # every rank's own gradients: the root mean square of their norms, the same on
-            # every rank (so is the clipping), and the true norm when they agree (stages
-            # 1-2: measured before the compressed reduce-scatter)
-            local = self.store.grad_sq_norm() if self.stage == 0 else self._local_sq
-            sq = self.comm.sum_scalar(local, "all_reduce(local grad norms)")
-            return math.sqrt(sq / self.comm.size) * inv_scale
-        if len(self.reducers) == 1:
-            sq = self.store.grad_sq_norm()
-            if self.shard_world > 1:
-                sq = self.comm.sum_scalar(sq, "all_reduce(gradient norm)")
-            return math.sqrt(sq) * inv_scale
+        """The norm of the whole job's gradient: each axis's partitions summed over its
+        shard (stages 1-3) and over the axes holding different parameters, so every element
+        counts once whatever the mesh; mirrors and replicas hold copies and are not summed."""
+        if self.local is not None and self.local.active:
+            return self.local.grad_norm(inv_scale)
         total = 0.0
-        for axis in self.reducers:  # each axis's partitions, then across the ranks that differ
+        for axis in self.reducers:
             ax = self.axes[axis]
+            one = len(self.reducers) == 1
             sq = self.store.grad_sq_norm([g for g, a in enumerate(self.group_axis) if a == axis])
             if self.stage >= 1 and ax.shard.size > 1:
-                sq = ax.shard.sum_scalar(sq, f"all_reduce(gradient norm over {axis})")
-            if ax.spread is not None:
-                sq = ax.spread.sum_scalar(sq, f"all_reduce(gradient norm across {axis} spread)")
+                what = "gradient norm" if one else f"gradient norm over {axis}"
+                sq = ax.shard.sum_scalar(sq, f"all_reduce({what})")
+            for comm in ax.disjoint:
+                where = comm.axis or "the job"
+                sq = comm.sum_scalar(sq, f"all_reduce(gradient norm of {axis} across {where})")
             total += sq
         return math.sqrt(total) * inv_scale
 
@@ -386,7 +353,7 @@ class ZeroOptimizer:
                 )
             out = out[: w * inp.numel()]
             grid = out.view(w, -1)
-            if self._gather_through_communicator(comm, chunk, inp, grid):
+            if self.local is not None and self.local.gather(comm, chunk, inp, grid, self._stepped):
                 pass
             elif self.allgather_partitions:
                 what = f"all_gather(updated parameters, {out.numel()} elems)"
@@ -401,51 +368,6 @@ class ZeroOptimizer:
                 _, s = self.where[p]
                 p.data.copy_(from_slots(grid, col, s).view(s.shape))
                 col += s.shard_size
-
-    def _gather_through_communicator(
-        self, comm: Comm, chunk: list[nn.Parameter], inp: torch.Tensor, grid: torch.Tensor
-    ) -> bool:
-        """Stages 1-2 with a communicating optimizer that compresses the weights' all-gather
-        (:class:`~zcore.zero.communicating.CompressedGather`) on fp32 parameters: fill
-        ``grid`` with every rank's slots of ``chunk`` replayed from the owners' compressed
-        updates, and return True. False: gather ``inp`` as usual."""
-        talker = self.communicator
-        if self.stage not in (1, 2) or not isinstance(talker, CompressedGather):
-            return False
-        if inp.dtype != torch.float32 or not talker.compress_gather():
-            return False  # a model that cannot hold the master
-        runs = _adjacent_runs([self.where[p] for p in chunk])
-        if not self._stepped:  # a publish after a load: the rows saved, if the talker has them
-            restore = getattr(talker, "restored_slots", None)
-            rows = (
-                []
-                if restore is None
-                else [
-                    restore(
-                        f"weights.{run[0][0]}.{run[0][1].offset}",
-                        run[0][0],
-                        run[0][1].offset,
-                        sum(s.shard_size for _, s in run),
-                    )
-                    for run in runs
-                ]
-            )
-            if not rows or any(r is None for r in rows):
-                return False
-            grid.copy_(torch.cat(rows, dim=1))
-            return True
-        held = torch.cat(
-            [slot_view(p.data.reshape(-1), self.where[p][1], comm.size) for p in chunk], dim=1
-        )
-        col = 0  # one call per run of parameters adjacent in one group's master slot
-        for run in runs:
-            g, first = run[0]
-            width = sum(s.shard_size for _, s in run)
-            cols = slice(col, col + width)
-            key = f"weights.{g}.{first.offset}"
-            grid[:, cols] = talker.gather_slots(held[:, cols], key, g, first.offset)
-            col += width
-        return True
 
     def gather_input(self, chunk: list[nn.Parameter]) -> torch.Tensor:
         """This rank's slots of ``chunk`` in the parameters' dtype, one flat tensor.
@@ -501,16 +423,3 @@ class ZeroOptimizer:
     def grad_bytes(self) -> int:
         """Memory bytes of this rank's gradient partitions."""
         return self.store.grad_bytes()
-
-
-def _adjacent_runs(at: list[tuple[int, ParamShard]]) -> list[list[tuple[int, ParamShard]]]:
-    """``(group, shard)`` pairs cut into runs that sit next to each other in one group's
-    flat master slot, in order."""
-    runs: list[list[tuple[int, ParamShard]]] = []
-    for g, s in at:
-        last = runs[-1][-1] if runs else None
-        if last is not None and last[0] == g and s.offset == last[1].offset + last[1].shard_size:
-            runs[-1].append((g, s))
-        else:
-            runs.append([(g, s)])
-    return runs
