@@ -115,7 +115,12 @@ def test_zero_over_two_ranks_of_a_2x2_mesh_matches_baseline(stage: int, tmp_path
         assert sorted(p.name for p in root.glob("rank_*.pt")) == ["rank_00000.pt", "rank_00001.pt"]
         manifest = json.loads((root / "manifest.json").read_text())
         assert manifest["mesh"]["dp_replicate"] == 2 and manifest["mesh"]["dp"] == 2
-        assert manifest["files"] == {"rank_00000.pt": {"dp": 0}, "rank_00001.pt": {"dp": 1}}
+        # each file keyed by the writer's full mesh coordinates (replica 0 writes)
+        at = {"pp": 0, "dp_replicate": 0, "tp": 0}
+        assert manifest["files"] == {
+            "rank_00000.pt": {**at, "dp": 0},
+            "rank_00001.pt": {**at, "dp": 1},
+        }
 
 
 def _resume_on_plain_dp(rank: int, world: int, ckpt: str) -> list[float]:

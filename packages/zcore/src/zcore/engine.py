@@ -6,7 +6,10 @@ It wraps the user's model and drives one training step as DeepSpeed's engine doe
     engine.backward(loss)       # scaled backward; gradients reduced into partitions
     engine.step()               # at an accumulation boundary: clip, step, publish
 
-The partitioning itself lives in :mod:`zcore.zero` behind :class:`ZeroOptimizer`.
+The engine wires parts that :mod:`zcore.builders` makes from the config (the mesh's axes,
+the parameters placed on it, the ZeRO optimizer with its store and collectives; the
+partitioning itself lives in :mod:`zcore.zero`). What a checkpoint saves is handed to
+:mod:`zcore.checkpoint` as parts (:meth:`ZEngine.checkpoint_parts`), nothing else.
 """
 
 from __future__ import annotations

@@ -101,7 +101,8 @@ class ModelState:
     def shapes(self) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
         params = {}
         for name, p in self.module.named_parameters():
-            full = self.stage3.params[p].shape if self.stage3 and self._sharded(p) else p.shape
+            sharded = self.stage3 is not None and self._sharded(p)
+            full = self.stage3.params[p].shape if sharded else p.shape  # type: ignore[union-attr]
             params[name] = tuple(full)
         buffers = {n: tuple(b.shape) for n, b in self.module.named_buffers()}
         return params, buffers

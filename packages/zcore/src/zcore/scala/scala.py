@@ -119,7 +119,9 @@ class ScaLA:
             )
         self.engine = engine
         self.embedding_name, self.embedding = find_embedding(engine.module, self.config.embedding)
-        self._generator = torch.Generator().manual_seed(self.config.seed + 1009 * engine.rank)
+        # one stream per data rank: ranks that read the same data draw the same noise
+        seed = self.config.seed + 1009 * engine.data_rank
+        self._generator = torch.Generator().manual_seed(seed)
         self._mode: str | None = None  # None: hook adds nothing; "ascent"; "final"
         self._delta: torch.Tensor | None = None
         self._mask: torch.Tensor | None = None
