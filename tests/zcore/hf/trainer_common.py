@@ -9,6 +9,9 @@ ranks, the gradient norm (before clipping) and the learning rate the step used, 
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -94,8 +97,12 @@ def zero_config(stage: int, **extra: Any) -> dict[str, Any]:
     }
 
 
-def zcore_trainer(rank: int, model_dir: str, out: str, stage: int, samples: int, **ov: Any) -> Any:
-    """A zcore.hf.Trainer on this rank (stage 3: the model built partitioned)."""
+def zcore_trainer(
+    world: int, model_dir: str, out: str, stage: int, samples: int, lora: bool = False, **ov: Any
+) -> Any:
+    """A zcore.hf.Trainer on this rank of ``world`` (stage 3: the model built partitioned),
+    with :func:`with_lora`'s adapter if ``lora``. The global batch is the same at any world
+    size: ``MB x WORLD / world`` per rank."""
     from transformers import LlamaForCausalLM
 
     import zcore.hf
@@ -110,14 +117,42 @@ def zcore_trainer(rank: int, model_dir: str, out: str, stage: int, samples: int,
         model = zcore.hf.from_pretrained(LlamaForCausalLM, model_dir, ds_config=init)
     else:
         model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    args = training_args(Path(out), MB, **ov)
+    if lora:
+        model = with_lora(model)
+    args = training_args(Path(out), MB * WORLD // world, **ov)
     return zcore.hf.Trainer(model=model, args=args, train_dataset=dataset(samples), config=config)
 
 
-def train_rank(
-    rank: int, world: int, model_dir: str, out: str, stage: int, samples: int, ov: dict[str, Any]
-) -> dict[str, Any]:
-    """Train with zcore.hf.Trainer; the log history (the same on every rank)."""
-    trainer = zcore_trainer(rank, model_dir, out, stage, samples, **ov)
+# -- LoRA ---------------------------------------------------------------------------------
+LORA = dict(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"])
+
+
+def with_lora(model: Any) -> Any:
+    """``model`` with a LoRA adapter on the attention's q/v projections (seeded, so every
+    rank and the baseline start from the same adapter)."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(1)
+    with peft_quietly():
+        return get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **LORA))
+
+
+@contextlib.contextmanager
+def peft_quietly() -> Iterator[None]:
+    """peft 0.21 reads transformers 5's deprecated ``is_gradient_checkpointing`` when it wraps
+    a model: that FutureWarning is theirs, not an error of the code under test."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", ".*is_gradient_checkpointing", FutureWarning)
+        yield
+
+
+def plain_lora_run(model_dir: Path, out: Path, samples: int, **overrides: Any) -> dict[str, Any]:
+    """The baseline for LoRA: transformers' Trainer on the same adapter in this process."""
+    from transformers import LlamaForCausalLM, Trainer
+
+    base = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = with_lora(base)
+    args = training_args(out, MB * WORLD, **overrides)
+    trainer = Trainer(model=model, args=args, train_dataset=dataset(samples))
     trainer.train()
-    return {"history": history(trainer)}
+    return {"history": history(trainer), "model": model}

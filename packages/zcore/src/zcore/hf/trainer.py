@@ -22,7 +22,8 @@ Where it hooks in, the places transformers' DeepSpeed integration uses
   engine reducing, clipping and stepping at the accumulation boundary; the loop's later
   ``optimizer.step()``/``lr_scheduler.step()`` are no-ops (:mod:`zcore.hf.trainer_shims`).
 - ``_clip_grad_norm``/``_get_grad_norm``: the engine's global norm of the step.
-- ``save_model``: ``zcore.hf.save_pretrained`` (collective; gathers one parameter at a time).
+- ``save_model``: ``zcore.hf.save_pretrained`` (collective; gathers one parameter at a time);
+  for a PEFT model the adapter directory only (:mod:`zcore.hf.trainer_peft`).
 - ``_save_optimizer_and_scheduler``: ``engine.save_checkpoint(checkpoint-N, "global_stepN")``.
 - ``_load_from_checkpoint``: nothing; the engine checkpoint holds the weights.
 
@@ -39,7 +40,14 @@ import torch
 import transformers
 from torch import nn
 
-from zcore.hf.trainer_config import TrainerConfigError, fill_from_args, finalize, load_config
+from zcore.hf.trainer_config import (
+    TrainerConfigError,
+    check,
+    fill_from_args,
+    finalize,
+    load_config,
+)
+from zcore.hf.trainer_peft import is_peft_model, save_adapter
 from zcore.hf.trainer_shims import EngineOptimizer, EngineScheduler
 
 TRAINING_ARGS_NAME = "training_args.bin"
@@ -80,6 +88,7 @@ class Trainer(transformers.Trainer):
             )
         self.zero_config = fill_from_args(load_config(config), args)
         """The config after ``TrainingArguments`` filled its ``"auto"`` values."""
+        check(self.zero_config, args, _hidden_size(model))
         self.engine: Any = None
         """The ``ZEngine`` once ``train()`` has built it."""
         super().__init__(model, args, *rest, **kwargs)
@@ -100,8 +109,7 @@ class Trainer(transformers.Trainer):
         if self.engine is not None:  # a second train(): a fresh engine over the same model
             self.engine.destroy()
             self.engine = None
-        hidden = getattr(getattr(self.model, "config", None), "hidden_size", None)
-        config = finalize(self.zero_config, self.args, hidden, max_steps)
+        config = finalize(self.zero_config, self.args, _hidden_size(self.model), max_steps)
         optimizer = self.optimizer if not isinstance(self.optimizer, EngineOptimizer) else None
         if optimizer is None and "optimizer" not in config:
             self.optimizer = None
@@ -184,7 +192,10 @@ class Trainer(transformers.Trainer):
         from zcore.hf.save import save_pretrained
 
         output_dir = output_dir if output_dir is not None else self.args.output_dir
-        save_pretrained(self.engine if self.engine is not None else self.model, output_dir)
+        if is_peft_model(self.model):
+            save_adapter(self.model, output_dir, self.args.should_save)
+        else:
+            save_pretrained(self.engine if self.engine is not None else self.model, output_dir)
         if self.args.should_save:
             if self.processing_class is not None:
                 self.processing_class.save_pretrained(output_dir)
@@ -199,3 +210,8 @@ class Trainer(transformers.Trainer):
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
         """Nothing: the engine checkpoint (loaded once the engine exists) holds the weights."""
+
+
+def _hidden_size(model: Any) -> int | None:
+    """The model config's ``hidden_size`` (what the ``"auto"`` bucket sizes scale with)."""
+    return getattr(getattr(model, "config", None), "hidden_size", None)

@@ -154,21 +154,29 @@ def fill_from_args(config: dict[str, Any], args: Any) -> dict[str, Any]:
 
 
 def finalize(
-    config: dict[str, Any], args: Any, hidden_size: int | None, num_training_steps: int
+    config: dict[str, Any], args: Any, hidden_size: int | None, num_training_steps: int | None
 ) -> dict[str, Any]:
     """``config`` with the model- and length-dependent ``"auto"`` values filled (as
     transformers fills them for DeepSpeed): bucket sizes from ``hidden_size``, the scheduler's
     ``total_num_steps`` and ``warmup_num_steps``. Raises :class:`TrainerConfigError` naming any
-    ``"auto"`` left, or a disagreement."""
+    ``"auto"`` left, or a disagreement.
+
+    ``num_training_steps`` None (the run's length not known yet): the scheduler's ``"auto"``
+    steps become 1 and written ones are not checked, for :func:`check` before training.
+    """
     config = copy.deepcopy(config)
     f = _Filler(config)
     if hidden_size is not None:
         f.fill("zero_optimization.reduce_bucket_size", hidden_size * hidden_size)
         f.fill("zero_optimization.stage3_prefetch_bucket_size", int(0.9 * hidden_size**2))
         f.fill("zero_optimization.stage3_param_persistence_threshold", 10 * hidden_size)
-    f.match("scheduler.params.total_num_steps", num_training_steps, "max_steps (calculated)")
-    warmup = max(1, int(args.get_warmup_steps(num_training_steps)))
-    f.match("scheduler.params.warmup_num_steps", warmup, "warmup_steps (calculated)")
+    if num_training_steps is None:
+        f.fill("scheduler.params.total_num_steps", 1)
+        f.fill("scheduler.params.warmup_num_steps", 1)
+    else:
+        f.match("scheduler.params.total_num_steps", num_training_steps, "max_steps (calculated)")
+        warmup = max(1, int(args.get_warmup_steps(num_training_steps)))
+        f.match("scheduler.params.warmup_num_steps", warmup, "warmup_steps (calculated)")
     f.raise_if_mismatched()
     left = sorted(_auto_keys(config))
     if left:
@@ -183,3 +191,13 @@ def _auto_keys(node: Any, prefix: str = "") -> list[str]:
     if isinstance(node, dict):
         return [k for key, v in node.items() for k in _auto_keys(v, f"{prefix}{key}.")]
     return [prefix.rstrip(".")] if node == AUTO else []
+
+
+def check(config: dict[str, Any], args: Any, hidden_size: int | None) -> None:
+    """Parse the config as the engine will (every key, the optimizer and scheduler types, the
+    batch arithmetic), before anything is built: raises ``zcore.config.ConfigError`` (a
+    ``ValueError``) naming the key, the value and what is valid."""
+    from zcore.config import ZConfig
+
+    parsed = ZConfig.load(finalize(config, args, hidden_size, None))
+    parsed.batch_sizes(int(args.world_size))
