@@ -17,7 +17,7 @@ from torch import nn
 
 from zcore.config import ZConfig
 from zcore.optim.factory import build_inner_optimizer
-from zcore.zero.axes import GroupAxis, param_axis, split_groups
+from zcore.zero.axes import GroupAxis, param_axis, set_cut, split_groups
 from zcore.zero.backends import optimizer_backend, param_backend
 from zcore.zero.collectives import Collectives
 from zcore.zero.communicating import bind_inner
@@ -66,7 +66,7 @@ def place_parameters(
     at stage 3 cut each parameter into shards over its axis and return their owner."""
     zc = config.zero_optimization
     for _, p in named:  # what GatheredParameters(modifier_rank=r) broadcasts over
-        p._z_data_axis = axes[param_axis(p)]  # type: ignore[attr-defined]
+        set_cut(p, axes[param_axis(p)])
     if zc.stage != 3:
         model.to(dtype)
         for axis in axes:

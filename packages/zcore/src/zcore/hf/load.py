@@ -28,7 +28,7 @@ from torch import nn
 
 from zcore.hf.keys import KeyPlan, plan_keys
 from zcore.hf.safetensors_io import Checkpoint
-from zcore.zero.axes import param_axis
+from zcore.zero.axes import param_axis, set_cut
 from zcore.zero.init import Init
 
 
@@ -209,7 +209,7 @@ def _materialize(
             setattr(model.get_submodule(owner), leaf, new)
         if stage3 is not None:
             stage3.partition(new, names[0])
-            new._z_data_axis = init.data_axis  # type: ignore[attr-defined]
+            set_cut(new, init.data_axis)
     for name, key in plan.buffers:
         owner, _, leaf = name.rpartition(".")
         module = model.get_submodule(owner)

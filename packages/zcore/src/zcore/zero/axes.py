@@ -94,6 +94,18 @@ class GroupAxis:
         return all(c.rank == 0 for c in (self.replicas, *self.mirrors) if c is not None)
 
 
+def set_cut(p: nn.Parameter, axis: GroupAxis) -> None:
+    """Record how ``p`` is cut across the mesh (the engine, ``zero.Init`` and the HF loader
+    do, for every parameter they place)."""
+    p._z_cut = axis  # type: ignore[attr-defined]
+
+
+def cut_of(p: nn.Parameter) -> GroupAxis | None:
+    """How ``p`` is cut across the mesh (None: no engine or ``zero.Init`` placed it):
+    :meth:`GroupAxis.broadcast_from` reaches exactly the ranks holding its values."""
+    return getattr(p, "_z_cut", None)
+
+
 def group_axes(mesh: Mesh) -> dict[str, GroupAxis]:
     """The axes of ``mesh`` a parameter group can be sharded over, each with the axes whose
     ranks hold different parameters (``pp``; experts: ``ep``) and those that mirror it

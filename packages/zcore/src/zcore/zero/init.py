@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 from zcore.comm import Comm, job_mesh, mesh_for_config
-from zcore.zero.axes import group_axes
+from zcore.zero.axes import cut_of, group_axes, set_cut
 from zcore.zero.stage3 import Stage3Params
 
 _ACTIVE: list[Init] = []
@@ -135,7 +135,7 @@ class Init:
                     if p not in stage3.params and not p.is_meta:
                         self._from_rank0(p, "broadcast(zero.Init parameter)")
                         stage3.partition(p, name)
-                        p._z_data_axis = self.data_axis  # type: ignore[attr-defined]
+                        set_cut(p, self.data_axis)
 
         return wrapped
 
@@ -215,7 +215,7 @@ class GatheredParameters:
                 world = None
                 for p in self.params:
                     what = "broadcast(GatheredParameters)"
-                    axis = getattr(p, "_z_data_axis", None)
+                    axis = cut_of(p)
                     if axis is not None:
                         axis.broadcast_from(p.data, self.modifier_rank, what)
                     else:
