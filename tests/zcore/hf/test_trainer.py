@@ -26,19 +26,8 @@ from tests.utils.distributed import run_ranks
 from tests.zcore.hf import trainer_common as tc
 
 PER_EPOCH = tc.MB * tc.GAS * tc.WORLD  # samples per optimizer step
-PROBE = [5, 17, 3, 99, 42]
-NEW_TOKENS = 6
-
-
-def greedy(model: Any) -> list[int]:
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([PROBE]),
-            attention_mask=torch.ones(1, len(PROBE), dtype=torch.long),
-            max_new_tokens=NEW_TOKENS,
-            do_sample=False,
-        )
-    return out[0, len(PROBE) :].tolist()
+# one epoch; evaluate (eval_loss, and the callback's greedy tokens) after step 2
+EVAL_AT_2 = {"num_train_epochs": 1, "eval_strategy": "steps", "eval_steps": 2}
 
 
 def _train_rank(
@@ -48,13 +37,14 @@ def _train_rank(
     out: dict[str, Any] = {}
     for stage in stages:
         trainer = tc.zcore_trainer(
-            world, model_dir, f"{tmp}/z{stage}", stage, steps * PER_EPOCH, num_train_epochs=1
+            world, model_dir, f"{tmp}/z{stage}", stage, steps * PER_EPOCH, **EVAL_AT_2
         )
         trainer.train()
         out[stage] = tc.history(trainer)
+        out[f"greedy_at_eval{stage}"] = tc.recorded_greedy(trainer)
     out["sizes"] = {n: p.numel() for n, p in trainer.model.named_parameters()}
     trainer.model.eval()
-    out["greedy"] = greedy(trainer.model)  # collective at stage 3: every rank generates
+    out["greedy"] = tc.greedy(trainer.model)  # collective at stage 3: every rank generates
     out["sizes_after"] = {n: p.numel() for n, p in trainer.model.named_parameters()}
     trainer.save_model(f"{tmp}/saved")
     return out
@@ -66,7 +56,7 @@ def check_against_plain(tmp_path: Path, stages: list[int], steps: int) -> None:
     model_dir = tc.write_model(tmp_path / "tiny")
     args = (str(model_dir), str(tmp_path), stages, steps)
     results = run_ranks(_train_rank, tc.WORLD, args=args, timeout=600)
-    plain = tc.plain_run(model_dir, tmp_path / "plain", steps * PER_EPOCH, num_train_epochs=1)
+    plain = tc.plain_run(model_dir, tmp_path / "plain", steps * PER_EPOCH, **EVAL_AT_2)
     ref = plain["history"]
     assert len(ref["loss"]) == steps
     assert all(n > tc.CLIP for n in ref["grad_norm"])  # clipping is active on every step
@@ -76,14 +66,18 @@ def check_against_plain(tmp_path: Path, stages: list[int], steps: int) -> None:
             assert got["loss"] == pytest.approx(ref["loss"], rel=1e-5), (stage, got, ref)
             assert got["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-5), (stage, got)
             assert got["learning_rate"] == ref["learning_rate"], stage
+            # evaluate and generate inside a callback, on the (partitioned) model mid-training
+            assert got["eval_loss"] == pytest.approx(ref["eval_loss"], rel=1e-5), stage
+            assert len(ref["eval_loss"]) >= 1
+            assert r[f"greedy_at_eval{stage}"] == plain["greedy_at_eval"], stage
     if stages[-1] == 3:  # the big matrices stay partitioned on each rank, never whole
         for r in results:
             assert r["sizes"]["model.embed_tokens.weight"] == 0
             assert r["sizes_after"]["model.embed_tokens.weight"] == 0  # released after generate
     saved = AutoModelForCausalLM.from_pretrained(tmp_path / "saved", dtype=torch.float32).eval()
-    assert greedy(saved) == results[0]["greedy"] == results[1]["greedy"]
+    assert tc.greedy(saved) == results[0]["greedy"] == results[1]["greedy"]
     with torch.no_grad():
-        ids = torch.tensor([PROBE])
+        ids = torch.tensor([tc.PROBE])
         torch.testing.assert_close(
             saved(ids).logits, plain["model"].eval()(ids).logits, rtol=0, atol=1e-4
         )

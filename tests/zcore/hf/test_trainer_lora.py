@@ -16,7 +16,7 @@ import torch
 
 from tests.utils.distributed import run_ranks
 from tests.zcore.hf import trainer_common as tc
-from tests.zcore.hf.test_trainer import PER_EPOCH, PROBE, greedy
+from tests.zcore.hf.test_trainer import PER_EPOCH
 
 
 def _lora_rank(
@@ -43,7 +43,7 @@ def _lora_rank(
         if "lora_" in n
     )
     trainer.model.eval()
-    out["greedy"] = greedy(trainer.model)
+    out["greedy"] = tc.greedy(trainer.model)
     trainer.save_model(f"{tmp}/adapter")
     return out
 
@@ -70,9 +70,9 @@ def check_lora(tmp_path: Path, stages: list[int], steps: int) -> None:
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     with tc.peft_quietly():
         reloaded = PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
-    assert greedy(reloaded) == results[0]["greedy"] == results[1]["greedy"]
+    assert tc.greedy(reloaded) == results[0]["greedy"] == results[1]["greedy"]
     with torch.no_grad():
-        ids = torch.tensor([PROBE])
+        ids = torch.tensor([tc.PROBE])
         torch.testing.assert_close(
             reloaded(ids).logits, plain["model"].eval()(ids).logits, rtol=0, atol=1e-4
         )

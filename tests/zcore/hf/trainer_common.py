@@ -42,6 +42,7 @@ def training_args(out: Path, micro: int, **overrides: Any) -> Any:
     kwargs: dict[str, Any] = dict(
         output_dir=str(out),
         per_device_train_batch_size=micro,
+        per_device_eval_batch_size=micro,  # whole eval batches on every rank (drop_last)
         gradient_accumulation_steps=GAS,
         learning_rate=LR,
         max_grad_norm=CLIP,
@@ -61,9 +62,53 @@ def training_args(out: Path, micro: int, **overrides: Any) -> Any:
 
 
 def history(trainer: Any) -> dict[str, list[float]]:
-    """Per logged step: ``loss``, ``grad_norm``, ``learning_rate``."""
+    """Per logged step: ``loss``, ``grad_norm``, ``learning_rate``; per evaluation
+    ``eval_loss``."""
     logged = [e for e in trainer.state.log_history if "loss" in e]
-    return {k: [float(e[k]) for e in logged] for k in ("loss", "grad_norm", "learning_rate")}
+    out = {k: [float(e[k]) for e in logged] for k in ("loss", "grad_norm", "learning_rate")}
+    out["eval_loss"] = [
+        float(e["eval_loss"]) for e in trainer.state.log_history if "eval_loss" in e
+    ]
+    return out
+
+
+def eval_set() -> list[dict[str, torch.Tensor]]:
+    return dataset(2 * MB * WORLD, seed=9)
+
+
+PROBE = [5, 17, 3, 99, 42]
+NEW_TOKENS = 6
+
+
+def greedy(model: Any) -> list[int]:
+    """``model``'s greedy continuation of :data:`PROBE` (collective at stage 3)."""
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([PROBE]),
+            attention_mask=torch.ones(1, len(PROBE), dtype=torch.long),
+            max_new_tokens=NEW_TOKENS,
+            do_sample=False,
+        )
+    return out[0, len(PROBE) :].tolist()
+
+
+def greedy_at_evaluate() -> Any:
+    """A Trainer callback that generates greedily inside ``on_evaluate`` (during training)
+    and keeps the tokens in ``.tokens``."""
+    from transformers import TrainerCallback
+
+    class GreedyAtEvaluate(TrainerCallback):
+        def __init__(self) -> None:
+            self.tokens: list[list[int]] = []
+
+        def on_evaluate(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            model = kw["model"]
+            was_training = model.training
+            model.eval()
+            self.tokens.append(greedy(model))
+            model.train(was_training)
+
+    return GreedyAtEvaluate()
 
 
 def plain_run(model_dir: Path, out: Path, samples: int, **overrides: Any) -> dict[str, Any]:
@@ -73,9 +118,16 @@ def plain_run(model_dir: Path, out: Path, samples: int, **overrides: Any) -> dic
     torch.manual_seed(0)
     model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     args = training_args(out, MB * WORLD, **overrides)
-    trainer = Trainer(model=model, args=args, train_dataset=dataset(samples))
+    recorder = greedy_at_evaluate()
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=dataset(samples),
+        eval_dataset=eval_set(),
+        callbacks=[recorder],
+    )
     trainer.train()
-    return {"history": history(trainer), "model": model}
+    return {"history": history(trainer), "model": model, "greedy_at_eval": recorder.tokens}
 
 
 def zero_config(stage: int, **extra: Any) -> dict[str, Any]:
@@ -120,7 +172,19 @@ def zcore_trainer(
     if lora:
         model = with_lora(model)
     args = training_args(Path(out), MB * WORLD // world, **ov)
-    return zcore.hf.Trainer(model=model, args=args, train_dataset=dataset(samples), config=config)
+    return zcore.hf.Trainer(
+        model=model,
+        args=args,
+        train_dataset=dataset(samples),
+        eval_dataset=eval_set(),
+        callbacks=[greedy_at_evaluate()],
+        config=config,
+    )
+
+
+def recorded_greedy(trainer: Any) -> list[list[int]]:
+    """What :func:`greedy_at_evaluate`'s callback recorded during training."""
+    return next(c.tokens for c in trainer.callback_handler.callbacks if hasattr(c, "tokens"))
 
 
 # -- LoRA ---------------------------------------------------------------------------------
