@@ -136,6 +136,21 @@ def test_both_precisions_are_refused() -> None:
         fill_from_args({"fp16": {"enabled": "auto"}}, args(bf16=True, fp16=True))
 
 
+def test_the_config_for_building_the_model_partitioned_has_no_auto_left() -> None:
+    from zcore.hf import init_config
+
+    config = {
+        "train_batch_size": "auto",
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": "auto"},
+        "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": "auto"}},
+    }
+    filled = init_config(config, args(), hidden_size=64)
+    assert filled["train_batch_size"] == 16
+    assert filled["zero_optimization"]["stage3_param_persistence_threshold"] == 640
+    with pytest.raises(TrainerConfigError, match="stage3_param_persistence_threshold"):
+        init_config(config, args())  # no hidden size: that "auto" cannot be filled
+
+
 def test_config_from_a_json_file(tmp_path: Path) -> None:
     path = tmp_path / "ds_config.json"
     path.write_text(json.dumps({"zero_optimization": {"stage": 1}}))

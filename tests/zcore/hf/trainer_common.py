@@ -160,18 +160,15 @@ def zcore_trainer(
     import zcore.hf
 
     config = zero_config(stage)
+    args = training_args(Path(out), MB * WORLD // world, **ov)
     torch.manual_seed(0)
-    if stage == 3:
-        # the partitioner needs concrete values where the Trainer's config says "auto": the
-        # persistence threshold "auto" is 10 x hidden size, as transformers fills it
-        zero = {"stage": 3, "stage3_param_persistence_threshold": 10 * 64}
-        init = {"train_batch_size": MB * GAS * WORLD, "zero_optimization": zero}
+    if stage == 3:  # built partitioned, with the Trainer's config ("auto" filled as it will be)
+        init = zcore.hf.init_config(config, args, hidden_size=64)
         model = zcore.hf.from_pretrained(LlamaForCausalLM, model_dir, ds_config=init)
     else:
         model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     if lora:
         model = with_lora(model)
-    args = training_args(Path(out), MB * WORLD // world, **ov)
     return zcore.hf.Trainer(
         model=model,
         args=args,

@@ -17,7 +17,7 @@ from zcore.hf.keys import CheckpointKeyError
 from zcore.hf.load import LoadReport, from_pretrained
 from zcore.hf.safetensors_io import CheckpointFormatError
 from zcore.hf.save import save_pretrained
-from zcore.hf.trainer_config import TrainerConfigError
+from zcore.hf.trainer_config import TrainerConfigError, init_config
 
 
 def __getattr__(name: str) -> Any:
@@ -35,5 +35,6 @@ __all__ = [
     "Trainer",
     "TrainerConfigError",
     "from_pretrained",
+    "init_config",
     "save_pretrained",
 ]

@@ -193,6 +193,17 @@ def _auto_keys(node: Any, prefix: str = "") -> list[str]:
     return [prefix.rstrip(".")] if node == AUTO else []
 
 
+def init_config(
+    config: dict | str | os.PathLike[str], args: Any, hidden_size: int | None = None
+) -> dict[str, Any]:
+    """The Trainer's config with every ``"auto"`` filled, for building the model partitioned
+    before the Trainer exists (``zcore.hf.from_pretrained(cls, path, ds_config=...)`` or
+    ``zcore.zero.Init(config=...)``), as ``TrainingArguments(deepspeed=...)`` fills it for
+    DeepSpeed's ``zero.Init``. ``hidden_size`` (the model config's) fills the bucket sizes and
+    the stage-3 persistence threshold; the schedule's length is a placeholder here."""
+    return finalize(fill_from_args(load_config(config), args), args, hidden_size, None)
+
+
 def check(config: dict[str, Any], args: Any, hidden_size: int | None) -> None:
     """Parse the config as the engine will (every key, the optimizer and scheduler types, the
     batch arithmetic), before anything is built: raises ``zcore.config.ConfigError`` (a
