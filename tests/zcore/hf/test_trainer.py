@@ -154,3 +154,25 @@ def test_resume_at_step_10_on_the_same_and_another_world_size(
     tmp_path: Path, stage: int, resume_world: int
 ) -> None:
     check_resume(tmp_path, stage, steps=20, worlds=(tc.WORLD, resume_world))
+
+
+# -- precision from TrainingArguments ---------------------------------------------------------
+def _bf16_rank(rank: int, world: int, model_dir: str, tmp: str, steps: int) -> Any:
+    ov = {"num_train_epochs": 1, "bf16": True}
+    trainer = tc.zcore_trainer(world, model_dir, f"{tmp}/bf16", 2, steps * PER_EPOCH, **ov)
+    trainer.train()
+    dtypes = {str(p.dtype) for p in trainer.model.parameters()}
+    return {"history": tc.history(trainer), "dtypes": dtypes, "bf16": trainer.zero_config["bf16"]}
+
+
+def test_bf16_in_training_arguments_fills_the_config_and_trains_in_bf16(tmp_path: Path) -> None:
+    """bf16=True fills the config's "auto" bf16 block: the engine trains a bf16 model with fp32
+    master weights (accelerate's autocast is off), within bf16 rounding (rel 3e-2) of the fp32
+    plain run."""
+    model_dir = tc.write_model(tmp_path / "tiny")
+    steps = 3
+    r = run_ranks(_bf16_rank, 1, args=(str(model_dir), str(tmp_path), steps), timeout=300)[0]
+    assert r["bf16"] == {"enabled": True}
+    assert r["dtypes"] == {"torch.bfloat16"}
+    ref = tc.plain_run(model_dir, tmp_path / "plain", steps * PER_EPOCH, num_train_epochs=1)
+    assert r["history"]["loss"] == pytest.approx(ref["history"]["loss"], rel=3e-2)
