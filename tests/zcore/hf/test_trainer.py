@@ -42,6 +42,8 @@ def _train_rank(
         trainer.train()
         out[stage] = tc.history(trainer)
         out[f"greedy_at_eval{stage}"] = tc.recorded_greedy(trainer)
+    prediction = trainer.predict(tc.eval_set())  # every rank: stage 3 gathers are collective
+    out["predict"] = (prediction.metrics["test_loss"], tuple(prediction.predictions.shape))
     out["sizes"] = {n: p.numel() for n, p in trainer.model.named_parameters()}
     trainer.model.eval()
     out["greedy"] = tc.greedy(trainer.model)  # collective at stage 3: every rank generates
@@ -70,6 +72,9 @@ def check_against_plain(tmp_path: Path, stages: list[int], steps: int) -> None:
             assert got["eval_loss"] == pytest.approx(ref["eval_loss"], rel=1e-5), stage
             assert len(ref["eval_loss"]) >= 1
             assert r[f"greedy_at_eval{stage}"] == plain["greedy_at_eval"], stage
+    for r in results:  # predict on the last stage's trained model
+        assert r["predict"][0] == pytest.approx(plain["predict"][0], rel=1e-5)
+        assert r["predict"][1] == plain["predict"][1]
     if stages[-1] == 3:  # the big matrices stay partitioned on each rank, never whole
         for r in results:
             assert r["sizes"]["model.embed_tokens.weight"] == 0
@@ -96,19 +101,24 @@ def test_zero2_and_zero3_over_20_steps(tmp_path: Path) -> None:
 
 
 # -- checkpoint-N folders and resume --------------------------------------------------------
-def _full_rank(rank: int, world: int, model_dir: str, tmp: str, stage: int, steps: int) -> Any:
+def _full_rank(
+    rank: int, world: int, model_dir: str, tmp: str, stage: int, steps: int, lora: bool
+) -> Any:
     """The uninterrupted run, writing checkpoint-N every ``steps // 2`` steps."""
     ov = {"num_train_epochs": 1, "save_strategy": "steps", "save_steps": steps // 2}
-    trainer = tc.zcore_trainer(world, model_dir, f"{tmp}/full", stage, steps * PER_EPOCH, **ov)
+    samples = steps * PER_EPOCH
+    trainer = tc.zcore_trainer(world, model_dir, f"{tmp}/full", stage, samples, lora, **ov)
     trainer.train()
     return tc.history(trainer)
 
 
-def _resume_rank(rank: int, world: int, model_dir: str, tmp: str, stage: int, steps: int) -> Any:
+def _resume_rank(
+    rank: int, world: int, model_dir: str, tmp: str, stage: int, steps: int, lora: bool
+) -> Any:
     """A run resumed from the full run's middle checkpoint (written on any world size)."""
     ov = {"num_train_epochs": 1}
     out = f"{tmp}/resumed{world}"
-    trainer = tc.zcore_trainer(world, model_dir, out, stage, steps * PER_EPOCH, **ov)
+    trainer = tc.zcore_trainer(world, model_dir, out, stage, steps * PER_EPOCH, lora, **ov)
     trainer.train(resume_from_checkpoint=f"{tmp}/full/checkpoint-{steps // 2}")
     return tc.history(trainer)
 
@@ -117,10 +127,13 @@ def _full_then_resume_rank(*args: Any) -> tuple[Any, Any]:
     return _full_rank(*args), _resume_rank(*args)
 
 
-def check_resume(tmp_path: Path, stage: int, steps: int, worlds: tuple[int, int]) -> None:
-    """Train on ``worlds[0]`` ranks with checkpoints; resume the middle one on ``worlds[1]``."""
+def check_resume(
+    tmp_path: Path, stage: int, steps: int, worlds: tuple[int, int], lora: bool = False
+) -> None:
+    """Train on ``worlds[0]`` ranks with checkpoints; resume the middle one on ``worlds[1]``.
+    With ``lora`` the checkpoint-N folder holds the adapter directory, not the model's."""
     model_dir = tc.write_model(tmp_path / "tiny")
-    args = (str(model_dir), str(tmp_path), stage, steps)
+    args = (str(model_dir), str(tmp_path), stage, steps, lora)
     if worlds[0] == worlds[1]:  # one call: the ranks import transformers once
         both = run_ranks(_full_then_resume_rank, worlds[0], args=args, timeout=600)
         full, resumed = both[0][0], [r[1] for r in both]
@@ -130,7 +143,9 @@ def check_resume(tmp_path: Path, stage: int, steps: int, worlds: tuple[int, int]
     half = steps // 2
     ckpt = tmp_path / "full" / f"checkpoint-{half}"
     names = {p.name for p in ckpt.iterdir()}
-    assert {"model.safetensors", "config.json", "trainer_state.json", f"global_step{half}"} <= names
+    assert {"trainer_state.json", f"global_step{half}"} <= names
+    model_files = {"adapter_model.safetensors"} if lora else {"model.safetensors", "config.json"}
+    assert model_files <= names
     assert {f"rng_state_{r}.pth" for r in range(worlds[0])} <= names or worlds[0] == 1
     for r in resumed:
         assert len(full["loss"]) == steps
@@ -140,8 +155,9 @@ def check_resume(tmp_path: Path, stage: int, steps: int, worlds: tuple[int, int]
         assert r["learning_rate"] == full["learning_rate"]
 
 
-def test_resume_from_checkpoint_gives_the_uninterrupted_losses(tmp_path: Path) -> None:
-    check_resume(tmp_path, stage=3, steps=4, worlds=(1, 1))
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_resume_from_checkpoint_gives_the_uninterrupted_losses(tmp_path: Path, lora: bool) -> None:
+    check_resume(tmp_path, stage=3, steps=4, worlds=(1, 1), lora=lora)
 
 
 @pytest.mark.slow(
@@ -154,6 +170,14 @@ def test_resume_at_step_10_on_the_same_and_another_world_size(
     tmp_path: Path, stage: int, resume_world: int
 ) -> None:
     check_resume(tmp_path, stage, steps=20, worlds=(tc.WORLD, resume_world))
+
+
+@pytest.mark.slow(
+    reason="a LoRA run on 2 ranks resumed at step 10 on 1 rank; "
+    "test_resume_from_checkpoint_gives_the_uninterrupted_losses[lora] covers the path on 1 rank"
+)
+def test_lora_resume_at_step_10_on_another_world_size(tmp_path: Path) -> None:
+    check_resume(tmp_path, 3, steps=20, worlds=(tc.WORLD, 1), lora=True)
 
 
 # -- precision from TrainingArguments ---------------------------------------------------------

@@ -127,7 +127,13 @@ def plain_run(model_dir: Path, out: Path, samples: int, **overrides: Any) -> dic
         callbacks=[recorder],
     )
     trainer.train()
-    return {"history": history(trainer), "model": model, "greedy_at_eval": recorder.tokens}
+    prediction = trainer.predict(eval_set())
+    return {
+        "history": history(trainer),
+        "model": model,
+        "greedy_at_eval": recorder.tokens,
+        "predict": (prediction.metrics["test_loss"], tuple(prediction.predictions.shape)),
+    }
 
 
 def zero_config(stage: int, **extra: Any) -> dict[str, Any]:
