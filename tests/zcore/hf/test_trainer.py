@@ -42,6 +42,7 @@ def _train_rank(
         trainer.train()
         out[stage] = tc.history(trainer)
         out[f"greedy_at_eval{stage}"] = tc.recorded_greedy(trainer)
+        out[f"flos{stage}"] = trainer.state.total_flos
     prediction = trainer.predict(tc.eval_set())  # every rank: stage 3 gathers are collective
     out["predict"] = (prediction.metrics["test_loss"], tuple(prediction.predictions.shape))
     out["sizes"] = {n: p.numel() for n, p in trainer.model.named_parameters()}
@@ -72,6 +73,7 @@ def check_against_plain(tmp_path: Path, stages: list[int], steps: int) -> None:
             assert got["eval_loss"] == pytest.approx(ref["eval_loss"], rel=1e-5), stage
             assert len(ref["eval_loss"]) >= 1
             assert r[f"greedy_at_eval{stage}"] == plain["greedy_at_eval"], stage
+            assert r[f"flos{stage}"] == plain["flos"], stage  # full-size parameters counted
     for r in results:  # predict on the last stage's trained model
         assert r["predict"][0] == pytest.approx(plain["predict"][0], rel=1e-5)
         assert r["predict"][1] == plain["predict"][1]

@@ -132,6 +132,7 @@ def plain_run(model_dir: Path, out: Path, samples: int, **overrides: Any) -> dic
         "history": history(trainer),
         "model": model,
         "greedy_at_eval": recorder.tokens,
+        "flos": trainer.state.total_flos,
         "predict": (prediction.metrics["test_loss"], tuple(prediction.predictions.shape)),
     }
 

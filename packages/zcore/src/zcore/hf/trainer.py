@@ -186,6 +186,24 @@ class Trainer(transformers.Trainer):
         norm = self.engine.get_global_grad_norm() if self.engine is not None else None
         return None if norm is None else float(norm)
 
+    def floating_point_ops(self, inputs: dict[str, Any]) -> int:
+        """transformers' estimate (6 x tokens x non-embedding parameters), counting each
+        stage-3 parameter at its full size, not the empty tensor a rank holds between uses."""
+        main_input = getattr(self.model, "main_input_name", "input_ids")
+        if self.engine is None or self.engine.stage != 3 or main_input not in inputs:
+            return super().floating_point_ops(inputs)
+        embeddings = {
+            f"{name}.weight"
+            for name, m in self.model.named_modules()
+            if isinstance(m, nn.Embedding)
+        }
+        params = sum(
+            torch.Size(getattr(p, "z_shape", p.shape)).numel()
+            for name, p in self.model.named_parameters()
+            if name not in embeddings
+        )
+        return 6 * inputs[main_input].numel() * params
+
     # -- saving and resuming ------------------------------------------------------------
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Write ``output_dir`` as ``from_pretrained`` loads it (collective: call on every rank)."""
