@@ -1,4 +1,4 @@
-"""zcore.hf.Trainer started as a user starts it: a script (finetune_script.py) on 2 ranks
+"""zcore.hf.Trainer started as a user starts it, and ended by a dead rank: a script (finetune_script.py) on 2 ranks
 through ``torchrun`` or ``z launch``, the ZeRO config a JSON file, the process group left to
 TrainingArguments, CPU optimizer offload at stage 2. Losses rel 1e-5 against the plain
 single-process Trainer; the saved directory loads in transformers.
@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -65,3 +66,40 @@ def test_a_launched_script_trains_like_the_plain_trainer(
         torch.testing.assert_close(
             saved(ids).logits, plain["model"].eval()(ids).logits, rtol=0, atol=1e-4
         )
+
+
+def _dies_after_step_1(rank: int, world: int, model_dir: str, tmp: str) -> str:
+    from transformers import TrainerCallback
+
+    class Die(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if rank == 1 and state.global_step == 1:
+                os._exit(3)  # a rank killed mid-run: no exception, no goodbye
+
+    trainer = tc.zcore_trainer(world, model_dir, f"{tmp}/z", 3, 6 * 8, num_train_epochs=1)
+    trainer.add_callback(Die())
+    trainer.train()
+    return "finished"
+
+
+@pytest.mark.slow(
+    reason="2 ranks that import transformers, one killed; a failure path no default test runs"
+)
+def test_a_dead_rank_ends_the_job_with_zcores_named_error(tmp_path: Path) -> None:
+    from zcore import ranks
+
+    model_dir = tc.write_model(tmp_path / "tiny")
+    outcomes = ranks.run_ranks(
+        _dies_after_step_1,
+        2,
+        (str(model_dir), str(tmp_path)),
+        timeout_s=300,
+        start_method="forkserver",
+        grace_s=120,  # time for rank 0 to notice
+        group_timeout_s=60,
+    )
+    assert outcomes[1].kind == "died" and outcomes[1].payload == 3
+    assert outcomes[0].kind == "error"
+    assert outcomes[0].exc_type == "zcore.comm.collectives.CollectiveError", outcomes[0].payload
+    assert "rank 0/2" in outcomes[0].message and "step 1" in outcomes[0].message
+    assert "may have died" in outcomes[0].message

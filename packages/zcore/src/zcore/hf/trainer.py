@@ -37,9 +37,11 @@ import os
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import transformers
 from torch import nn
 
+from zcore.comm import CollectiveError
 from zcore.hf.trainer_config import (
     TrainerConfigError,
     check,
@@ -92,6 +94,24 @@ class Trainer(transformers.Trainer):
         self.engine: Any = None
         """The ``ZEngine`` once ``train()`` has built it."""
         super().__init__(model, args, *rest, **kwargs)
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        """transformers' ``train``. A collective of the Trainer's own loop (accelerate's
+        gathers of token counts and losses) that fails because a peer rank died is re-raised
+        as zcore's :class:`~zcore.comm.CollectiveError` naming this rank and the step, as the
+        engine's own collectives are."""
+        try:
+            return super().train(*args, **kwargs)
+        except RuntimeError as err:
+            if isinstance(err, CollectiveError) or not _peer_failure(err):
+                raise
+            rank, world = dist.get_rank(), dist.get_world_size()
+            step = self.state.global_step
+            raise CollectiveError(
+                f"rank {rank}/{world}: a collective of the Trainer's loop at step {step} "
+                f"failed: {type(err).__name__}: {err}\nanother rank may have died; check the "
+                "other ranks' logs for the first error"
+            ) from err
 
     # -- building the engine ------------------------------------------------------------
     def _build_accelerator_args(self, **kwargs: Any) -> dict[str, Any]:
@@ -228,6 +248,16 @@ class Trainer(transformers.Trainer):
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
         """Nothing: the engine checkpoint (loaded once the engine exists) holds the weights."""
+
+
+def _peer_failure(err: RuntimeError) -> bool:
+    """Whether ``err`` is a torch.distributed failure of a multi-rank job (a peer gone)."""
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return False
+    text = str(err)
+    return isinstance(err, dist.DistError) or any(
+        marker in text for marker in ("gloo", "NCCL", "Connection reset", "Connection closed")
+    )
 
 
 def _hidden_size(model: Any) -> int | None:
