@@ -140,3 +140,17 @@ def test_the_check_catches_an_engine_attribute() -> None:
         "line 4: reads `data_rank` of a RankPlace",
     ]
     assert _violations(ast.parse("def f(engine):\n    engine.zopt\n"))
+
+
+def test_stores_see_a_partition_not_the_optimizer() -> None:
+    """A state store gets a :class:`~zcore.zero.partition.Partition` in ``attach``; neither
+    zcore's store module nor zoffload's stores import the optimizer."""
+    repo = Path(__file__).resolve().parents[3]
+    stores = [repo / "packages/zcore/src/zcore/zero/store.py"]
+    stores += sorted((repo / "packages/zoffload/src/zoffload").glob("*.py"))
+    bad = []
+    for path in stores:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "zcore.zero.optimizer":
+                bad.append(f"{path.name}:{node.lineno}")
+    assert not bad, f"stores import ZeroOptimizer: {bad}; take a Partition in attach()"
