@@ -7,6 +7,11 @@ plugin keeps that budget from eroding silently:
 - a default test marked `@pytest.mark.timeout(N)` with N above the budget fails, naming the fix
   (make it cheaper, or mark it `slow`: `make test-slow` runs those);
 - a `slow` test without a timeout mark of its own gets `SLOW_TIMEOUT_S`.
+
+It also moves the tests of files marked `heavy` (`pytestmark = pytest.mark.heavy(seconds)`,
+the file's rough total on a quiet 2-core machine) to the front, longest first, keeping every
+other order: `make test`'s xdist workers take whole files in collection order, so a long file
+that came last would leave one worker running it alone at the end.
 """
 
 from __future__ import annotations
@@ -35,10 +40,17 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`slow` tests without a timeout mark of their own get `SLOW_TIMEOUT_S`."""
+    """`slow` tests without a timeout mark of their own get `SLOW_TIMEOUT_S`; the tests of
+    `heavy` files go first."""
     for item in items:
         if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
+    items.sort(key=_heavy_first)  # stable: files keep their order otherwise
+
+
+def _heavy_first(item: pytest.Item) -> float:
+    mark = item.get_closest_marker("heavy")
+    return 0.0 if mark is None else -float(mark.args[0] if mark.args else 1.0)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

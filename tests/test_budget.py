@@ -69,3 +69,21 @@ def test_a_default_run_with_a_longer_timeout_is_refused(pytester_root: pytest.Py
 def test_the_repository_default_is_within_the_budget() -> None:
     ini = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     assert 0 < float(ini["timeout"]) <= DEFAULT_BUDGET_S
+
+
+def test_heavy_files_go_first_longest_first(pytester_root: pytest.Pytester) -> None:
+    pytester_root.makepyfile(
+        test_a="def test_a():\n    pass\n",
+        test_b="import pytest\npytestmark = pytest.mark.heavy(60)\ndef test_b():\n    pass\n",
+        test_c="import pytest\npytestmark = pytest.mark.heavy(300)\ndef test_c():\n    pass\n",
+        test_d="def test_d():\n    pass\n",
+    )
+    pytester_root.makeini("[pytest]\nmarkers =\n    heavy: heavy\n")
+    result = pytester_root.runpytest_subprocess("-p", "tests.budget", "--collect-only", "-q")
+    ids = [line for line in result.stdout.lines if "::" in line]
+    assert ids == [
+        "test_c.py::test_c",
+        "test_b.py::test_b",
+        "test_a.py::test_a",
+        "test_d.py::test_d",
+    ]

@@ -33,6 +33,9 @@ from zcomm.optim import OneBitAdam
 from zcore.comm.mesh import MeshSpec, job_mesh
 from zcore.zero.communicating import OptimizerContext
 
+# About 60 s in all on a quiet 2-core machine: the xdist workers start this file first.
+pytestmark = pytest.mark.heavy(60)
+
 STEPS, FREEZE = 20, 6
 
 OPTIMIZERS: dict[str, dict[str, Any]] = {

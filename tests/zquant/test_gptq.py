@@ -24,6 +24,9 @@ from zquant.quantizers import (
 from zquant.schemes import get_recipe
 from zquant.swap import quantized_layers
 
+# About 60 s in all on a quiet 2-core machine: the xdist workers start this file first.
+pytestmark = pytest.mark.heavy(60)
+
 SPECS = [
     QuantSpec(bits=4, granularity="group", group_size=32),
     QuantSpec(bits=4, symmetric=False, granularity="group", group_size=24),  # padded last group

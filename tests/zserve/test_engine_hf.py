@@ -13,6 +13,9 @@ from zserve.engine import Engine
 from zserve.sampling import SamplingParams
 from zserve.tokenizer import Tokenizer
 
+# About 60 s in all on a quiet 2-core machine: the xdist workers start this file first.
+pytestmark = pytest.mark.heavy(60)
+
 MAX_TOKENS = 10
 TOKEN_BUDGET = 48
 

@@ -48,6 +48,9 @@ from zserve.model.quantized import QuantizedModelError
 from zserve.model.quantized_ppl import served_perplexity
 from zserve.sampling import SamplingParams
 
+# About 120 s in all on a quiet 2-core machine: the xdist workers start this file first.
+pytestmark = pytest.mark.heavy(120)
+
 RTOL = 1e-5
 RTOL_BATCHING = 5e-3
 RTOL_KERNELS = 1e-3

@@ -5,9 +5,8 @@ The commands come from the Typer app itself (`z`, `z bench`, `z checkpoint`, ...
 `test_every_command_has_a_smoke_case` fails for a command without a case in `CASES`, so a
 new command cannot land without one (nor can a case outlive its command).
 
-Each command imports torch (seconds of CPU), so the module fixture starts every case at
-once in a small pool, longest first, and each test waits for its own; cases that need
-another's output (`z generate` after `z train`) run after it in the same worker. The
+The module fixture starts the cases in a pool (`WORKERS`), longest first, and each test waits
+for its own; cases that need another's output (`z generate` after `z train`) run after it. The
 deeper behaviour of each command is tested in its own file (test_train.py,
 test_bench_*.py, test_quant_cli.py, ...); this file proves that each one starts, runs and
 prints what it promises.
@@ -37,8 +36,13 @@ from safetensors import safe_open
 
 from tests.utils.tiny_lm import write_tiny_lm
 
+# About 300 s in all on a quiet 2-core machine: the xdist workers start this file first.
+pytestmark = pytest.mark.heavy(300)
+
 Z = Path(sys.executable).parent / "z"
-WORKERS = 3  # 2 cores: a third process overlaps the others' waits (rendezvous, arrivals)
+# One case at a time: `make test` runs another test file on the other xdist worker, and cases
+# run side by side only slowed each other past the per-test budget.
+WORKERS = 1
 TIMEOUT_S = 270.0  # one command on a busy machine (under pytest-timeout's 300 s per test)
 
 

@@ -28,6 +28,9 @@ from ztrain.gpt import GPT, GPTConfig
 from ztrain.metrics import read_jsonl
 from ztrain.run_lock import hold_run_dir
 
+# About 60 s in all on a quiet 2-core machine: the xdist workers start this file first.
+pytestmark = pytest.mark.heavy(60)
+
 Z = Path(sys.executable).parent / "z"
 TINY = ["--preset", "tiny", "--seq-len", "64", "--micro-batch", "4", "--eval-every", "3"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

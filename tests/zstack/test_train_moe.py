@@ -29,6 +29,9 @@ from ztrain.moe_lm import MoELM
 from ztrain.train_options import TrainError, TrainOptions, cache_dir
 from ztrain.train_plan import plan_run
 
+# About 40 s in all on a quiet 2-core machine: the xdist workers start this file first.
+pytestmark = pytest.mark.heavy(40)
+
 MOE = ["--moe", "--moe-experts", "4", "--moe-top-k", "2", "--moe-dropless", "--moe-ep", "2"]
 
 

@@ -15,6 +15,9 @@ from tests.zserve.server.conftest import MAX_MODEL_LEN, LiveServer, shakespeare_
 from zserve.sampling import SamplingParams
 from zserve.server.prometheus import parse_prometheus
 
+# About 100 s in all on a quiet 2-core machine: the xdist workers start this file first.
+pytestmark = pytest.mark.heavy(100)
+
 MODEL = "SmolLM2-135M-Instruct"
 
 
