@@ -1,4 +1,5 @@
-"""`z bench adam|adam-cuda|zero|zero-step|offload|io|moe|comm|speculative|efficiency`: benchmarks of `benchmarks/`.
+"""`z bench adam|adam-cuda|zero|zero-step|offload|io|moe|comm|speculative|efficiency|hf-trainer`:
+benchmarks of `benchmarks/`.
 
 Imports only typer and the standard library at load time; each benchmark module loads
 through `zstack.bench` when its command runs. (`z bench serve` lives in `cmd_serve`,
@@ -8,6 +9,7 @@ through `zstack.bench` when its command runs. (`z bench serve` lives in `cmd_ser
 from __future__ import annotations
 
 from enum import Enum
+from pathlib import Path
 
 import typer
 
@@ -351,6 +353,39 @@ def bench_efficiency(
     )
 
 
+def bench_hf_trainer(
+    model: str = typer.Option(
+        str(Path.home() / ".cache/zstack/models/SmolLM2-135M-Instruct"),
+        "--model",
+        help="A Hugging Face LLaMA-family directory, or `tiny` (a random 2-layer one).",
+    ),
+    world_size: int = typer.Option(2, "--world-size", min=1, help="gloo ranks to spawn."),
+    modes: str = typer.Option("zero2,zero3,lora3", "--modes", help="Comma-separated modes."),
+    steps: int = typer.Option(5, "--steps", min=1, help="Timed steps (median reported)."),
+    warmup: int = typer.Option(2, "--warmup", min=0),
+    micro_batch: int = typer.Option(2, "--micro-batch", min=1),
+    seq: int = typer.Option(128, "--seq", min=2, help="Tokens per sequence."),
+    json_out: bool = typer.Option(False, "--json", help="Print only the JSON object."),
+) -> None:
+    """zcore.hf.Trainer vs transformers' Trainer on DDP: step time and peak RSS per rank,
+    full fine-tuning at ZeRO-2/3 and LoRA at ZeRO-3 (the JSON says why not DeepSpeed)."""
+    from zstack.bench import run_benchmark
+
+    raise typer.Exit(
+        run_benchmark(
+            "hf_trainer",
+            json_out,
+            model=model,
+            world_size=world_size,
+            modes=modes,
+            steps=steps,
+            warmup=warmup,
+            micro_batch=micro_batch,
+            seq=seq,
+        )
+    )
+
+
 def register(app: typer.Typer, bench_app: typer.Typer) -> None:
     """Add this module's commands to `z bench` (nothing to `z`)."""
     bench_app.command("adam")(bench_adam)
@@ -363,3 +398,4 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
     bench_app.command("comm")(bench_comm)
     bench_app.command("speculative")(bench_speculative)
     bench_app.command("efficiency")(bench_efficiency)
+    bench_app.command("hf-trainer")(bench_hf_trainer)
