@@ -18,22 +18,39 @@ def write_tiny_lm(out: Path) -> Path:
     vocab, hidden, inter, layers, heads, kv_heads = 49152, 64, 96, 2, 4, 2
     head_dim = hidden // heads
     out.mkdir(parents=True)
-    (out / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab,
-        "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers,
-        "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim,
-        "max_position_embeddings": 1024, "rms_norm_eps": 1e-6,
-        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
-        "hidden_act": "silu", "tie_word_embeddings": False, "bos_token_id": 1,
-        "eos_token_id": 2, "torch_dtype": "float32",
-    }))  # fmt: skip
+    (out / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "vocab_size": vocab,
+                "hidden_size": hidden,
+                "intermediate_size": inter,
+                "num_hidden_layers": layers,
+                "num_attention_heads": heads,
+                "num_key_value_heads": kv_heads,
+                "head_dim": head_dim,
+                "max_position_embeddings": 1024,
+                "rms_norm_eps": 1e-6,
+                "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+                "hidden_act": "silu",
+                "tie_word_embeddings": False,
+                "bos_token_id": 1,
+                "eos_token_id": 2,
+                "torch_dtype": "float32",
+            }
+        )
+    )
     g = torch.Generator().manual_seed(0)
 
     def w(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=g) * 0.2
 
-    state = {"model.embed_tokens.weight": w(vocab, hidden), "lm_head.weight": w(vocab, hidden),
-             "model.norm.weight": torch.ones(hidden)}  # fmt: skip
+    state = {
+        "model.embed_tokens.weight": w(vocab, hidden),
+        "lm_head.weight": w(vocab, hidden),
+        "model.norm.weight": torch.ones(hidden),
+    }
     for i in range(layers):
         p = f"model.layers.{i}."
         state |= {

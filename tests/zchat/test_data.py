@@ -50,8 +50,14 @@ def test_shakespeare_pairs_prefer_the_real_next_line() -> None:
     from ztrain.data import load_plays, split_plays
 
     train_plays, held_plays = split_plays(load_plays())
-    data = build_chat_data("shakespeare", train=20, heldout=10, seed=0,
-                           train_plays=train_plays, heldout_plays=held_plays)  # fmt: skip
+    data = build_chat_data(
+        "shakespeare",
+        train=20,
+        heldout=10,
+        seed=0,
+        train_plays=train_plays,
+        heldout_plays=held_plays,
+    )
     texts = {title: text for title, text in train_plays + held_plays}
     held_titles = {t for t, _ in held_plays}
     for pair, split in [(p, "train") for p in data.pairs_train] + [

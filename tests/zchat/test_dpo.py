@@ -56,8 +56,9 @@ def test_pair_logps_sum_the_answer_tokens_of_each_row(tmp_path: Path) -> None:
                 ids, labels = render_answer(tok, pair.messages, answer)
                 logp = torch.log_softmax(model(torch.tensor([ids])).logits[0], -1)
                 # token t is predicted at position t-1; only answer tokens count
-                want = sum(float(logp[t - 1, ids[t]]) for t in range(1, len(ids))
-                           if labels[t] != -100)  # fmt: skip
+                want = sum(
+                    float(logp[t - 1, ids[t]]) for t in range(1, len(ids)) if labels[t] != -100
+                )
                 assert float(got) == pytest.approx(want, abs=1e-4)
     assert tokens > 0
 
@@ -73,9 +74,17 @@ def test_two_rank_dpo_starts_at_ln2_with_a_frozen_reference(tmp_path: Path) -> N
     from transformers import LlamaForCausalLM
 
     lm = write_tiny_lm(tmp_path / "lm")
-    cfg = load_config(DPOConfig, model=str(lm), out=str(tmp_path / "dpo"), steps=3,
-                      micro_batch=2, lr=1e-3, train_examples=16, heldout_examples=6,
-                      persistence_threshold=100)  # fmt: skip
+    cfg = load_config(
+        DPOConfig,
+        model=str(lm),
+        out=str(tmp_path / "dpo"),
+        steps=3,
+        micro_batch=2,
+        lr=1e-3,
+        train_examples=16,
+        heldout_examples=6,
+        persistence_threshold=100,
+    )
     results: list[dict[str, Any]] = run_ranks(train_dpo, 2, args=(cfg,), timeout=600)
     r = results[0]
     assert r["losses"][0] == pytest.approx(math.log(2), abs=1e-6)

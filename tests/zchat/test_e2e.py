@@ -15,8 +15,9 @@ def test_stages_chain_their_directories_and_bad_blocks_fail_at_start(tmp_path: P
     from zchat.e2e import E2EConfig
 
     lm = write_tiny_lm(tmp_path / "lm")
-    cfg = load_config(E2EConfig, {"model": str(lm), "out": str(tmp_path / "e2e"),
-                                  "ppo": {"steps": 3}})  # fmt: skip
+    cfg = load_config(
+        E2EConfig, {"model": str(lm), "out": str(tmp_path / "e2e"), "ppo": {"steps": 3}}
+    )
     cfg.check_stages()
     sft, rm, ppo = (cfg.stage_dict(s) for s in ("sft", "reward", "ppo"))
     assert sft["model"] == str(lm) and rm["model"] == sft["out"]

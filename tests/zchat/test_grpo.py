@@ -42,8 +42,17 @@ def test_config_refuses_negative_kl(tmp_path: Path) -> None:
 def test_one_process_step(tmp_path: Path) -> None:
     """(85 s of wall time here under load; 16 s of CPU.)"""
     lm = write_tiny_lm(tmp_path / "lm")
-    cfg = GRPOConfig(actor=lm, out=tmp_path / "out", train_prompts=4, heldout_prompts=2, steps=1,
-                     prompts_per_rank=2, group_size=2, max_new_tokens=3, world=1)  # fmt: skip
+    cfg = GRPOConfig(
+        actor=lm,
+        out=tmp_path / "out",
+        train_prompts=4,
+        heldout_prompts=2,
+        steps=1,
+        prompts_per_rank=2,
+        group_size=2,
+        max_new_tokens=3,
+        world=1,
+    )
     result = grpo_rank(0, 1, cfg)
     assert 0.0 <= result["heldout_accuracy_after"] <= 1.0
     step = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])
@@ -59,10 +68,21 @@ def test_one_process_lora_step_with_sampled_heldout(tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
     lm = write_tiny_lm(tmp_path / "lm")
-    cfg = GRPOConfig(actor=lm, out=tmp_path / "out", train_prompts=4, heldout_prompts=2, steps=1,
-                     prompts_per_rank=2, group_size=2, max_new_tokens=3, world=1,
-                     actor_lora_dim=2, actor_lora_module_name="layers.", only_optimize_lora=True,
-                     heldout_samples=2)  # fmt: skip
+    cfg = GRPOConfig(
+        actor=lm,
+        out=tmp_path / "out",
+        train_prompts=4,
+        heldout_prompts=2,
+        steps=1,
+        prompts_per_rank=2,
+        group_size=2,
+        max_new_tokens=3,
+        world=1,
+        actor_lora_dim=2,
+        actor_lora_module_name="layers.",
+        only_optimize_lora=True,
+        heldout_samples=2,
+    )
     result = grpo_rank(0, 1, cfg)
     for key in ("heldout_accuracy", "heldout_sampled_accuracy"):
         assert 0.0 <= result[f"{key}_before"] <= 1.0 and 0.0 <= result[f"{key}_after"] <= 1.0
@@ -89,8 +109,11 @@ def test_lora_reference_is_the_base_model(tmp_path: Path) -> None:
         for layer in lora_modules(model).values():
             layer.lora_left_weight.normal_(std=0.5)
             layer.lora_right_weight.normal_(std=0.5)
-    ds = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 0},
-          "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}  # fmt: skip
+    ds = {
+        "train_micro_batch_size_per_gpu": 2,
+        "zero_optimization": {"stage": 0},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+    }
     engine = zcore.initialize(model, config=ds)[0]
     batch = Batch.build([[1, 5, 9], [1, 7]], [[11, 12], [13]], pad_id=0)
     with torch.no_grad():
@@ -105,8 +128,12 @@ def _sgd_engine(lm: Path, accum: int) -> object:
     import zcore
 
     model = AutoModelForCausalLM.from_pretrained(str(lm), dtype=torch.float32)
-    ds = {"train_micro_batch_size_per_gpu": 4 // accum, "gradient_accumulation_steps": accum,
-          "zero_optimization": {"stage": 0}, "optimizer": {"type": "SGD", "params": {"lr": 1.0}}}  # fmt: skip
+    ds = {
+        "train_micro_batch_size_per_gpu": 4 // accum,
+        "gradient_accumulation_steps": accum,
+        "zero_optimization": {"stage": 0},
+        "optimizer": {"type": "SGD", "params": {"lr": 1.0}},
+    }
     return zcore.initialize(model, config=ds)[0]
 
 

@@ -50,8 +50,11 @@ def test_convert_merge_and_the_rollout_gather_on_a_llama(tmp_path: Path) -> None
     ids = torch.randint(0, 1000, (2, 7))
     with torch.no_grad():
         base = model(input_ids=ids).logits
-    with pytest.raises(ValueError, match=r"`actor_lora_module_name` 'decoder.layers.' matches "
-                       r"no nn.Linear.*use 'layers.'"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"`actor_lora_module_name` 'decoder.layers.' matches "
+        r"no nn.Linear.*use 'layers.'",
+    ):
         convert_to_lora(model, "decoder.layers.", 4, key="actor_lora_module_name")
     names = convert_to_lora(model, "layers.", 4)
     assert len(names) == 2 * 7 and "lm_head" not in names  # q k v o gate up down per layer
@@ -66,11 +69,14 @@ def test_convert_merge_and_the_rollout_gather_on_a_llama(tmp_path: Path) -> None
         moved = model(input_ids=ids).logits
     weights = gather_full_weights(model)  # served: merged, under the plain names
     assert not any("lora_" in n for n in weights)
-    assert set(weights) == {n for n, _ in AutoModelForCausalLM.from_pretrained(
-        lm, dtype=torch.float32).named_parameters()}  # fmt: skip
+    assert set(weights) == {
+        n
+        for n, _ in AutoModelForCausalLM.from_pretrained(lm, dtype=torch.float32).named_parameters()
+    }
     q = lora_modules(model)["model.layers.0.self_attn.q_proj"]
-    torch.testing.assert_close(weights["model.layers.0.self_attn.q_proj.weight"],
-                               q.weight + q.delta())  # fmt: skip
+    torch.testing.assert_close(
+        weights["model.layers.0.self_attn.q_proj.weight"], q.weight + q.delta()
+    )
     assert merge_lora_(model) == 14 and not lora_modules(model)
     with torch.no_grad():
         torch.testing.assert_close(model(input_ids=ids).logits, moved, rtol=1e-4, atol=1e-4)
@@ -88,10 +94,15 @@ def _lora_train(rank: int, world: int, lm: Path, zero: bool) -> tuple[list[float
 
     torch.manual_seed(0)
     ids = torch.randint(0, 1000, (4, 9), generator=torch.Generator().manual_seed(3))
-    ds = {"train_micro_batch_size_per_gpu": 4 // world, "gradient_accumulation_steps": 1,
-          "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.95],
-                                                    "weight_decay": 0.0}},
-          "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}  # fmt: skip
+    ds = {
+        "train_micro_batch_size_per_gpu": 4 // world,
+        "gradient_accumulation_steps": 1,
+        "optimizer": {
+            "type": "AdamW",
+            "params": {"lr": 1e-3, "betas": [0.9, 0.95], "weight_decay": 0.0},
+        },
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+    }
     if zero:
         hf = AutoConfig.from_pretrained(lm)
         model = zcore.hf.from_pretrained(AutoModelForCausalLM, lm, ds_config=ds, config=hf)

@@ -34,8 +34,18 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def config(dirs: tuple[Path, Path], out: Path, **kw: Any) -> Any:
     from zchat.ppo import PPOConfig
 
-    base = dict(actor=dirs[0], reward=dirs[1], out=out, train_prompts=8, heldout_prompts=4,
-                steps=1, prompts_per_rank=2, max_new_tokens=4, actor_lr=1e-3, critic_lr=1e-3)  # fmt: skip
+    base = dict(
+        actor=dirs[0],
+        reward=dirs[1],
+        out=out,
+        train_prompts=8,
+        heldout_prompts=4,
+        steps=1,
+        prompts_per_rank=2,
+        max_new_tokens=4,
+        actor_lr=1e-3,
+        critic_lr=1e-3,
+    )
     return PPOConfig(**(base | kw))
 
 
@@ -96,8 +106,10 @@ def test_one_process_step_writes_metrics_and_saves_the_actor(
     saved = AutoModelForCausalLM.from_pretrained(tmp_path / "out" / "actor", dtype=torch.float32)
     start = AutoModelForCausalLM.from_pretrained(dirs[0], dtype=torch.float32)
     with torch.no_grad():
-        moved = max(float((a - b).abs().max()) for a, b in
-                    zip(saved.parameters(), start.parameters(), strict=True))  # fmt: skip
+        moved = max(
+            float((a - b).abs().max())
+            for a, b in zip(saved.parameters(), start.parameters(), strict=True)
+        )
     assert moved > 1e-4
 
 
@@ -150,9 +162,15 @@ def test_two_ranks_agree_on_the_step_metrics(dirs: tuple[Path, Path], tmp_path: 
     assert abs(a[0]["kl"]) < 1e-5 and a[1]["kl"] != 0.0  # moved after the first update
 
 
-LORA = dict(actor_lora_dim=2, critic_lora_dim=2, actor_lora_module_name="layers.",
-            critic_lora_module_name="layers.", only_optimize_lora=True,
-            actor_lora_learning_rate=1e-2, critic_lora_learning_rate=1e-2)  # fmt: skip
+LORA = dict(
+    actor_lora_dim=2,
+    critic_lora_dim=2,
+    actor_lora_module_name="layers.",
+    critic_lora_module_name="layers.",
+    only_optimize_lora=True,
+    actor_lora_learning_rate=1e-2,
+    critic_lora_learning_rate=1e-2,
+)
 
 
 def test_lora_keys_are_checked_before_the_ranks_start(
@@ -165,8 +183,11 @@ def test_lora_keys_are_checked_before_the_ranks_start(
     with pytest.raises(ValueError, match=r"`actor_lora_dim` must be >= 0"):
         config(dirs, tmp_path, actor_lora_dim=-1)
     bad = config(dirs, tmp_path, **(LORA | {"critic_lora_module_name": "decoder.layers."}))
-    with pytest.raises(ValueError, match=r"`critic_lora_module_name` 'decoder.layers.' matches "
-                       r"no nn.Linear.*use 'layers.'"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"`critic_lora_module_name` 'decoder.layers.' matches "
+        r"no nn.Linear.*use 'layers.'",
+    ):
         prepare_ppo(bad)
     prepare_ppo(config(dirs, tmp_path, **LORA))
 

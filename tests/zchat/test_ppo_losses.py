@@ -23,9 +23,17 @@ def batch(seed: int) -> dict[str, torch.Tensor]:
     def r(scale: float = 1.0) -> torch.Tensor:
         return torch.randn(B, T, generator=g, dtype=torch.float64) * scale
 
-    return {"mask": mask, "logp": r(0.5) - 2, "ref": r(0.5) - 2, "old": r(0.5) - 2,
-            "values": r(), "old_values": r(), "returns": r(), "adv": r(),
-            "scores": torch.tensor([7.5, -0.3, -9.0], dtype=torch.float64)}  # fmt: skip
+    return {
+        "mask": mask,
+        "logp": r(0.5) - 2,
+        "ref": r(0.5) - 2,
+        "old": r(0.5) - 2,
+        "values": r(),
+        "old_values": r(),
+        "returns": r(),
+        "adv": r(),
+        "scores": torch.tensor([7.5, -0.3, -9.0], dtype=torch.float64),
+    }
 
 
 def test_rewards_penalise_kl_on_every_token_and_add_the_clipped_score_at_the_end() -> None:

@@ -54,8 +54,11 @@ if __name__ == "__main__":
 def test_ranks_die_with_a_killed_parent(tmp_path: Path) -> None:
     script = tmp_path / "stage.py"
     script.write_text(SCRIPT)
-    parent = subprocess.Popen([sys.executable, str(script), str(tmp_path)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    parent = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         files = [tmp_path / f"rank{r}.pid" for r in range(2)]
         deadline = time.monotonic() + 40

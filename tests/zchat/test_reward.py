@@ -27,8 +27,13 @@ from zchat.reward import (
 
 def test_pairwise_loss_is_the_formula() -> None:
     chosen, rejected = torch.tensor([1.0, -0.5, 2.0]), torch.tensor([0.0, 0.5, 2.0])
-    expected = sum(-math.log(1 / (1 + math.exp(-(c - r)))) for c, r in
-                   zip(chosen.tolist(), rejected.tolist(), strict=True)) / 3  # fmt: skip
+    expected = (
+        sum(
+            -math.log(1 / (1 + math.exp(-(c - r))))
+            for c, r in zip(chosen.tolist(), rejected.tolist(), strict=True)
+        )
+        / 3
+    )
     assert float(pairwise_loss(chosen, rejected)) == pytest.approx(expected, rel=1e-6)
 
 
@@ -37,8 +42,9 @@ def test_score_is_the_last_real_token_and_survives_save_load(tmp_path: Path) -> 
     tok = load_tokenizer(lm)
     model = build_reward_model(lm, seed=1)
     pairs = build_chat_data("arithmetic", train=3, heldout=0).pairs_train
-    batch = answer_batch(tok, [(p.messages, p.chosen if i else p.rejected + "0000")
-                               for i, p in enumerate(pairs)])  # fmt: skip
+    batch = answer_batch(
+        tok, [(p.messages, p.chosen if i else p.rejected + "0000") for i, p in enumerate(pairs)]
+    )
     ids, mask = batch["input_ids"], batch["attention_mask"]
     assert not mask.all()  # padded rows
     with torch.no_grad():
@@ -51,8 +57,9 @@ def test_score_is_the_last_real_token_and_survives_save_load(tmp_path: Path) -> 
     meta = json.loads((tmp_path / "rm" / "zchat_reward.json").read_text())
     assert meta["backbone"] == "LlamaModel" and meta["acc"] == 0.5
     with torch.no_grad():
-        torch.testing.assert_close(load_reward_model(tmp_path / "rm")(ids, mask), scores,
-                                   rtol=0, atol=0)  # fmt: skip
+        torch.testing.assert_close(
+            load_reward_model(tmp_path / "rm")(ids, mask), scores, rtol=0, atol=0
+        )
     check_same_tokenizer(tmp_path / "rm", tok, lm)  # the same tokenizer: accepted
 
 
@@ -106,9 +113,17 @@ def test_two_rank_reward_training_equals_plain_adamw(tmp_path: Path) -> None:
     from zchat.reward_train import RewardConfig, train_reward
 
     lm = write_tiny_lm(tmp_path / "lm")
-    cfg = load_config(RewardConfig, model=str(lm), out=str(tmp_path / "rm"), steps=3,
-                      micro_batch=2, lr=1e-3, train_examples=16, heldout_examples=4,
-                      persistence_threshold=100)  # fmt: skip
+    cfg = load_config(
+        RewardConfig,
+        model=str(lm),
+        out=str(tmp_path / "rm"),
+        steps=3,
+        micro_batch=2,
+        lr=1e-3,
+        train_examples=16,
+        heldout_examples=4,
+        persistence_threshold=100,
+    )
     results = run_ranks(train_reward, 2, args=(cfg,), timeout=600)
     ref_losses, ref = _reference_reward(cfg, 2)
     assert results[0]["losses"] == pytest.approx(ref_losses, rel=1e-5)
@@ -116,7 +131,11 @@ def test_two_rank_reward_training_equals_plain_adamw(tmp_path: Path) -> None:
     pairs = build_chat_data("arithmetic", train=4, heldout=0, seed=5).pairs_train
     b = answer_batch(tok, [(p.messages, p.chosen) for p in pairs])
     with torch.no_grad():
-        torch.testing.assert_close(load_reward_model(cfg.out)(b["input_ids"], b["attention_mask"]),
-                                   ref(b["input_ids"], b["attention_mask"]), rtol=0, atol=1e-4)  # fmt: skip
+        torch.testing.assert_close(
+            load_reward_model(cfg.out)(b["input_ids"], b["attention_mask"]),
+            ref(b["input_ids"], b["attention_mask"]),
+            rtol=0,
+            atol=1e-4,
+        )
     meta = json.loads((Path(cfg.out) / "zchat_reward.json").read_text())
     assert meta["heldout_accuracy"] == results[0]["heldout_after"]["accuracy"]

@@ -57,15 +57,24 @@ def test_step_batches_cover_every_pair_once_per_epoch() -> None:
 
 
 def _cfg(lm: Path, out: Path, **keys: object) -> RewardConfig:
-    base = {"model": str(lm), "out": str(out), "score_at": "before_eos", "warmup_blocks": 1,
-            "warmup_epochs": 3, "warmup_batch": 4, "warmup_lr": 1e-3, "eval_batch": 3}  # fmt: skip
+    base = {
+        "model": str(lm),
+        "out": str(out),
+        "score_at": "before_eos",
+        "warmup_blocks": 1,
+        "warmup_epochs": 3,
+        "warmup_batch": 4,
+        "warmup_lr": 1e-3,
+        "eval_batch": 3,
+    }
     return load_config(RewardConfig, {**base, **keys})
 
 
 def _warm(rank: int, world: int, lm: str, cfg: RewardConfig) -> dict[str, torch.Tensor]:
     data = build_chat_data("arithmetic", train=9, heldout=4, seed=2)
-    warm, _ = warm_blocks(lm, load_tokenizer(lm), data.pairs_train, data.pairs_heldout, cfg,
-                          rank, world)  # fmt: skip
+    warm, _ = warm_blocks(
+        lm, load_tokenizer(lm), data.pairs_train, data.pairs_heldout, cfg, rank, world
+    )
     return warm
 
 
@@ -141,8 +150,15 @@ def test_reward_stage_with_the_block_warmup_alone_saves_the_warmed_model(tmp_pat
     from zchat.reward_train import train_reward
 
     lm = write_tiny_lm(tmp_path / "lm")
-    cfg = _cfg(lm, tmp_path / "rm", steps=0, train_examples=9, heldout_examples=4,
-               data_seed=2, persistence_threshold=100)  # fmt: skip
+    cfg = _cfg(
+        lm,
+        tmp_path / "rm",
+        steps=0,
+        train_examples=9,
+        heldout_examples=4,
+        data_seed=2,
+        persistence_threshold=100,
+    )
     results = run_ranks(train_reward, 2, args=(cfg,), timeout=600)
     assert results[0]["losses"] == []
     warm = results[0]["warmup"]

@@ -41,25 +41,39 @@ def test_warmup_fits_the_scored_features_and_leaves_the_backbone_bit_identical(
     lm = write_tiny_lm(tmp_path / "lm")
     tok = load_tokenizer(lm)
     data = build_chat_data("arithmetic", train=12, heldout=4, seed=3)
-    cfg = load_config(RewardConfig, model=str(lm), out=str(tmp_path / "rm"), score_at="before_eos",
-                      train_examples=12, heldout_examples=4, head_warmup_pairs=12, eval_batch=5,
-                      head_warmup_iters=50)  # fmt: skip
+    cfg = load_config(
+        RewardConfig,
+        model=str(lm),
+        out=str(tmp_path / "rm"),
+        score_at="before_eos",
+        train_examples=12,
+        heldout_examples=4,
+        head_warmup_pairs=12,
+        eval_batch=5,
+        head_warmup_iters=50,
+    )
     head, stats = warm_head(str(lm), tok, data.pairs_train, data.pairs_heldout, cfg, 0, 1)
     assert stats["probe_loss_after"] < stats["probe_loss_before"]
     assert stats["probe_pairs"] == 12 and 0 <= stats["heldout_accuracy_warm_head"] <= 1
     fresh = build_reward_model(lm, seed=cfg.seed)
-    warm = build_reward_model(lm, seed=cfg.seed, head=head, score_at="before_eos",
-                              eos_id=tok.eos_token_id)  # fmt: skip
-    for (name, a), (_, b) in zip(fresh.backbone.state_dict().items(),
-                                 warm.backbone.state_dict().items(), strict=True):  # fmt: skip
+    warm = build_reward_model(
+        lm, seed=cfg.seed, head=head, score_at="before_eos", eos_id=tok.eos_token_id
+    )
+    for (name, a), (_, b) in zip(
+        fresh.backbone.state_dict().items(), warm.backbone.state_dict().items(), strict=True
+    ):
         assert torch.equal(a, b), name
     assert torch.equal(warm.v_head.weight.detach(), head)
     assert not torch.equal(fresh.v_head.weight.detach(), head)
     b = pair_batch(tok, data.pairs_train[:3], cfg.max_len)  # the warm head's score = w . feature
     with torch.no_grad():
         feats = warm.scored_hidden(b["input_ids"], b["attention_mask"])
-        torch.testing.assert_close(warm(b["input_ids"], b["attention_mask"]),
-                                   (feats @ head.t()).squeeze(1), rtol=0, atol=1e-5)  # fmt: skip
+        torch.testing.assert_close(
+            warm(b["input_ids"], b["attention_mask"]),
+            (feats @ head.t()).squeeze(1),
+            rtol=0,
+            atol=1e-5,
+        )
 
 
 def test_before_eos_reads_the_answers_last_token_and_survives_save_load(tmp_path: Path) -> None:
@@ -68,8 +82,9 @@ def test_before_eos_reads_the_answers_last_token_and_survives_save_load(tmp_path
     eos = tok.eos_token_id
     model = build_reward_model(lm, seed=2, score_at="before_eos", eos_id=eos)
     pairs = build_chat_data("arithmetic", train=2, heldout=0).pairs_train
-    b = answer_batch(tok, [(pairs[0].messages, pairs[0].chosen),
-                           (pairs[1].messages, pairs[1].chosen + "123")])  # fmt: skip
+    b = answer_batch(
+        tok, [(pairs[0].messages, pairs[0].chosen), (pairs[1].messages, pairs[1].chosen + "123")]
+    )
     ids, mask = b["input_ids"].clone(), b["attention_mask"].clone()
     last = mask.sum(1) - 1
     assert int(ids[0, last[0]]) == eos and int(ids[1, last[1]]) == eos
@@ -78,13 +93,15 @@ def test_before_eos_reads_the_answers_last_token_and_survives_save_load(tmp_path
     with torch.no_grad():
         values = model.values(ids, mask)
         scores = model(ids, mask)
-        torch.testing.assert_close(scores, torch.stack([values[0, last[0] - 1],
-                                                        values[1, last[1] - 1]]))  # fmt: skip
+        torch.testing.assert_close(
+            scores, torch.stack([values[0, last[0] - 1], values[1, last[1] - 1]])
+        )
         save_reward_model(model, tmp_path / "rm", tokenizer=tok, source=lm)
         meta = json.loads((tmp_path / "rm" / "zchat_reward.json").read_text())
         assert meta["score_at"] == "before_eos" and meta["eos_id"] == eos
-        torch.testing.assert_close(load_reward_model(tmp_path / "rm")(ids, mask), scores,
-                                   rtol=0, atol=0)  # fmt: skip
+        torch.testing.assert_close(
+            load_reward_model(tmp_path / "rm")(ids, mask), scores, rtol=0, atol=0
+        )
     with pytest.raises(ValueError, match="before_eos needs the tokenizer's `eos_id`"):
         build_reward_model(lm, score_at="before_eos")
 
@@ -105,8 +122,9 @@ def test_reward_config_keys_are_checked() -> None:
 
 def _warm_rank(rank: int, world: int, lm: str, cfg: RewardConfig) -> torch.Tensor:
     data = build_chat_data("arithmetic", train=7, heldout=3, seed=4)
-    head, _ = warm_head(lm, load_tokenizer(lm), data.pairs_train, data.pairs_heldout, cfg,
-                        rank, world)  # fmt: skip
+    head, _ = warm_head(
+        lm, load_tokenizer(lm), data.pairs_train, data.pairs_heldout, cfg, rank, world
+    )
     return head
 
 
@@ -120,8 +138,15 @@ def test_two_rank_warmup_gathers_in_pair_order_and_fits_the_one_process_head(
     from tests.utils.distributed import run_ranks
 
     lm = str(write_tiny_lm(tmp_path / "lm"))
-    cfg = load_config(RewardConfig, model=lm, out=str(tmp_path / "rm"), head_warmup_pairs=7,
-                      score_at="before_eos", eval_batch=2, head_warmup_iters=50)  # fmt: skip
+    cfg = load_config(
+        RewardConfig,
+        model=lm,
+        out=str(tmp_path / "rm"),
+        head_warmup_pairs=7,
+        score_at="before_eos",
+        eval_batch=2,
+        head_warmup_iters=50,
+    )
     heads = run_ranks(_warm_rank, 2, args=(lm, cfg), timeout=300)
     assert torch.equal(heads[0], heads[1])
     torch.testing.assert_close(heads[0], _warm_rank(0, 1, lm, cfg), rtol=1e-5, atol=1e-6)

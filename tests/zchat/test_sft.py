@@ -28,9 +28,18 @@ STEPS = 4
 
 
 def config(tmp_path: Path, lm: Path, **extra: Any) -> SFTConfig:
-    return load_config(SFTConfig, model=str(lm), out=str(tmp_path / "sft"), steps=STEPS,
-                       micro_batch=2, lr=1e-3, train_examples=32, heldout_examples=4,
-                       persistence_threshold=100, **extra)  # fmt: skip
+    return load_config(
+        SFTConfig,
+        model=str(lm),
+        out=str(tmp_path / "sft"),
+        steps=STEPS,
+        micro_batch=2,
+        lr=1e-3,
+        train_examples=32,
+        heldout_examples=4,
+        persistence_threshold=100,
+        **extra,
+    )
 
 
 def reference(cfg: SFTConfig, world: int) -> tuple[list[float], Any]:
@@ -47,8 +56,11 @@ def reference(cfg: SFTConfig, world: int) -> tuple[list[float], Any]:
     for batch in global_batches(data.sft_train, per_step, cfg.steps, cfg.seed):
         b = answer_batch(tok, [(e.messages, e.answer) for e in batch], cfg.max_len)
         logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
-        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
-                               b["labels"][:, 1:].reshape(-1), ignore_index=-100)  # fmt: skip
+        loss = F.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.shape[-1]),
+            b["labels"][:, 1:].reshape(-1),
+            ignore_index=-100,
+        )
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
@@ -71,8 +83,9 @@ def check_against_reference(cfg: SFTConfig, results: list[dict[str, Any]], world
         torch.testing.assert_close(saved(probe).logits, ref(probe).logits, rtol=0, atol=1e-4)
     records = [json.loads(line) for line in Path(results[0]["metrics"]).read_text().splitlines()]
     assert [r["step"] for r in records if "loss" in r] == list(range(1, STEPS + 1))
-    assert all(len(r["rss_bytes"]) == world and r["tokens_per_s"] > 0 for r in records
-               if "loss" in r)  # fmt: skip
+    assert all(
+        len(r["rss_bytes"]) == world and r["tokens_per_s"] > 0 for r in records if "loss" in r
+    )
     after = results[0]["heldout_after"]
     assert after["loss"] < results[0]["heldout_before"]["loss"]
 

@@ -40,11 +40,17 @@ STEPS, FREEZE = 20, 6
 
 OPTIMIZERS: dict[str, dict[str, Any]] = {
     "OneBitAdam": {"lr": 3e-3, "weight_decay": 0.01, "freeze_step": FREEZE},
-    "ZeroOneAdam": {"lr": 3e-3, "weight_decay": 0.01, "var_freeze_step": FREEZE,
-                    "var_update_scaler": 3, "local_step_scaler": 3, "local_step_clipper": 4,
-                    "preconditioned": True},
+    "ZeroOneAdam": {
+        "lr": 3e-3,
+        "weight_decay": 0.01,
+        "var_freeze_step": FREEZE,
+        "var_update_scaler": 3,
+        "local_step_scaler": 3,
+        "local_step_clipper": 4,
+        "preconditioned": True,
+    },
     "OneBitLamb": {"lr": 3e-3, "weight_decay": 0.01, "freeze_step": FREEZE, "max_coeff": 0.5},
-}  # fmt: skip
+}
 # The mean loss of the last 5 steps, relative to the uncompressed run's (measured: 1-bit
 # Adam +3.3%, 1-bit LAMB +4.1%, 0/1 Adam +30%: 14 compressed steps of a toy whose loss
 # falls from 22 to 4.6 on random tokens; `z train` holds them to 2% on real text).
@@ -131,8 +137,10 @@ def _onebit_exact(rank: int, world: int) -> list[str]:
     errors: tuple[Any, Any] = (None, None)
     failures = []
     for step in range(steps):
-        grads = [torch.randn(n, generator=torch.Generator().manual_seed(10 * step + r))
-                 for r in range(world)]  # fmt: skip
+        grads = [
+            torch.randn(n, generator=torch.Generator().manual_seed(10 * step + r))
+            for r in range(world)
+        ]
         frozen = step >= freeze
         mean = torch.stack(grads).mean(0)
         p.grad = grads[rank].clone() if frozen else mean.clone()
@@ -182,8 +190,9 @@ def _replayed(rank: int, world: int, kind: str, stage: int) -> tuple[bool, int, 
     return out[0][0], out[0][1], out[1][1]
 
 
-@pytest.mark.parametrize(("kind", "stage"), [pytest.param("OneBitAdam", 1, marks=SLOW),
-                                             ("OneBitAdam", 2)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("kind", "stage"), [pytest.param("OneBitAdam", 1, marks=SLOW), ("OneBitAdam", 2)]
+)
 def test_replayed_gather_keeps_model_and_master_equal(kind: str, stage: int) -> None:
     """1-bit Adam's default at stages 1-2 (compressed_weight_gather): the weights'
     all-gather sends the owners' 1-bit momentum and every rank replays their updates
@@ -220,8 +229,9 @@ def test_checkpoint_mid_compression_resumes_exactly(kind: str, stage: int, tmp_p
         assert same
 
 
-@pytest.mark.parametrize(("kind", "stage"), [("OneBitAdam", 3), ("ZeroOneAdam", 3),
-                                           ("OneBitLamb", 3)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("kind", "stage"), [("OneBitAdam", 3), ("ZeroOneAdam", 3), ("OneBitLamb", 3)]
+)
 def test_unsupported_stages_are_refused_naming_the_key(kind: str, stage: int) -> None:
     cfg = config(stage, optimizer={"type": kind, "params": {}})
     with pytest.raises(ValueError, match=rf"(?s)optimizer.type {kind}.*zero_optimization.stage"):
@@ -266,16 +276,20 @@ def test_compressed_reduce_scatter_equals_the_reference(world: int) -> None:
 
 def test_nvme_optimizer_offload_is_refused_naming_the_key(tmp_path: Path) -> None:
     offload = {"device": "nvme", "nvme_path": str(tmp_path)}
-    cfg = config(1, optimizer={"type": "OneBitAdam", "params": {}},
-                 zero_optimization={"offload_optimizer": offload, "sub_group_size": 1024},
-                 aio={"block_size": 4096, "queue_depth": 8})  # fmt: skip
+    cfg = config(
+        1,
+        optimizer={"type": "OneBitAdam", "params": {}},
+        zero_optimization={"offload_optimizer": offload, "sub_group_size": 1024},
+        aio={"block_size": 4096, "queue_depth": 8},
+    )
     with pytest.raises(ValueError, match=r"offload_optimizer\.device.*nvme.*OneBitAdam"):
         zcore.initialize(make_model(), config=cfg)
 
 
 def _mics(rank: int, world: int) -> str:
-    cfg = config(1, optimizer={"type": "ZeroOneAdam", "params": {}},
-                 zero_optimization={"mics_shard_size": 1})  # fmt: skip
+    cfg = config(
+        1, optimizer={"type": "ZeroOneAdam", "params": {}}, zero_optimization={"mics_shard_size": 1}
+    )
     try:
         zcore.initialize(make_model(), config=cfg)
     except ValueError as err:

@@ -23,28 +23,44 @@ def _config(stage: int = 3, **zero: Any) -> ZConfig:
 
 
 BAD = [
-    ({"stage": 2, "zero_quantized_weights": True},
-     r"zero_optimization\.zero_quantized_weights = true: .*needs ZeRO stage 3 .*stage is 2.*set "
-     r"zero_optimization\.stage to 3"),
-    ({"stage": 1, "zero_hpz_partition_size": 2},
-     r"zero_optimization\.zero_hpz_partition_size = 2: .*stage 3"),
-    ({"stage": 2, "zero_quantized_gradients": True},
-     r"zero_optimization\.zero_quantized_gradients = true: .*stage 3"),
-    ({"zero_quantized_gradients": True, "zeropp_loco_param": {"err_beta": 0.8, "reset": 9}},
-     r"zero_optimization\.zeropp_loco_param\.reset = 9: unknown LoCo key; DeepSpeed's are "
-     r"err_beta and reset_T"),
-    ({"zero_quantized_gradients": True, "zeropp_loco_param": {"err_beta": 1.5}},
-     r"zeropp_loco_param\.err_beta = 1\.5: must be a number in \[0, 1\)"),
-    ({"zero_quantized_gradients": True, "zeropp_loco_param": {"reset_T": 0}},
-     r"zeropp_loco_param\.reset_T = 0: must be a positive whole number"),
-    ({"zeropp_loco_param": {"err_beta": 0.8, "reset_T": 1024}},
-     r"zeropp_loco_param = .*qgZ's quantized gradients, which are off; set "
-     r"zero_optimization\.zero_quantized_gradients to true"),
-    ({"zero_quantized_gradients": True, "reduce_scatter": False},
-     r"zero_quantized_gradients = true: .*reduce_scatter is false.*set reduce_scatter to true"),
+    (
+        {"stage": 2, "zero_quantized_weights": True},
+        r"zero_optimization\.zero_quantized_weights = true: .*needs ZeRO stage 3 .*stage is 2.*set "
+        r"zero_optimization\.stage to 3",
+    ),
+    (
+        {"stage": 1, "zero_hpz_partition_size": 2},
+        r"zero_optimization\.zero_hpz_partition_size = 2: .*stage 3",
+    ),
+    (
+        {"stage": 2, "zero_quantized_gradients": True},
+        r"zero_optimization\.zero_quantized_gradients = true: .*stage 3",
+    ),
+    (
+        {"zero_quantized_gradients": True, "zeropp_loco_param": {"err_beta": 0.8, "reset": 9}},
+        r"zero_optimization\.zeropp_loco_param\.reset = 9: unknown LoCo key; DeepSpeed's are "
+        r"err_beta and reset_T",
+    ),
+    (
+        {"zero_quantized_gradients": True, "zeropp_loco_param": {"err_beta": 1.5}},
+        r"zeropp_loco_param\.err_beta = 1\.5: must be a number in \[0, 1\)",
+    ),
+    (
+        {"zero_quantized_gradients": True, "zeropp_loco_param": {"reset_T": 0}},
+        r"zeropp_loco_param\.reset_T = 0: must be a positive whole number",
+    ),
+    (
+        {"zeropp_loco_param": {"err_beta": 0.8, "reset_T": 1024}},
+        r"zeropp_loco_param = .*qgZ's quantized gradients, which are off; set "
+        r"zero_optimization\.zero_quantized_gradients to true",
+    ),
+    (
+        {"zero_quantized_gradients": True, "reduce_scatter": False},
+        r"zero_quantized_gradients = true: .*reduce_scatter is false.*set reduce_scatter to true",
+    ),
     ({"zero_quantized_weights": "yes"}, r"zero_quantized_weights = \"yes\": must be true or false"),
     ({"zero_hpz_partition_size": 0}, r"zero_hpz_partition_size = 0: must be a positive"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("zero", "message"), BAD)
@@ -68,15 +84,20 @@ def test_engine_refuses_at_start() -> None:
 
     import zcore
 
-    cfg = {"train_micro_batch_size_per_gpu": 1,
-           "zero_optimization": {"stage": 1, "zero_quantized_weights": True}}  # fmt: skip
+    cfg = {
+        "train_micro_batch_size_per_gpu": 1,
+        "zero_optimization": {"stage": 1, "zero_quantized_weights": True},
+    }
     with pytest.raises(ConfigError, match="zero_quantized_weights"):
         zcore.initialize(nn.Linear(2, 2), config=cfg)
 
 
 def test_hpz_that_does_not_divide_dp_names_the_key() -> None:
-    with pytest.raises(MeshError, match=r"zero_hpz_partition_size\) does not divide dp 4.*"
-                       r"choose one that divides 4"):  # fmt: skip
+    with pytest.raises(
+        MeshError,
+        match=r"zero_hpz_partition_size\) does not divide dp 4.*"
+        r"choose one that divides 4",
+    ):
         spec_from_config(_config(zero_hpz_partition_size=3), 4)
 
 

@@ -54,14 +54,16 @@ def _run(rank: int, world: int, node_size: int, c: int, loco: LocoConfig | None)
         qgz.reduce_scatter(comm, out, _bucket(call, rank, world, c), "test bucket").wait()
         after = mesh.traffic().ops["all_to_all"]
         sent.append((after.intra - before.intra, after.inter - before.inter))
-        want = reference_qgz([_bucket(call, r, world, c) for r in range(world)], layout,
-                             BLOCK, loco, errors)[rank]  # fmt: skip
+        want = reference_qgz(
+            [_bucket(call, r, world, c) for r in range(world)], layout, BLOCK, loco, errors
+        )[rank]
         if not torch.equal(out, want):
             mismatches.append((call, float((out - want).abs().max())))
     exact = sum(_bucket(0, r, world, c).view(world, c)[rank] for r in range(world))
     first = torch.empty(c)
     QuantizedReduceScatter(mesh.node_size, None, block=BLOCK).reduce_scatter(
-        comm, first, _bucket(0, rank, world, c), "again").wait()  # fmt: skip
+        comm, first, _bucket(0, rank, world, c), "again"
+    ).wait()
     rel = float((first - exact).norm() / exact.norm())
     return {"mismatches": mismatches, "sent": sent, "nodes": layout.nodes, "rel": rel}
 

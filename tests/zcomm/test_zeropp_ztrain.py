@@ -26,8 +26,20 @@ from ztrain.metrics import read_jsonl
 
 Z = Path(sys.executable).parent / "z"
 STEPS = 50
-ARGS = ["--nproc", "4", "--preset", "tiny", "--seq-len", "64", "--micro-batch", "4",
-        "--steps", str(STEPS), "--eval-every", str(STEPS)]  # fmt: skip
+ARGS = [
+    "--nproc",
+    "4",
+    "--preset",
+    "tiny",
+    "--seq-len",
+    "64",
+    "--micro-batch",
+    "4",
+    "--steps",
+    str(STEPS),
+    "--eval-every",
+    str(STEPS),
+]
 ZERO3 = {"stage": 3, "stage3_param_persistence_threshold": 1000, "stage3_max_reuse_distance": 0}
 ZEROPP = {
     **ZERO3,
@@ -44,8 +56,11 @@ def _run(tmp: Path, name: str, zero: dict) -> list[dict]:
     out = tmp / name
     done = subprocess.run(
         [str(Z), "train", *ARGS, "--config", str(cfg), "--out", str(out)],
-        capture_output=True, text=True, timeout=1500, env=os.environ,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        env=os.environ,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return [r for r in read_jsonl(out / "metrics.jsonl") if "loss" in r]
 

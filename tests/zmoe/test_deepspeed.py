@@ -28,13 +28,25 @@ ATOL = RTOL = 1e-5
 
 def _pair(d: int, experts: int, **kwargs: object) -> tuple[torch.nn.Module, zmoe.MoE]:
     torch.manual_seed(0)
-    ds = ds_layer.MoE(d, mlp(d, 2 * d), num_experts=experts, use_rts=False,
-                      top2_2nd_expert_sampling=False, **kwargs)  # fmt: skip
+    ds = ds_layer.MoE(
+        d,
+        mlp(d, 2 * d),
+        num_experts=experts,
+        use_rts=False,
+        top2_2nd_expert_sampling=False,
+        **kwargs,
+    )
     for expert in ds.deepspeed_moe.experts.deepspeed_experts:  # distinct experts
         for p in expert.parameters():
             p.data.normal_(0.0, 0.3)
-    ours = zmoe.MoE(d, mlp(d, 2 * d), num_experts=experts, use_rts=False,
-                    top2_2nd_expert_sampling=False, **kwargs)  # fmt: skip
+    ours = zmoe.MoE(
+        d,
+        mlp(d, 2 * d),
+        num_experts=experts,
+        use_rts=False,
+        top2_2nd_expert_sampling=False,
+        **kwargs,
+    )
     renamed = {
         name.replace("deepspeed_moe.gate.", "gate.").replace(
             "deepspeed_moe.experts.deepspeed_experts.", "experts."

@@ -83,8 +83,9 @@ def test_student_keeps_the_chosen_teacher_layers() -> None:
     student = student_from_teacher(teacher, "blocks", [0, 2])
     assert len(student.blocks) == 2 and len(teacher.blocks) == 4
     for i, j in ((0, 0), (1, 2)):
-        for (name, p), q in zip(student.blocks[i].named_parameters(),
-                                teacher.blocks[j].parameters(), strict=True):  # fmt: skip
+        for (name, p), q in zip(
+            student.blocks[i].named_parameters(), teacher.blocks[j].parameters(), strict=True
+        ):
             assert torch.equal(p, q) and p is not q, name
     student.head.weight.data.add_(1.0)  # a copy: the teacher is untouched
     assert all(torch.equal(v, teacher.state_dict()[k]) for k, v in before.items())

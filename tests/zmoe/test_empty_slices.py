@@ -30,9 +30,11 @@ class SwiGLU(nn.Module):  # not Linear-activation-Linear: run as one module call
 def test_every_expert_gets_a_gradient(tokens: int, expert: str) -> None:
     torch.manual_seed(0)
     d = 8
-    module = SwiGLU(d, 16) if expert == "swiglu" else nn.Sequential(
-        nn.Linear(d, 16), nn.GELU(), nn.Linear(16, d)
-    )  # fmt: skip
+    module = (
+        SwiGLU(d, 16)
+        if expert == "swiglu"
+        else nn.Sequential(nn.Linear(d, 16), nn.GELU(), nn.Linear(16, d))
+    )
     layer = zmoe.MoE(d, module, num_experts=8, k=1, drop_tokens=False)
     x = torch.randn(tokens, d, requires_grad=True)
     out, l_aux, _ = layer(x)

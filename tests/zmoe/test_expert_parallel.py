@@ -32,8 +32,10 @@ def _grads(layer: zmoe.MoE, x: torch.Tensor, w: torch.Tensor) -> dict[str, torch
     x = x.clone().requires_grad_()
     out, l_aux, counts = layer(x)
     ((out * w).sum() + l_aux).backward()
-    grads = {n: p.grad if p.grad is not None else torch.zeros_like(p)
-             for n, p in layer.named_parameters()}  # fmt: skip
+    grads = {
+        n: p.grad if p.grad is not None else torch.zeros_like(p)
+        for n, p in layer.named_parameters()
+    }
     return {"out": out.detach(), "l_aux": l_aux.detach(), "counts": counts, "x": x.grad, **grads}
 
 
@@ -45,8 +47,9 @@ def _check(rank: int, world: int, ep: int, experts: int) -> list[str]:
     for name, kwargs in CASES.items():
         ref = build(experts=experts, **kwargs)
         layer = build(experts=experts, ep_size=ep, **kwargs)
-        assert list(layer.experts) == [str(layer.ep_rank * (experts // ep) + i)
-                                       for i in range(experts // ep)]  # fmt: skip
+        assert list(layer.experts) == [
+            str(layer.ep_rank * (experts // ep) + i) for i in range(experts // ep)
+        ]
         own = layer.state_dict()
         layer.load_state_dict({n: v for n, v in ref.state_dict().items() if n in own})
         with pytest.raises(RuntimeError, match="bind_mesh"):

@@ -121,8 +121,18 @@ def test_residual_mixes_a_dense_copy() -> None:
 
 
 @pytest.mark.parametrize("drop_tokens", [False, True])
-@pytest.mark.parametrize("act", [nn.GELU(), nn.GELU("tanh"), nn.ReLU(), nn.SiLU(inplace=True),
-                                 nn.Tanh(), nn.Sigmoid(), nn.Identity()])  # fmt: skip
+@pytest.mark.parametrize(
+    "act",
+    [
+        nn.GELU(),
+        nn.GELU("tanh"),
+        nn.ReLU(),
+        nn.SiLU(inplace=True),
+        nn.Tanh(),
+        nn.Sigmoid(),
+        nn.Identity(),
+    ],
+)
 @pytest.mark.parametrize("bias", [True, False])
 def test_fused_experts_equal_one_call_per_expert(
     drop_tokens: bool, act: nn.Module, bias: bool
@@ -133,8 +143,9 @@ def test_fused_experts_equal_one_call_per_expert(
     for kernel in ("sliced", "grouped", "modules"):
         torch.manual_seed(0)
         expert = nn.Sequential(nn.Linear(16, 32, bias=bias), act, nn.Linear(32, 16, bias=bias))
-        layer = zmoe.MoE(16, expert, num_experts=4, k=2, drop_tokens=drop_tokens,
-                         top2_2nd_expert_sampling=False)  # fmt: skip
+        layer = zmoe.MoE(
+            16, expert, num_experts=4, k=2, drop_tokens=drop_tokens, top2_2nd_expert_sampling=False
+        )
         seed_experts(layer)
         assert layer.experts.fused
         layer.experts.grouped_on_cpu = kernel == "grouped"

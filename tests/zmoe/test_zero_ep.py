@@ -43,8 +43,9 @@ class MoELM(nn.Module):
     ``experts`` gives each layer's expert count (PR-MoE's pyramid: more in later layers).
     """
 
-    def __init__(self, ep: int = 1, aux_coef: float = 0.01, experts: tuple[int, ...] = (EXPERTS,),
-                 **moe: Any) -> None:  # fmt: skip
+    def __init__(
+        self, ep: int = 1, aux_coef: float = 0.01, experts: tuple[int, ...] = (EXPERTS,), **moe: Any
+    ) -> None:
         super().__init__()
         torch.manual_seed(0)
         self.emb = nn.Embedding(VOCAB, D)
@@ -68,8 +69,9 @@ class MoELM(nn.Module):
         return F.cross_entropy(logits.view(-1, VOCAB), targets.reshape(-1)) + self.aux_coef * aux
 
 
-def make(ep: int, case: dict[str, Any], aux_coef: float = 0.01,
-         experts: tuple[int, ...] = (EXPERTS,)) -> MoELM:  # fmt: skip
+def make(
+    ep: int, case: dict[str, Any], aux_coef: float = 0.01, experts: tuple[int, ...] = (EXPERTS,)
+) -> MoELM:
     """The model at ``ep``, with the ``ep_size=1`` model's weights (experts by global name)."""
     ref = MoELM(1, aux_coef, experts, **case)
     if ep == 1:
@@ -80,8 +82,14 @@ def make(ep: int, case: dict[str, Any], aux_coef: float = 0.01,
     return model
 
 
-def baseline(case: dict[str, Any], world: int, steps: int, start: int = 0, aux_coef: float = 0.01,
-             experts: tuple[int, ...] = (EXPERTS,)) -> tuple[list[float], dict[str, torch.Tensor]]:  # fmt: skip
+def baseline(
+    case: dict[str, Any],
+    world: int,
+    steps: int,
+    start: int = 0,
+    aux_coef: float = 0.01,
+    experts: tuple[int, ...] = (EXPERTS,),
+) -> tuple[list[float], dict[str, torch.Tensor]]:
     model = make(1, case, aux_coef, experts)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     losses = []
@@ -125,8 +133,9 @@ def _check(results: list[dict], world: int) -> None:
                 where = f"{name} stage {stage} rank {rank}"
                 assert losses == pytest.approx(ref_losses, rel=2e-5, abs=2e-5), where
                 for key, value in params.items():  # the dense ones and this rank's experts
-                    torch.testing.assert_close(value, ref_params[key], atol=1e-4, rtol=0,
-                                               msg=f"{where} {key}")  # fmt: skip
+                    torch.testing.assert_close(
+                        value, ref_params[key], atol=1e-4, rtol=0, msg=f"{where} {key}"
+                    )
 
 
 def test_ep2_with_zero_1_2_3_equals_one_process() -> None:
@@ -206,9 +215,10 @@ def _offloaded(rank: int, world: int, root: str) -> dict:
     setups = {
         "stage 2, optimizer on cpu": (2, {"offload_optimizer": {"device": "cpu"}}),
         "stage 3, optimizer on nvme, parameters on cpu": (
-            3, {"offload_optimizer": nvme, "offload_param": {"device": "cpu"}},
+            3,
+            {"offload_optimizer": nvme, "offload_param": {"device": "cpu"}},
         ),
-    }  # fmt: skip
+    }
     out = {}
     for what, (stage, zero) in setups.items():
         cfg = config(stage, mb=MB, gas=GAS, zero_optimization=zero)
@@ -225,8 +235,9 @@ def test_ep2_with_offloaded_expert_state_equals_one_process(tmp_path: Path) -> N
         for what, (losses, params) in r.items():
             assert losses == pytest.approx(ref_losses, rel=2e-5, abs=2e-5), (what, rank)
             for key, value in params.items():
-                torch.testing.assert_close(value, ref_params[key], atol=1e-4, rtol=0,
-                                           msg=f"{what} rank {rank} {key}")  # fmt: skip
+                torch.testing.assert_close(
+                    value, ref_params[key], atol=1e-4, rtol=0, msg=f"{what} rank {rank} {key}"
+                )
 
 
 # -- PR-MoE: a pyramid of expert counts with the residual expert ---------------------------

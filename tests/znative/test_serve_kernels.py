@@ -21,8 +21,9 @@ from zserve.model import native
 from zserve.model.attention import paged_attention_reference, plan_ragged_attention
 from zserve.model.llama import apply_rotary, rms_norm
 
-LEVELS = ["scalar", "avx2", "avx512"][: ["scalar", "avx2", "avx512"].index(
-    znative.detected_simd_level()) + 1]  # fmt: skip
+LEVELS = ["scalar", "avx2", "avx512"][
+    : ["scalar", "avx2", "avx512"].index(znative.detected_simd_level()) + 1
+]
 DTYPES = [torch.float32, torch.bfloat16]
 
 
@@ -53,10 +54,24 @@ def test_rotary_kv_write_matches_reference(simd: str, dtype: torch.dtype) -> Non
     cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
     # Two sequences: a 3-token chunk at positions 9..11 and 2 tokens at 0..1.
     plan = plan_ragged_attention([3, 2], [9, 0], [[5, 1, 7], [2]], bs)
-    ref_cache = KVCache(num_layers=1, num_blocks=blocks, block_size=bs, num_kv_heads=kv_heads,
-                        head_dim=d, dtype=dtype, device=torch.device("cpu"))  # fmt: skip
-    cache = KVCache(num_layers=1, num_blocks=blocks, block_size=bs, num_kv_heads=kv_heads,
-                    head_dim=d, dtype=dtype, device=torch.device("cpu"))  # fmt: skip
+    ref_cache = KVCache(
+        num_layers=1,
+        num_blocks=blocks,
+        block_size=bs,
+        num_kv_heads=kv_heads,
+        head_dim=d,
+        dtype=dtype,
+        device=torch.device("cpu"),
+    )
+    cache = KVCache(
+        num_layers=1,
+        num_blocks=blocks,
+        block_size=bs,
+        num_kv_heads=kv_heads,
+        head_dim=d,
+        dtype=dtype,
+        device=torch.device("cpu"),
+    )
     t = qkv.shape[0]
     qk = qkv[:, : (heads + kv_heads) * d].view(t, heads + kv_heads, d)
     c, s = cos[plan.positions].unsqueeze(1), sin[plan.positions].unsqueeze(1)
@@ -97,17 +112,28 @@ def test_bad_input_is_refused_and_nothing_written() -> None:
     tables = torch.tensor([[0, 5]])  # block 5 of 2
     lens = torch.tensor([6], dtype=torch.int32)
     with pytest.raises(ValueError, match="block id"):
-        znative.paged_decode_attention(q.numpy(), k.numpy(), k.numpy(), tables.numpy(),
-                                       lens.numpy(), out.numpy(), scale=1.0)  # fmt: skip
+        znative.paged_decode_attention(
+            q.numpy(), k.numpy(), k.numpy(), tables.numpy(), lens.numpy(), out.numpy(), scale=1.0
+        )
     assert torch.all(out == 7.0)
     with pytest.raises(TypeError, match="must all be float32 or all bfloat16"):
-        znative.rms_norm(q.numpy(), native.np_view(torch.ones(8, dtype=torch.bfloat16)),
-                         out.numpy(), eps=1e-5)  # fmt: skip
+        znative.rms_norm(
+            q.numpy(), native.np_view(torch.ones(8, dtype=torch.bfloat16)), out.numpy(), eps=1e-5
+        )
     qkv = torch.ones(2, 32)  # (2 + 2 * 1) heads of 8
     cos = torch.ones(4, 8)
     pos, slots = torch.tensor([0, 1]), torch.tensor([3, 3])  # one slot written twice
     with pytest.raises(ValueError, match="slot"):
-        znative.rotary_kv_write(qkv.numpy(), cos.numpy(), cos.numpy(), pos.numpy(),
-                                slots.numpy(), k.numpy(), k.numpy(), num_heads=2,
-                                num_kv_heads=1, head_dim=8)  # fmt: skip
+        znative.rotary_kv_write(
+            qkv.numpy(),
+            cos.numpy(),
+            cos.numpy(),
+            pos.numpy(),
+            slots.numpy(),
+            k.numpy(),
+            k.numpy(),
+            num_heads=2,
+            num_kv_heads=1,
+            head_dim=8,
+        )
     assert torch.all(qkv == 1) and not k.any()  # refused before anything was written

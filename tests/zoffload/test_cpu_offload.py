@@ -29,9 +29,11 @@ def test_without_zoffload_the_config_names_the_package(monkeypatch: pytest.Monke
     monkeypatch.setattr(features, "_loaded", True)  # as if zoffload were not installed
     with pytest.raises(ConfigError, match="pip install zoffload"):
         ZConfig.load(
-            {"train_micro_batch_size_per_gpu": 1,
-             "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
-        )  # fmt: skip
+            {
+                "train_micro_batch_size_per_gpu": 1,
+                "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+            }
+        )
 
 
 def test_zcore_finds_zoffload_through_its_entry_point() -> None:

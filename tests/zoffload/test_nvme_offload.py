@@ -100,8 +100,11 @@ def _swap_state(rank: int, world: int, root: str) -> dict[str, Any]:
 def test_master_and_adam_state_live_in_swap_files(tmp_path: Path) -> None:
     for got in run_ranks(_swap_state, 2, args=(str(tmp_path / "nvme"),)):
         assert got["files"] == [
-            "g0.exp_avg.swp", "g0.exp_avg_sq.swp", "g0.grad.swp", "g0.master.swp"
-        ]  # fmt: skip
+            "g0.exp_avg.swp",
+            "g0.exp_avg_sq.swp",
+            "g0.grad.swp",
+            "g0.master.swp",
+        ]
         assert got["nvme_bytes"] == 4 * 4 * got["partition"]
         # what the estimator (`z estimate-memory`) says NVMe offload puts there
         est = model_state_bytes(got["partition"] * 2, 2, 2, offload_optimizer="nvme")

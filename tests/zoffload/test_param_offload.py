@@ -97,8 +97,13 @@ def _built_offloaded(rank: int, world: int, root: str) -> dict[str, Any]:
     train(plain, 3)
     want = full_params(plain)
     plain.destroy()
-    return {"in_memory": in_memory, "persistent": persistent, "same_store": same_store,
-            "got": got, "want": want}  # fmt: skip
+    return {
+        "in_memory": in_memory,
+        "persistent": persistent,
+        "same_store": same_store,
+        "got": got,
+        "want": want,
+    }
 
 
 def test_zero_init_swaps_shards_out_as_the_model_is_built(tmp_path: Path) -> None:

@@ -97,9 +97,14 @@ def test_admm_beats_magnitude_on_synthetic_regression(
     dense, batches, oracle = _synthetic()
     loss_fn = _task(dense[0].weight.detach().clone())
     cfg = ADMMConfig(
-        modules=["0"], steps=300, admm_interval=10, lr=2e-2, finetune_steps=50,
-        penalty=penalty, **rho,
-    )  # fmt: skip
+        modules=["0"],
+        steps=300,
+        admm_interval=10,
+        lr=2e-2,
+        finetune_steps=50,
+        penalty=penalty,
+        **rho,
+    )
     mag = nn.Sequential(nn.Linear(32, 8, bias=False))
     mag.load_state_dict(dense.state_dict())
     masks = magnitude_nm(mag, cfg)
@@ -128,9 +133,14 @@ def test_admm_mask_is_a_2to4_prune_mask_that_redundancy_clean_folds() -> None:
         return (mod(batch) - target).pow(2).mean()
 
     cfg = ADMMConfig(
-        modules=["0", "2"], steps=10, admm_interval=3, finetune_steps=2, lr=1e-3, rho=10.0,
+        modules=["0", "2"],
+        steps=10,
+        admm_interval=3,
+        finetune_steps=2,
+        lr=1e-3,
+        rho=10.0,
         rho_max=100.0,
-    )  # fmt: skip
+    )
     result = admm_nm_prune(model, loss_fn, [x], cfg)
     assert set(result.masks) == {"0", "2"}
     for name in ("0", "2"):

@@ -23,8 +23,9 @@ def saved(tmp_path_factory):
     """MiniLM with W4A8 (INT4 groups of 100, padded; INT8 attention) saved once."""
     recipe = get_recipe("w4a8", group_size=100)
     model = quantize(minilm(), recipe)
-    out = save_quantized(model, tmp_path_factory.mktemp("q") / "minilm-w4a8", recipe=recipe,
-                         source_dir=minilm_dir())  # fmt: skip
+    out = save_quantized(
+        model, tmp_path_factory.mktemp("q") / "minilm-w4a8", recipe=recipe, source_dir=minilm_dir()
+    )
     return model, recipe, out
 
 

@@ -177,8 +177,12 @@ def test_decode_program_equals_the_per_op_forward(request, fixture: str) -> None
     assert fast.model.decode_program is None  # the kept layers' F.linear
     for model in (fast.model, ref.model):
         for layer in model.layers:
-            for owner, name in ((layer, "qkv"), (layer, "o"), (layer.mlp, "gate_up"),
-                                (layer.mlp, "down")):  # fmt: skip
+            for owner, name in (
+                (layer, "qkv"),
+                (layer, "o"),
+                (layer.mlp, "gate_up"),
+                (layer.mlp, "down"),
+            ):
                 if isinstance(w := getattr(owner, name), DenseLinear):
                     assert w.bias is None
                     setattr(owner, name, w.weight)
@@ -292,8 +296,10 @@ def test_quantized_lm_head_served_as_z_eval_scores_it(head_dir, text_file) -> No
         served = served_perplexity(
             engine, text_ids(head_dir, text_file), max_tokens=PPL_TOKENS, window=WINDOW
         )
-        print(f"int8 head, token_budget {budget}: served {served} z eval {want} "
-              f"rel {served / want - 1:.2e}")  # fmt: skip
+        print(
+            f"int8 head, token_budget {budget}: served {served} z eval {want} "
+            f"rel {served / want - 1:.2e}"
+        )
         assert served == pytest.approx(want, rel=rtol), (budget, served, want)
         assert 10 < served < 200
 

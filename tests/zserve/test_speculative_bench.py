@@ -17,8 +17,21 @@ def run_z(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_bench_speculative_prints_one_json_object_with_the_baseline() -> None:
-    out = run_z("bench", "speculative", "--workloads", "copy", "--concurrency", "1",
-                "--num-prompts", "1", "--max-tokens", "12", "--modes", "ngram", "--json")  # fmt: skip
+    out = run_z(
+        "bench",
+        "speculative",
+        "--workloads",
+        "copy",
+        "--concurrency",
+        "1",
+        "--num-prompts",
+        "1",
+        "--max-tokens",
+        "12",
+        "--modes",
+        "ngram",
+        "--json",
+    )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["benchmark"] == "speculative" and result["ok"] is True

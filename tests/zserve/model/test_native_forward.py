@@ -180,9 +180,15 @@ def test_host_views_follow_a_new_kv_cache(model_dir: Path) -> None:
     fast, ref = _runner(model_dir, torch.float32, True), _runner(model_dir, torch.float32, True)
     fast.forward(batches[0])  # views of the first cache taken
     old = fast.kv_cache
-    fast.kv_cache = KVCache(num_layers=old.num_layers, num_blocks=old.num_blocks,
-                            block_size=old.block_size, num_kv_heads=old.num_kv_heads,
-                            head_dim=old.head_dim, dtype=old.dtype, device=old.device)  # fmt: skip
+    fast.kv_cache = KVCache(
+        num_layers=old.num_layers,
+        num_blocks=old.num_blocks,
+        block_size=old.block_size,
+        num_kv_heads=old.num_kv_heads,
+        head_dim=old.head_dim,
+        dtype=old.dtype,
+        device=old.device,
+    )
     saved = old._storage.clone()
     for chunks in batches:
         got, want = fast.forward(chunks), ref.forward(chunks)

@@ -98,9 +98,15 @@ def test_batched_token_prompts_number_choices_by_prompt(
 def test_chat_logprobs_n_and_stream_usage(client: openai.OpenAI) -> None:
     messages = [{"role": "user", "content": "Name a play by Shakespeare."}]
     got = client.chat.completions.create(
-        model=MODEL, messages=messages, max_tokens=5, temperature=0.8, seed=3, n=2,
-        logprobs=True, top_logprobs=3,
-    )  # fmt: skip
+        model=MODEL,
+        messages=messages,
+        max_tokens=5,
+        temperature=0.8,
+        seed=3,
+        n=2,
+        logprobs=True,
+        top_logprobs=3,
+    )
     assert [c.index for c in got.choices] == [0, 1]
     for c in got.choices:
         content = c.logprobs.content
@@ -111,9 +117,13 @@ def test_chat_logprobs_n_and_stream_usage(client: openai.OpenAI) -> None:
     assert got.usage.completion_tokens == sum(len(c.logprobs.content) for c in got.choices)
 
     stream = client.chat.completions.create(
-        model=MODEL, messages=messages, max_tokens=5, temperature=0, stream=True,
+        model=MODEL,
+        messages=messages,
+        max_tokens=5,
+        temperature=0,
+        stream=True,
         stream_options={"include_usage": True},
-    )  # fmt: skip
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     last = chunks[-1]
@@ -128,9 +138,13 @@ def test_chat_logprobs_n_and_stream_usage(client: openai.OpenAI) -> None:
 
 def test_json_mode_answers_parse(client: openai.OpenAI) -> None:
     got = client.chat.completions.create(
-        model=MODEL, messages=ASK_JSON, max_tokens=60, temperature=0, n=2,
+        model=MODEL,
+        messages=ASK_JSON,
+        max_tokens=60,
+        temperature=0,
+        n=2,
         response_format={"type": "json_object"},
-    )  # fmt: skip
+    )
     assert len(got.choices) == 2  # each choice follows its own copy of the grammar
     assert got.choices[0].message.content == got.choices[1].message.content  # greedy
     for choice in got.choices:
@@ -142,17 +156,25 @@ def test_json_mode_answers_parse(client: openai.OpenAI) -> None:
 def test_json_schema_answer_matches_the_schema(client: openai.OpenAI, temperature: float) -> None:
     fmt = {"type": "json_schema", "json_schema": {"name": "play", "schema": PLAY_SCHEMA}}
     got = client.chat.completions.create(
-        model=MODEL, messages=ASK_JSON, max_tokens=60, temperature=temperature, seed=11,
+        model=MODEL,
+        messages=ASK_JSON,
+        max_tokens=60,
+        temperature=temperature,
+        seed=11,
         response_format=fmt,
-    )  # fmt: skip
+    )
     choice = got.choices[0]
     assert choice.finish_reason == "stop", choice
     _matches_play_schema(json.loads(choice.message.content))
     # too few tokens to close the value: cut, as OpenAI does, with finish_reason "length"
     short = client.chat.completions.create(
-        model=MODEL, messages=ASK_JSON, max_tokens=3, temperature=temperature, seed=11,
+        model=MODEL,
+        messages=ASK_JSON,
+        max_tokens=3,
+        temperature=temperature,
+        seed=11,
         response_format=fmt,
-    )  # fmt: skip
+    )
     assert short.choices[0].finish_reason == "length"
     assert choice.message.content.startswith(short.choices[0].message.content)
 

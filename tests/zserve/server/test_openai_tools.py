@@ -137,16 +137,24 @@ def test_a_named_function_is_the_one_called(client: openai.OpenAI) -> None:
 def test_a_call_and_its_result_reach_the_next_turn(client: openai.OpenAI) -> None:
     # the call a first turn made (as the required case returns it), and its result
     arguments = json.dumps({"city": "Paris", "unit": "celsius"})
-    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}  # fmt: skip
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": arguments},
+    }
     history = [
         *ASK,
         {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 18}'},
     ]
     got = client.chat.completions.create(
-        model="SmolLM2-tools", messages=history, max_tokens=6, temperature=0,
-        tools=[WEATHER], tool_choice="none",
-    )  # fmt: skip
+        model="SmolLM2-tools",
+        messages=history,
+        max_tokens=6,
+        temperature=0,
+        tools=[WEATHER],
+        tool_choice="none",
+    )
     choice = got.choices[0]
     assert choice.message.tool_calls is None and choice.message.content
     # the call's text and the result are in the prompt: more tokens than the first turn's
