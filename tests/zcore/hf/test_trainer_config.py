@@ -209,6 +209,16 @@ def test_an_optimizer_the_config_cannot_build_fails_before_training(tmp_path: Pa
         _trainer(tmp_path, config)
 
 
+def test_an_epoch_of_partial_accumulation_fails_before_training(tmp_path: Path) -> None:
+    from tests.zcore.hf.trainer_common import dataset
+
+    trainer = _trainer(tmp_path, {"zero_optimization": {"stage": 2}}, num_train_epochs=2)
+    trainer.train_dataset = dataset(10)  # 5 micro-batches of 2 per epoch, accumulation 2
+    with pytest.raises(TrainerConfigError, match=r"5 micro-batches .* multiple of 4 rows"):
+        trainer.train()
+    assert trainer.engine is None  # nothing was built
+
+
 def test_import_zcore_hf_does_not_import_transformers() -> None:
     code = "import sys, zcore.hf; assert 'transformers' not in sys.modules, 'imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

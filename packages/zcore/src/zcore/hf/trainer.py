@@ -129,6 +129,7 @@ class Trainer(transformers.Trainer):
         if self.engine is not None:  # a second train(): a fresh engine over the same model
             self.engine.destroy()
             self.engine = None
+        _check_whole_cycles(train_dataloader, self.args, max_steps)
         config = finalize(self.zero_config, self.args, _hidden_size(self.model), max_steps)
         optimizer = self.optimizer if not isinstance(self.optimizer, EngineOptimizer) else None
         if optimizer is None and "optimizer" not in config:
@@ -248,6 +249,32 @@ class Trainer(transformers.Trainer):
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
         """Nothing: the engine checkpoint (loaded once the engine exists) holds the weights."""
+
+
+def _check_whole_cycles(loader: Any, args: Any, max_steps: int) -> None:
+    """Refuse, before training, a run whose epoch ends in a partial accumulation cycle.
+
+    transformers' loop ends an epoch of ``n`` micro-batches (per rank) whose ``n`` is not a
+    multiple of the accumulation steps with a shorter step; the engine steps every
+    ``gradient_accumulation_steps`` micro-batches (as DeepSpeed's does), so the two would part.
+    """
+    try:
+        n = len(loader)
+    except TypeError:  # an iterable dataset: the loop counts steps, not epochs
+        return
+    gas = int(args.gradient_accumulation_steps)
+    if n % gas == 0 or max_steps < -(-n // gas):
+        return
+    world = int(args.world_size)
+    rows = int(args.per_device_train_batch_size) * gas * world
+    raise TrainerConfigError(
+        f"an epoch is {n} micro-batches per rank, not a multiple of "
+        f"gradient_accumulation_steps={gas}: transformers' loop would end it with a "
+        f"{n % gas}-micro-batch step, which the ZeRO engine does not take; give the training "
+        f"set a multiple of {rows} rows (per_device_train_batch_size x "
+        f"gradient_accumulation_steps x world size, with dataloader_drop_last=True), or "
+        f"set max_steps below {-(-n // gas)}"
+    )
 
 
 def _peer_failure(err: RuntimeError) -> bool:
