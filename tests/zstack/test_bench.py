@@ -17,8 +17,19 @@ def run_z(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_bench_adam_prints_one_json_object_with_baselines():
-    out = run_z("bench", "adam", "--numel", "200000", "--steps", "3", "--warmup", "1",
-                "--dtype", "bf16-states", "--json")  # fmt: skip
+    out = run_z(
+        "bench",
+        "adam",
+        "--numel",
+        "200000",
+        "--steps",
+        "3",
+        "--warmup",
+        "1",
+        "--dtype",
+        "bf16-states",
+        "--json",
+    )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["benchmark"] == "adam" and result["numel"] == 200000

@@ -20,10 +20,27 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_loopback_run_reports_time_bytes_and_loss() -> None:
     z = Path(sys.executable).parent / "z"
     proc = subprocess.run(
-        [str(z), "bench", "comm", "--loopback", "--ranks", "2", "--entries", "adam",
-         "--steps", "3", "--warmup", "1", "--json"],
-        capture_output=True, text=True, timeout=600, cwd=ROOT, check=False,
-    )  # fmt: skip
+        [
+            str(z),
+            "bench",
+            "comm",
+            "--loopback",
+            "--ranks",
+            "2",
+            "--entries",
+            "adam",
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["transport"] == "loopback" and result["fallback_reason"] is None
@@ -85,19 +102,30 @@ def test_namespace_pair_is_linked_rate_limited_and_removed() -> None:
             assert "tbf" in link.qdisc(node) and "rate 100Mbit" in link.qdisc(node)
         # the two namespaces reach each other over the link, and only there
         server = subprocess.Popen(
-            [*link.exec_prefix(1), sys.executable, "-c",
-             "import socket\ns = socket.create_server(('10.77.0.2', 7000))\n"
-             "c, _ = s.accept()\nc.sendall(c.recv(16)[::-1])"],
-        )  # fmt: skip
+            [
+                *link.exec_prefix(1),
+                sys.executable,
+                "-c",
+                "import socket\ns = socket.create_server(('10.77.0.2', 7000))\n"
+                "c, _ = s.accept()\nc.sendall(c.recv(16)[::-1])",
+            ],
+        )
         client = subprocess.run(
-            [*link.exec_prefix(0), sys.executable, "-c",
-             "import socket, time\n"
-             "for _ in range(100):\n"
-             "    try:\n        c = socket.create_connection(('10.77.0.2', 7000)); break\n"
-             "    except OSError:\n        time.sleep(0.05)\n"
-             "c.sendall(b'link'); print(c.recv(16).decode())"],
-            capture_output=True, text=True, timeout=30, check=False,
-        )  # fmt: skip
+            [
+                *link.exec_prefix(0),
+                sys.executable,
+                "-c",
+                "import socket, time\n"
+                "for _ in range(100):\n"
+                "    try:\n        c = socket.create_connection(('10.77.0.2', 7000)); break\n"
+                "    except OSError:\n        time.sleep(0.05)\n"
+                "c.sendall(b'link'); print(c.recv(16).decode())",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
         assert server.wait(timeout=30) == 0
         assert client.stdout.strip() == "knil", client.stderr
         link.set_rate("1gbit")  # replaces the limit

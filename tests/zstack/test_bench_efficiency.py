@@ -75,8 +75,15 @@ def test_random_ltd_block_loads_and_flops_follow_the_kept_tokens() -> None:
     d, v = 128, 2048
     full = 3 * 8 * (12 * (256 * 24 * d * d + 4 * 256 * 256 * d) + 2 * 256 * d * v)
     assert ltd.step_flops(cfg, 8, 256, 256) == full
-    half = 3 * 8 * (2 * (256 * 24 * d * d + 4 * 256 * 256 * d)
-                    + 10 * (128 * 24 * d * d + 4 * 128 * 128 * d) + 2 * 256 * d * v)  # fmt: skip
+    half = (
+        3
+        * 8
+        * (
+            2 * (256 * 24 * d * d + 4 * 256 * 256 * d)
+            + 10 * (128 * 24 * d * d + 4 * 128 * 128 * d)
+            + 2 * 256 * d * v
+        )
+    )
     assert ltd.step_flops(cfg, 8, 256, 128) == half
 
 
@@ -139,11 +146,29 @@ def test_scala_report_lines_state_both_arms_and_the_ratios() -> None:
         "final_accuracy": sc._acc_spread([0.4, 0.38, 0.41]),
         "s_per_step": 2.0,
     }
-    settings = {"batch": 128, "lr": 1e-3, "scala_lr": 3e-3, "adv_max_norm": 0.1,
-                "adv_steps": 1, "adv_start_step": 0, "seeds": 3, "max_steps": 16}  # fmt: skip
-    result = {"task": "t", "settings": settings, "line_embedding_norm": 4.1, "target": 0.38,
-              "target_from": "0.95 x", "baseline": arm, "scala": arm, "step_ratio": 1.0,
-              "s_per_step_ratio": 1.5, "time_ratio": 1.5, "fewer_steps": False}  # fmt: skip
+    settings = {
+        "batch": 128,
+        "lr": 1e-3,
+        "scala_lr": 3e-3,
+        "adv_max_norm": 0.1,
+        "adv_steps": 1,
+        "adv_start_step": 0,
+        "seeds": 3,
+        "max_steps": 16,
+    }
+    result = {
+        "task": "t",
+        "settings": settings,
+        "line_embedding_norm": 4.1,
+        "target": 0.38,
+        "target_from": "0.95 x",
+        "baseline": arm,
+        "scala": arm,
+        "step_ratio": 1.0,
+        "s_per_step_ratio": 1.5,
+        "time_ratio": 1.5,
+        "fewer_steps": False,
+    }
     lines = eff._scala_lines(result)
     assert "counts as 17" in lines[0] and "scala lr 0.003" in lines[0]
     assert "median 12 (min 8, max 17; per seed [8, None, 12])" in lines[1]

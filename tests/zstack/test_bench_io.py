@@ -21,10 +21,26 @@ Z = str(Path(sys.executable).parent / "z")
 
 def test_bench_io_json_shape_and_verified_reads(tmp_path: Path) -> None:
     out = subprocess.run(
-        [Z, "bench", "io", "--size", "8MiB", "--dir", str(tmp_path), "--block-size", "256KiB",
-         "--queue-depth", "16", "--rounds", "1", "--json"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            Z,
+            "bench",
+            "io",
+            "--size",
+            "8MiB",
+            "--dir",
+            str(tmp_path),
+            "--block-size",
+            "256KiB",
+            "--queue-depth",
+            "16",
+            "--rounds",
+            "1",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["benchmark"] == "io" and r["size_bytes"] == 8 << 20

@@ -15,11 +15,34 @@ Z = str(Path(sys.executable).parent / "z")
 
 def test_nvme_all_runs_when_the_embedding_is_the_largest_parameter(tmp_path: Path) -> None:
     out = subprocess.run(
-        [Z, "bench", "offload", "--modes", "nvme_all", "--stage", "3", "--preset", "tiny",
-         "--n-embd", "64", "--n-layer", "1", "--steps", "1", "--warmup", "0", "--seq", "16",
-         "--dir", str(tmp_path), "--json"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            Z,
+            "bench",
+            "offload",
+            "--modes",
+            "nvme_all",
+            "--stage",
+            "3",
+            "--preset",
+            "tiny",
+            "--n-embd",
+            "64",
+            "--n-layer",
+            "1",
+            "--steps",
+            "1",
+            "--warmup",
+            "0",
+            "--seq",
+            "16",
+            "--dir",
+            str(tmp_path),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     r = json.loads(out.stdout.strip().splitlines()[-1])
     mode = r["modes"]["nvme_all"]

@@ -17,8 +17,13 @@ def _curve(accs: list[float], every: int = 2) -> list[dict[str, Any]]:
 
 
 def _run(arm: str, cfg: dict[str, Any], accs: list[float], s_per_step: float = 0.1) -> dict:
-    return {"arm": arm, "config": cfg, "curve": _curve(accs), "final_accuracy": accs[-1],
-            "s_per_step": s_per_step}  # fmt: skip
+    return {
+        "arm": arm,
+        "config": cfg,
+        "curve": _curve(accs),
+        "final_accuracy": accs[-1],
+        "s_per_step": s_per_step,
+    }
 
 
 def test_bench_defaults_are_the_measured_protocol_settings() -> None:
@@ -30,10 +35,13 @@ def test_bench_defaults_are_the_measured_protocol_settings() -> None:
     seeds = range(defaults["seed"], defaults["seed"] + defaults["seeds"])
     assert tuple(seeds) == sw.MEASURE_SEEDS
     assert not set(sw.TUNE_SEEDS) & set(sw.MEASURE_SEEDS)  # tuning seeds are never reported
-    picked = {"lr": defaults["scala_lr"], "adv_steps": defaults["adv_steps"],
-              "adv_start_step": defaults["adv_start_step"],
-              "adv_max_norm": defaults["adv_max_norm"],
-              "adv_step_size": defaults["adv_step_size"]}  # fmt: skip
+    picked = {
+        "lr": defaults["scala_lr"],
+        "adv_steps": defaults["adv_steps"],
+        "adv_start_step": defaults["adv_start_step"],
+        "adv_max_norm": defaults["adv_max_norm"],
+        "adv_step_size": defaults["adv_step_size"],
+    }
     assert picked in sw.scala_grid(defaults["lr"])  # ScaLA's pick came from the grid
     assert defaults["lr"] in sw.BASE_LRS
 
@@ -66,8 +74,12 @@ def test_pick_takes_fewest_mean_steps_then_higher_final_and_skips_incomplete_con
     assert [t["config"] for t in table] == [c, b, a]
     assert table[0]["steps"] == [4, 2] and table[0]["mean_steps"] == 3.0
     # a tie in mean steps goes to the higher mean final accuracy; a miss counts max_steps + 1
-    tie = [_run("x", a, [0.5, 0.5, 0.5]), _run("x", a, [0.1, 0.1, 0.1]),
-           _run("x", b, [0.5, 0.5, 0.7]), _run("x", b, [0.1, 0.1, 0.1])]  # fmt: skip
+    tie = [
+        _run("x", a, [0.5, 0.5, 0.5]),
+        _run("x", a, [0.1, 0.1, 0.1]),
+        _run("x", b, [0.5, 0.5, 0.7]),
+        _run("x", b, [0.1, 0.1, 0.1]),
+    ]
     picked, table = sw._pick(tie, target=0.5)
     assert picked == b
     assert table[0]["mean_steps"] == (2 + sw.PROTOCOL["max_steps"] + 1) / 2
@@ -75,10 +87,14 @@ def test_pick_takes_fewest_mean_steps_then_higher_final_and_skips_incomplete_con
 
 def test_summarize_sets_the_target_from_the_baseline_alone_and_counts_steps() -> None:
     sw = load("_scala_sweep")
-    base = [_run("baseline", {}, accs, 0.03) for accs in
-            ([0.1, 0.3, 0.38, 0.40], [0.1, 0.2, 0.3, 0.39], [0.2, 0.38, 0.4, 0.41])]  # fmt: skip
-    scala = [_run("scala", {}, accs, 0.045) for accs in
-             ([0.1, 0.39, 0.4, 0.4], [0.1, 0.2, 0.3, 0.33], [0.4, 0.4, 0.4, 0.9])]  # fmt: skip
+    base = [
+        _run("baseline", {}, accs, 0.03)
+        for accs in ([0.1, 0.3, 0.38, 0.40], [0.1, 0.2, 0.3, 0.39], [0.2, 0.38, 0.4, 0.41])
+    ]
+    scala = [
+        _run("scala", {}, accs, 0.045)
+        for accs in ([0.1, 0.39, 0.4, 0.4], [0.1, 0.2, 0.3, 0.33], [0.4, 0.4, 0.4, 0.9])
+    ]
     out = sw.summarize({"baseline": base, "scala": scala})
     assert out["target"] == round(0.95 * 0.40, 4)  # the baseline's median final: scala's .9 no
     assert out["baseline"]["steps_to_target"]["per_seed"] == [6, 8, 4]
@@ -92,9 +108,17 @@ def test_summarize_sets_the_target_from_the_baseline_alone_and_counts_steps() ->
 def test_scala_section_runs_both_arms_end_to_end_on_a_tiny_task() -> None:
     """Both arms through the real engine and model (4 lines a play, 2 steps of 8)."""
     sc = load("_scala")
-    out = sc.scala_section(seeds=1, batch=8, max_steps=2, eval_every=1, warmup=1,
-                           per_class_train=4, per_class_eval=2, adv_start_step=0,
-                           device="cpu")  # fmt: skip
+    out = sc.scala_section(
+        seeds=1,
+        batch=8,
+        max_steps=2,
+        eval_every=1,
+        warmup=1,
+        per_class_train=4,
+        per_class_eval=2,
+        adv_start_step=0,
+        device="cpu",
+    )
     assert out["train_lines"] == 24 and out["eval_lines"] == 12
     for arm in ("baseline", "scala"):
         (run,) = out[arm]["runs"]

@@ -14,8 +14,12 @@ def test_bench_zero_measures_within_10pct_of_formula() -> None:
     z = Path(sys.executable).parent / "z"
     proc = subprocess.run(
         [str(z), "bench", "zero", "--world-size", "2", "--preset", "small", "--json"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["world_size"] == 2 and result["params"] > 1_000_000

@@ -23,10 +23,32 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_bench_zero_step_tiny_two_ranks() -> None:
     z = Path(sys.executable).parent / "z"
     proc = subprocess.run(
-        [str(z), "bench", "zero-step", "--preset", "tiny", "--stages", "3", "--steps", "2",
-         "--warmup", "1", "--micro-batch", "2", "--seq", "32", "--world-size", "2", "--json"],
-        capture_output=True, text=True, timeout=120, cwd=ROOT, check=False,
-    )  # fmt: skip
+        [
+            str(z),
+            "bench",
+            "zero-step",
+            "--preset",
+            "tiny",
+            "--stages",
+            "3",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--micro-batch",
+            "2",
+            "--seq",
+            "32",
+            "--world-size",
+            "2",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["benchmark"] == "zero_step"
@@ -54,10 +76,19 @@ def test_summary_takes_the_slowest_rank_per_step() -> None:
 
     def rank(total: list[float], peak: float) -> dict:
         times = {k: total for k in ("forward", "backward", "step", "total", "cpu")}
-        side = {"times": times, "losses": [7.0, 6.0], "optimizer": "o", "zero_optimizer": "z",
-                "profile": None}  # fmt: skip
-        process = {"peak_rss_mb": peak, "rss_before_init_mb": 1.0, "rss_after_init_mb": 2.0,
-                   "torch_threads": 1}  # fmt: skip
+        side = {
+            "times": times,
+            "losses": [7.0, 6.0],
+            "optimizer": "o",
+            "zero_optimizer": "z",
+            "profile": None,
+        }
+        process = {
+            "peak_rss_mb": peak,
+            "rss_before_init_mb": 1.0,
+            "rss_after_init_mb": 2.0,
+            "torch_threads": 1,
+        }
         return {"process": process, "sides": {"ours": side}}
 
     run = [rank([1.0, 3.0], 10.0), rank([2.0, 1.0], 20.0)]

@@ -77,9 +77,13 @@ class Work:
 
     def start(self, *args: str, stdout: int = subprocess.PIPE) -> subprocess.Popen[str]:
         proc = subprocess.Popen(
-            [str(Z), *args], stdout=stdout, stderr=subprocess.PIPE, text=True, env=self.env,
+            [str(Z), *args],
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=self.env,
             cwd=self.dir,
-        )  # fmt: skip
+        )
         with self.lock:
             self.live.add(proc)
         return proc
@@ -141,9 +145,25 @@ def smoke(command: str, after: str | None = None) -> Callable[[Callable[[Work], 
 @smoke("train")
 def _train(w: Work) -> None:
     run = w.dir / "run"
-    done = w.ok("train", "--nproc", "1", "--steps", "1", "--preset", "tiny", "--seq-len", "16",
-                "--micro-batch", "1", "--vocab-size", "257", "--eval-every", "1",
-                "--out", str(run))  # fmt: skip
+    done = w.ok(
+        "train",
+        "--nproc",
+        "1",
+        "--steps",
+        "1",
+        "--preset",
+        "tiny",
+        "--seq-len",
+        "16",
+        "--micro-batch",
+        "1",
+        "--vocab-size",
+        "257",
+        "--eval-every",
+        "1",
+        "--out",
+        str(run),
+    )
     assert "done: steps 0 -> 1" in done.stdout, done.stdout
     assert (run / "checkpoints" / "latest").read_text().strip() == "global_step1"
     assert (run / "export" / "model.safetensors").is_file()
@@ -154,9 +174,29 @@ def _train(w: Work) -> None:
 @smoke("export-mixtral")
 def _export_mixtral(w: Work) -> None:
     run, out = w.dir / "moe-run", w.dir / "mixtral"
-    w.ok("train", "--nproc", "1", "--steps", "1", "--preset", "tiny", "--seq-len", "16",
-         "--micro-batch", "1", "--vocab-size", "257", "--eval-every", "1", "--moe",
-         "--moe-experts", "2", "--moe-dropless", "--out", str(run))  # fmt: skip
+    w.ok(
+        "train",
+        "--nproc",
+        "1",
+        "--steps",
+        "1",
+        "--preset",
+        "tiny",
+        "--seq-len",
+        "16",
+        "--micro-batch",
+        "1",
+        "--vocab-size",
+        "257",
+        "--eval-every",
+        "1",
+        "--moe",
+        "--moe-experts",
+        "2",
+        "--moe-dropless",
+        "--out",
+        str(run),
+    )
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert {"aux_loss", "dropped_fraction", "expert_load"} <= metrics[-1].keys()
     done = w.ok("export-mixtral", str(run), str(out))
@@ -169,8 +209,17 @@ def _export_mixtral(w: Work) -> None:
 
 @smoke("generate", after="train")
 def _generate(w: Work) -> None:
-    done = w.ok("generate", "--checkpoint", str(w.dir / "run"), "--prompt", "ROMEO:",
-                "--max-new-tokens", "4", "--temperature", "0")  # fmt: skip
+    done = w.ok(
+        "generate",
+        "--checkpoint",
+        str(w.dir / "run"),
+        "--prompt",
+        "ROMEO:",
+        "--max-new-tokens",
+        "4",
+        "--temperature",
+        "0",
+    )
     assert done.stdout.startswith("ROMEO:") and len(done.stdout.strip()) > len("ROMEO:")
 
 
@@ -185,18 +234,52 @@ def _consolidate(w: Work) -> None:
 
 @smoke("bench offload")
 def _bench_offload(w: Work) -> None:
-    r = w.json("bench", "offload", "--modes", "none", "--preset", "tiny", "--n-layer", "1",
-               "--n-embd", "64", "--steps", "1", "--warmup", "0", "--seq", "16",
-               "--world-size", "1", "--dir", str(w.dir), "--json")  # fmt: skip
+    r = w.json(
+        "bench",
+        "offload",
+        "--modes",
+        "none",
+        "--preset",
+        "tiny",
+        "--n-layer",
+        "1",
+        "--n-embd",
+        "64",
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+        "--seq",
+        "16",
+        "--world-size",
+        "1",
+        "--dir",
+        str(w.dir),
+        "--json",
+    )
     assert r["benchmark"] == "offload" and list(r["modes"]) == ["none"]
     assert len(r["modes"]["none"]["losses"]) == 1 and math.isfinite(r["modes"]["none"]["losses"][0])
 
 
 @smoke("bench quant")
 def _bench_quant(w: Work) -> None:
-    r = w.json("bench", "quant", "--recipes", "w8", "--sentences", "4", "--no-smollm2",
-               "--no-latency", "--lkd-steps", "0", "--gptq", "", "--xtc-steps", "0",
-               "--json")  # fmt: skip
+    r = w.json(
+        "bench",
+        "quant",
+        "--recipes",
+        "w8",
+        "--sentences",
+        "4",
+        "--no-smollm2",
+        "--no-latency",
+        "--lkd-steps",
+        "0",
+        "--gptq",
+        "",
+        "--xtc-steps",
+        "0",
+        "--json",
+    )
     row = r["minilm"]["recipes"]["w8"]
     assert 0.9 < row["cosine"] <= 1.0 and row["linear_ratio_vs_fp16"] > 1.5
 
@@ -210,9 +293,26 @@ def _bench_zero(w: Work) -> None:
 
 @smoke("bench zero-step")
 def _bench_zero_step(w: Work) -> None:
-    r = w.json("bench", "zero-step", "--preset", "tiny", "--stages", "1", "--steps", "1",
-               "--warmup", "0", "--micro-batch", "1", "--seq", "16", "--world-size", "1",
-               "--no-ds", "--json")  # fmt: skip
+    r = w.json(
+        "bench",
+        "zero-step",
+        "--preset",
+        "tiny",
+        "--stages",
+        "1",
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+        "--micro-batch",
+        "1",
+        "--seq",
+        "16",
+        "--world-size",
+        "1",
+        "--no-ds",
+        "--json",
+    )
     [row] = r["stages"]
     assert row["stage"] == 1 and row["ours"]["median_step_s"] > 0 and row["deepspeed"] is None
 
@@ -230,8 +330,17 @@ def _quantize(w: Work) -> None:
 def _eval(w: Work) -> None:
     text = w.dir / "text.txt"
     text.write_text("To be, or not to be, that is the question:\n" * 4, encoding="utf-8")
-    r = w.json("eval", str(w.dir / "tiny-w8"), "--ppl", str(text), "--max-tokens", "16",
-               "--window", "8", "--json")  # fmt: skip
+    r = w.json(
+        "eval",
+        str(w.dir / "tiny-w8"),
+        "--ppl",
+        str(text),
+        "--max-tokens",
+        "16",
+        "--window",
+        "8",
+        "--json",
+    )
     assert r["max_tokens"] == 16 and math.isfinite(r["ppl"]) and r["ppl"] > 1
 
 
@@ -250,11 +359,34 @@ def _bench_adam_cuda(w: Work) -> None:  # without a GPU (CI): the refusal that n
 
 @smoke("bench serve")
 def _bench_serve(w: Work) -> None:
-    r = w.json("bench", "serve", str(w.lm), "--policies", "splitfuse,static", "--rates", "50",
-               "--num-requests", "2", "--short-prompt", "4,8", "--long-prompt", "16,24",
-               "--output-len", "2,3", "--prefix-requests", "2", "--system-prompt-tokens", "16",
-               "--num-blocks", "64", "--token-budget", "32", "--max-num-seqs", "4",
-               "--json")  # fmt: skip
+    r = w.json(
+        "bench",
+        "serve",
+        str(w.lm),
+        "--policies",
+        "splitfuse,static",
+        "--rates",
+        "50",
+        "--num-requests",
+        "2",
+        "--short-prompt",
+        "4,8",
+        "--long-prompt",
+        "16,24",
+        "--output-len",
+        "2,3",
+        "--prefix-requests",
+        "2",
+        "--system-prompt-tokens",
+        "16",
+        "--num-blocks",
+        "64",
+        "--token-budget",
+        "32",
+        "--max-num-seqs",
+        "4",
+        "--json",
+    )
     for policy in ("splitfuse", "static"):
         assert r["results"][policy]["50.0"]["completed"] == 2, r["results"]
     assert r["workload"]["prompt_tokens"]["output"] == [2, 3]  # --output-len reached the run
@@ -263,8 +395,9 @@ def _bench_serve(w: Work) -> None:
 
 @smoke("serve")
 def _serve(w: Work) -> None:
-    proc = w.start("serve", str(w.lm), "--port", "0", "--num-blocks", "32",
-                   stdout=subprocess.DEVNULL)  # fmt: skip
+    proc = w.start(
+        "serve", str(w.lm), "--port", "0", "--num-blocks", "32", stdout=subprocess.DEVNULL
+    )
     lines: list[str] = []
     url: list[str] = []
     ready = threading.Event()
@@ -287,9 +420,10 @@ def _serve(w: Work) -> None:
             {"model": w.lm.name, "prompt": "To be", "max_tokens": 3, "temperature": 0}
         )
         request = urllib.request.Request(
-            f"{url[0]}/v1/completions", data=body.encode(),
+            f"{url[0]}/v1/completions",
+            data=body.encode(),
             headers={"Content-Type": "application/json"},
-        )  # fmt: skip
+        )
         with urllib.request.urlopen(request, timeout=60) as response:
             assert response.status == 200
             reply = json.loads(response.read())
@@ -331,29 +465,80 @@ def _doctor(w: Work) -> None:
 
 @smoke("bench io")
 def _bench_io(w: Work) -> None:
-    r = w.json("bench", "io", "--size", "64KiB", "--block-size", "16KiB", "--queue-depth", "4",
-               "--rounds", "1", "--no-ds", "--dir", str(w.dir), "--json")  # fmt: skip
+    r = w.json(
+        "bench",
+        "io",
+        "--size",
+        "64KiB",
+        "--block-size",
+        "16KiB",
+        "--queue-depth",
+        "4",
+        "--rounds",
+        "1",
+        "--no-ds",
+        "--dir",
+        str(w.dir),
+        "--json",
+    )
     assert r["ok"] is True and r["size_bytes"] == 64 << 10 and r["results"]
 
 
 @smoke("bench moe")
 def _bench_moe(w: Work) -> None:
-    r = w.json("bench", "moe", "--tokens", "64", "--d-model", "16", "--ffn", "32", "--experts",
-               "4", "--repeats", "2", "--warmup", "0", "--no-ds", "--json")  # fmt: skip
+    r = w.json(
+        "bench",
+        "moe",
+        "--tokens",
+        "64",
+        "--d-model",
+        "16",
+        "--ffn",
+        "32",
+        "--experts",
+        "4",
+        "--repeats",
+        "2",
+        "--warmup",
+        "0",
+        "--no-ds",
+        "--json",
+    )
     assert (
         r["results"]["dropless"]["tokens_per_s"] > 0 and r["results"]["dense"]["tokens_per_s"] > 0
     )
     assert r["results"]["ds_capacity"]["tokens_per_s"] is None
-    assert list(r["ratios"]) == ["dropless_vs_ds_capacity", "dropless_vs_ds_dropless",
-                                 "dropless_vs_dense", "capacity_vs_ds_capacity"]  # fmt: skip
+    assert list(r["ratios"]) == [
+        "dropless_vs_ds_capacity",
+        "dropless_vs_ds_dropless",
+        "dropless_vs_dense",
+        "capacity_vs_ds_capacity",
+    ]
     assert r["ratios"]["dropless_vs_dense"] > 0 and r["ratios"]["capacity_vs_ds_capacity"] is None
 
 
 @smoke("bench comm")
 def _bench_comm(w: Work) -> None:
-    r = w.json("bench", "comm", "--loopback", "--ranks", "2", "--entries", "adam", "--steps",
-               "2", "--warmup", "1", "--preset", "tiny", "--seq-len", "16", "--micro-batch",
-               "1", "--json")  # fmt: skip
+    r = w.json(
+        "bench",
+        "comm",
+        "--loopback",
+        "--ranks",
+        "2",
+        "--entries",
+        "adam",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--preset",
+        "tiny",
+        "--seq-len",
+        "16",
+        "--micro-batch",
+        "1",
+        "--json",
+    )
     assert r["transport"] == "loopback"
     adam = r["runs"][0]["entries"]["adam"]
     assert adam["status"] == "ok" and adam["bytes_per_step"]["total"] > 0, adam
@@ -361,32 +546,86 @@ def _bench_comm(w: Work) -> None:
 
 @smoke("bench speculative")
 def _bench_speculative(w: Work) -> None:
-    r = w.json("bench", "speculative", "--workloads", "copy", "--concurrency", "1",
-               "--num-prompts", "1", "--max-tokens", "4", "--modes", "ngram", "--threads",
-               "1", "--json")  # fmt: skip
+    r = w.json(
+        "bench",
+        "speculative",
+        "--workloads",
+        "copy",
+        "--concurrency",
+        "1",
+        "--num-prompts",
+        "1",
+        "--max-tokens",
+        "4",
+        "--modes",
+        "ngram",
+        "--threads",
+        "1",
+        "--json",
+    )
     assert r["ok"] is True and r["results"]["copy/c1"]["ngram"]["identical_to_plain"]
 
 
 @smoke("bench serve-quant")
 def _bench_serve_quant(w: Work) -> None:
-    r = w.json("bench", "serve-quant", str(w.lm), "--recipes", "w8a8", "--decode-tokens", "2",
-               "--concurrent", "2", "--prompt-tokens", "8", "--ppl-tokens", "256",
-               "--threads", "1", "--quant-dir", str(w.dir / "serve-quant"), "--json")  # fmt: skip
+    r = w.json(
+        "bench",
+        "serve-quant",
+        str(w.lm),
+        "--recipes",
+        "w8a8",
+        "--decode-tokens",
+        "2",
+        "--concurrent",
+        "2",
+        "--prompt-tokens",
+        "8",
+        "--ppl-tokens",
+        "256",
+        "--threads",
+        "1",
+        "--quant-dir",
+        str(w.dir / "serve-quant"),
+        "--json",
+    )
     assert r["rows"]["w8a8"]["kernels"] == ["int8_linear"] and r["rows"]["fp32"]["ppl"] > 0
 
 
 @smoke("bench efficiency", after="train")  # reads the tokenizer `train` cached
 def _bench_efficiency(w: Work) -> None:
-    r = w.json("bench", "efficiency", "--steps", "2", "--evals", "1", "--seq-len", "16",
-               "--micro-batch", "2", "--min-seqlen", "8", "--no-stability", "--json")  # fmt: skip
+    r = w.json(
+        "bench",
+        "efficiency",
+        "--steps",
+        "2",
+        "--evals",
+        "1",
+        "--seq-len",
+        "16",
+        "--micro-batch",
+        "2",
+        "--min-seqlen",
+        "8",
+        "--no-stability",
+        "--json",
+    )
     c = r["curriculum"]
     assert c["baseline"]["tokens"] == 2 * 2 * 16 and c["curriculum"]["tokens"] >= 64
 
 
 @smoke("bench hybrid")
 def _bench_hybrid(w: Work) -> None:
-    r = w.json("bench", "hybrid", str(w.lm), "--num-prompts", "2", "--max-tokens", "4",
-               "--no-zero3-baseline", "--json")  # fmt: skip
+    r = w.json(
+        "bench",
+        "hybrid",
+        str(w.lm),
+        "--num-prompts",
+        "2",
+        "--max-tokens",
+        "4",
+        "--no-zero3-baseline",
+        "--json",
+    )
     assert r["generated_tokens"] == 8 and r["rows"]["hf_generate"]["tokens_per_s"] > 0
 
 

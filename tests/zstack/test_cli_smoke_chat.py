@@ -11,9 +11,25 @@ from tests.zstack.test_cli_smoke import Work, smoke
 
 
 def _chat(stage: str, w: Work) -> None:  # tiny LLaMA, 1 rank, 1 step: trains, saves, plots
-    r = w.json("chat", stage, "--model", str(w.lm), "--out", str(w.dir / stage), "--nproc", "1",
-               "--steps", "1", "--micro-batch", "1", "--train-examples", "2",
-               "--heldout-examples", "2", "--json")  # fmt: skip
+    r = w.json(
+        "chat",
+        stage,
+        "--model",
+        str(w.lm),
+        "--out",
+        str(w.dir / stage),
+        "--nproc",
+        "1",
+        "--steps",
+        "1",
+        "--micro-batch",
+        "1",
+        "--train-examples",
+        "2",
+        "--heldout-examples",
+        "2",
+        "--json",
+    )
     assert Path(r["plot"]).stat().st_size and r["final_loss"] > 0 and r["heldout_after"]
 
 
@@ -25,9 +41,26 @@ def _rl(stage: str, w: Work) -> None:  # tiny LLaMA, 2 ranks, 1 step of 1 prompt
     from tests.zchat.test_ppo import tiny_reward_model
 
     extra = ["--reward", str(tiny_reward_model(w.lm, w.dir / "rm"))] if stage == "ppo" else []
-    r = w.json("chat", stage, "--actor", str(w.lm), "--out", str(w.dir / stage), "--steps", "1",
-               "--prompts-per-rank", "1", "--max-new-tokens", "3", "--train-prompts", "2",
-               "--heldout-prompts", "2", "--json", *extra)  # fmt: skip
+    r = w.json(
+        "chat",
+        stage,
+        "--actor",
+        str(w.lm),
+        "--out",
+        str(w.dir / stage),
+        "--steps",
+        "1",
+        "--prompts-per-rank",
+        "1",
+        "--max-new-tokens",
+        "3",
+        "--train-prompts",
+        "2",
+        "--heldout-prompts",
+        "2",
+        "--json",
+        *extra,
+    )
     assert r["ranks"] == 2 and Path(r["metrics"]).is_file(), r
 
 
@@ -38,10 +71,22 @@ for _stage in ("ppo", "grpo"):
 @smoke("chat e2e")
 def _chat_e2e(w: Work) -> None:
     tiny = {"steps": 1, "micro_batch": 1, "train_examples": 2, "heldout_examples": 2}
-    cfg = {"model": str(w.lm), "out": str(w.dir / "e2e"), "world": 1, "sft": tiny,
-           "reward": {**tiny, "steps": 0, "warmup_blocks": 1, "warmup_epochs": 1}, "ppo": {"steps": 1, "prompts_per_rank": 1, "max_new_tokens": 3,
-                                   "train_prompts": 2, "heldout_prompts": 2,
-                                   "actor_lora_dim": 2, "critic_lora_dim": 2}}  # fmt: skip
+    cfg = {
+        "model": str(w.lm),
+        "out": str(w.dir / "e2e"),
+        "world": 1,
+        "sft": tiny,
+        "reward": {**tiny, "steps": 0, "warmup_blocks": 1, "warmup_epochs": 1},
+        "ppo": {
+            "steps": 1,
+            "prompts_per_rank": 1,
+            "max_new_tokens": 3,
+            "train_prompts": 2,
+            "heldout_prompts": 2,
+            "actor_lora_dim": 2,
+            "critic_lora_dim": 2,
+        },
+    }
     path = w.dir / "e2e.json"
     path.write_text(json.dumps(cfg))
     r = w.json("chat", "e2e", "--config", str(path), "--json")

@@ -36,10 +36,22 @@ def test_json_for_one_stage_matches_zcore() -> None:
 
 def test_json_with_offload_and_nodes() -> None:
     out = z(
-        "--params", "1.3e9", "--world-size", "16", "--gpus-per-node", "8", "--stage", "3",
-        "--offload-optimizer", "cpu", "--offload-param", "nvme", "--largest-layer", "50M",
+        "--params",
+        "1.3e9",
+        "--world-size",
+        "16",
+        "--gpus-per-node",
+        "8",
+        "--stage",
+        "3",
+        "--offload-optimizer",
+        "cpu",
+        "--offload-param",
+        "nvme",
+        "--largest-layer",
+        "50M",
         "--json",
-    )  # fmt: skip
+    )
     assert out.exit_code == 0, out.output
     expected = model_state_bytes(
         1_300_000_000,

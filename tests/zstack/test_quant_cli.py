@@ -17,8 +17,16 @@ def test_quantize_then_eval_embeddings(tmp_path):
     assert "smaller than fp16" in done.stdout and (out / "zquant.json").is_file()
     manifest = json.loads((out / "zquant.json").read_text())
     assert manifest["recipe"]["name"] == "w8" and len(manifest["layers"]) == 36
-    ev = run_z("eval", str(out), "--embeddings", "--reference", str(minilm_dir()),
-               "--sentences", "16", "--json")  # fmt: skip
+    ev = run_z(
+        "eval",
+        str(out),
+        "--embeddings",
+        "--reference",
+        str(minilm_dir()),
+        "--sentences",
+        "16",
+        "--json",
+    )
     assert ev.returncode == 0, ev.stderr
     result = json.loads(ev.stdout.strip().splitlines()[-1])
     assert result["sentences"] == 16 and 0.999 <= result["cosine"] <= 1.0
@@ -26,25 +34,60 @@ def test_quantize_then_eval_embeddings(tmp_path):
 
 def test_quantize_with_gptq_rounding(tmp_path):
     out = tmp_path / "minilm-w8-gptq"
-    done = run_z("quantize", str(minilm_dir()), "--recipe", "w8", "--gptq",
-                 "--gptq-sentences", "8", "--gptq-refits", "1", "--out", str(out))  # fmt: skip
+    done = run_z(
+        "quantize",
+        str(minilm_dir()),
+        "--recipe",
+        "w8",
+        "--gptq",
+        "--gptq-sentences",
+        "8",
+        "--gptq-refits",
+        "1",
+        "--out",
+        str(out),
+    )
     assert done.returncode == 0, done.stderr
     assert "with w8 + gptq" in done.stdout
     manifest = json.loads((out / "zquant.json").read_text())
     assert manifest["extra"]["gptq"] is True and len(manifest["layers"]) == 36
     assert manifest["extra"]["gptq_refits"] == 1
-    both = run_z("quantize", str(minilm_dir()), "--recipe", "w8", "--gptq", "--lkd",
-                 "--out", str(tmp_path / "x"))  # fmt: skip
+    both = run_z(
+        "quantize",
+        str(minilm_dir()),
+        "--recipe",
+        "w8",
+        "--gptq",
+        "--lkd",
+        "--out",
+        str(tmp_path / "x"),
+    )
     assert both.returncode == 2 and "pick one" in both.stderr
     assert not (tmp_path / "x").exists()
 
 
 def test_bad_input_fails_with_the_fix(tmp_path):
-    bad = run_z("quantize", str(minilm_dir()), "--recipe", "w4", "--group-size", "0",
-                "--out", str(tmp_path / "x"))  # fmt: skip
+    bad = run_z(
+        "quantize",
+        str(minilm_dir()),
+        "--recipe",
+        "w4",
+        "--group-size",
+        "0",
+        "--out",
+        str(tmp_path / "x"),
+    )
     assert bad.returncode == 2 and "group_size=0 must be a positive integer" in bad.stderr
-    bad = run_z("quantize", str(minilm_dir()), "--recipe", "w8", "--skip", "*.mlp.*",
-                "--out", str(tmp_path / "x"))  # fmt: skip
+    bad = run_z(
+        "quantize",
+        str(minilm_dir()),
+        "--recipe",
+        "w8",
+        "--skip",
+        "*.mlp.*",
+        "--out",
+        str(tmp_path / "x"),
+    )
     assert bad.returncode == 2 and "pattern '*.mlp.*' matches none" in bad.stderr
     bad = run_z("quantize", str(tmp_path), "--recipe", "w8", "--out", str(tmp_path / "x"))
     assert bad.returncode == 2 and "no `config.json`" in bad.stderr
@@ -57,10 +100,30 @@ def test_bad_input_fails_with_the_fix(tmp_path):
 
 @pytest.mark.slow  # ~100 s on the shared 2-core machine
 def test_bench_quant_small_run_prints_json():
-    done = run_z("bench", "quant", "--recipes", "w8a8,w4", "--sentences", "40", "--no-smollm2",
-                 "--batches", "16", "--repeats", "3", "--lkd-steps", "1", "--xtc-steps", "0",
-                 "--gptq", "w8a8,w4:g64", "--gptq-sentences", "16", "--gptq-refits", "1",
-                 "--json")  # fmt: skip
+    done = run_z(
+        "bench",
+        "quant",
+        "--recipes",
+        "w8a8,w4",
+        "--sentences",
+        "40",
+        "--no-smollm2",
+        "--batches",
+        "16",
+        "--repeats",
+        "3",
+        "--lkd-steps",
+        "1",
+        "--xtc-steps",
+        "0",
+        "--gptq",
+        "w8a8,w4:g64",
+        "--gptq-sentences",
+        "16",
+        "--gptq-refits",
+        "1",
+        "--json",
+    )
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     rows = result["minilm"]["recipes"]

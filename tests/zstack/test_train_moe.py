@@ -109,9 +109,21 @@ def test_zserve_greedy_equals_transformers_generate(mixtral: Path, text_ids: tor
 @pytest.mark.slow
 def test_capacity_run_reports_dropped_tokens(tmp_path: Path) -> None:
     out = tmp_path / "capacity"
-    code, text = invoke("train", "--nproc", "1", "--steps", "2", *TINY, "--moe",
-                        "--moe-experts", "4", "--moe-capacity-factor", "0.5",
-                        "--out", str(out))  # fmt: skip
+    code, text = invoke(
+        "train",
+        "--nproc",
+        "1",
+        "--steps",
+        "2",
+        *TINY,
+        "--moe",
+        "--moe-experts",
+        "4",
+        "--moe-capacity-factor",
+        "0.5",
+        "--out",
+        str(out),
+    )
     assert code == 0, text
     assert "capacity factor 0.5" in text and "dropped " in text
     last = read_jsonl(out / "metrics.jsonl")[-1]
@@ -136,21 +148,28 @@ def test_export_refuses_a_gpt_run_and_a_missing_run(tmp_path: Path) -> None:
     [
         ({"moe_top_k": 3}, None),  # no --moe: the flag is refused
         ({"moe": True, "moe_experts": "4,x"}, r"`--moe-experts 4,x` is not a count"),
-        ({"moe": True, "moe_experts": "2", "moe_top_k": 3},
-         r"`--moe-top-k 3` must be between 1 and the fewest experts of a layer \(2"),
+        (
+            {"moe": True, "moe_experts": "2", "moe_top_k": 3},
+            r"`--moe-top-k 3` must be between 1 and the fewest experts of a layer \(2",
+        ),
         ({"moe": True, "moe_ep": 3}, r"`--moe-ep 3` must divide the 2 rank\(s\)"),
-        ({"moe": True, "moe_experts": "6", "moe_ep": 4},
-         r"`--moe-ep 4` must divide the 2 rank"),
-        ({"moe": True, "moe_experts": "3", "moe_ep": 2},
-         r"`--moe-ep 2` must divide every layer's expert count \(`--moe-experts 3`\)"),
+        ({"moe": True, "moe_experts": "6", "moe_ep": 4}, r"`--moe-ep 4` must divide the 2 rank"),
+        (
+            {"moe": True, "moe_experts": "3", "moe_ep": 2},
+            r"`--moe-ep 2` must divide every layer's expert count \(`--moe-experts 3`\)",
+        ),
         ({"moe": True, "moe_capacity_factor": 0.0}, r"`--moe-capacity-factor 0.0` must be pos"),
-        ({"moe": True, "moe_dropless": True, "moe_capacity_factor": 2.0},
-         r"`--moe-capacity-factor 2.0` has no effect with `--moe-dropless`"),
-        ({"moe": True, "moe_layers": "every-other", "moe_experts": "4,8,16"},
-         r"3 expert counts \[4, 8, 16\] do not split the 2 MoE layers"),
+        (
+            {"moe": True, "moe_dropless": True, "moe_capacity_factor": 2.0},
+            r"`--moe-capacity-factor 2.0` has no effect with `--moe-dropless`",
+        ),
+        (
+            {"moe": True, "moe_layers": "every-other", "moe_experts": "4,8,16"},
+            r"3 expert counts \[4, 8, 16\] do not split the 2 MoE layers",
+        ),
         ({"moe": True, "moe_layers": "odd"}, r"'odd' is not one of"),
     ],
-)  # fmt: skip
+)
 def test_bad_moe_flags_fail_naming_the_numbers(
     flags: dict[str, object], message: str | None, tmp_path: Path
 ) -> None:
@@ -164,16 +183,25 @@ def test_resume_at_another_ep_size(run: Path, tmp_path: Path) -> None:
     out = tmp_path / "resumed"
     shutil.copytree(run, out)
     flags = MOE[: MOE.index("--moe-ep")]  # one rank: ep 1
-    code, text = invoke("train", "--nproc", "1", "--resume", "--steps", "5", *TINY, *flags,
-                        "--out", str(out))  # fmt: skip
+    code, text = invoke(
+        "train", "--nproc", "1", "--resume", "--steps", "5", *TINY, *flags, "--out", str(out)
+    )
     assert code == 0, text
     assert "steps 4 -> 5" in text
     assert [r["step"] for r in read_jsonl(out / "metrics.jsonl") if "loss" in r] == [1, 2, 3, 4, 5]
 
 
 def test_resume_with_other_moe_flags_names_the_difference(run: Path) -> None:
-    opts = TrainOptions(out=run, preset="tiny", seq_len=64, resume=True, steps=9, moe=True,
-                        moe_experts="8", moe_dropless=True)  # fmt: skip
+    opts = TrainOptions(
+        out=run,
+        preset="tiny",
+        seq_len=64,
+        resume=True,
+        steps=9,
+        moe=True,
+        moe_experts="8",
+        moe_dropless=True,
+    )
     with pytest.raises(TrainError, match=r"different MoE model: experts \(4, 4, 4, 4\) \(flags: "):
         plan_run(opts, world_size=1)
     with pytest.raises(TrainError, match=r"holds an MoE-architecture model; add `--moe`"):
