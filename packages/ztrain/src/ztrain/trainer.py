@@ -93,13 +93,14 @@ def _param_groups(model: Any) -> list[dict[str, Any]]:
     return [{"params": decay}, {"params": plain, "weight_decay": 0.0}]
 
 
-def _curriculum(plan: TrainPlan, ranks: Ranks, data: Any, vocab_size: int) -> Any:
-    """The run's `CurriculumBatches`; rank 0 writes missing index files first."""
+def _curriculum(plan: TrainPlan, ranks: Ranks, data: Any, vocab_size: int, batch: Any) -> Any:
+    """The run's `CurriculumBatches` for the engine's batch sizes (`batch`, cut over the
+    data-parallel ranks); rank 0 writes missing index files first."""
     from zcore.data_efficiency import Curriculum
     from ztrain.train_curriculum import CurriculumBatches, write_missing_indexes
 
     train = data.stream("train", plan.seq_len, plan.seed)
-    config, batch = plan.config.config, plan.config.config.batch_sizes(ranks.world)
+    config = plan.config.config
     if ranks.rank == 0:
         for line in write_missing_indexes(config, train.sample_matrix(), vocab_size):
             print(line, flush=True)
@@ -156,10 +157,10 @@ class Trainer:
         config = model_config(plan.preset, tokenizer.vocab_size, plan.moe)
         model = build_model(config, seed=plan.seed)
         rc = plan.config
-        curriculum = _curriculum(plan, ranks, data, tokenizer.vocab_size)
         engine, *_ = zcore.initialize(
             model, model_parameters=_param_groups(model), config=rc.as_dict
         )
+        curriculum = _curriculum(plan, ranks, data, tokenizer.vocab_size, engine.batch)
         if plan.resume:
             _, client_state = engine.load_checkpoint(
                 str(plan.checkpoints),
@@ -197,7 +198,9 @@ class Trainer:
         with torch.no_grad():
             total = sum(
                 self.engine(
-                    *val.get_micro_batch(i, 0, self.ranks.rank, b.world_size, b.micro_batch_size, 1)
+                    *val.get_micro_batch(
+                        i, 0, self.engine.data_rank, b.world_size, b.micro_batch_size, 1
+                    )
                 )[1].item()
                 for i in range(VAL_BATCHES)
             )
@@ -213,7 +216,9 @@ class Trainer:
         self.tokens_seen += self.last_tokens
         total = 0.0
         for micro in range(b.gradient_accumulation_steps):
-            x, y = self.curriculum.micro_batch(train, step, micro, self.ranks.rank, b)
+            # batches are cut by data rank (`b.world_size` data-parallel ranks), not the
+            # global rank: ranks that mirror each other on another mesh axis read the same
+            x, y = self.curriculum.micro_batch(train, step, micro, self.engine.data_rank, b)
             _, loss = self.engine(x, y)
             self.moe.add()
             self.engine.backward(loss)
