@@ -36,8 +36,9 @@ from zcore.process import free_port
 __all__ = ["free_port", "run_ranks"]
 
 # Imported once by the fork server, so ranks start with them loaded. torch._dynamo is what
-# the first `torch.optim.Optimizer()` of a process imports (~1.5 CPU-s even from bytecode).
-_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", __name__]
+# the first `torch.optim.Optimizer()` of a process imports (~1.5 CPU-s even from bytecode);
+# transformers is what every Hugging Face rank imports (~3 CPU-s a rank).
+_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "transformers", __name__]
 _SKIPPED = f"{pytest.skip.Exception.__module__}.{pytest.skip.Exception.__qualname__}"
 
 
