@@ -33,8 +33,9 @@ def plot_chat_metrics(metrics: str | os.PathLike[str], png: str | os.PathLike[st
     for key in _TRAIN_KEYS:
         rows = [r for r in steps if key in r]
         if rows:
-            metric_ax.plot([r["step"] for r in rows], [r[key] for r in rows], label=f"train {key}",
-                           alpha=0.6)  # fmt: skip
+            metric_ax.plot(
+                [r["step"] for r in rows], [r[key] for r in rows], label=f"train {key}", alpha=0.6
+            )
     held = sorted({k for r in records for k in r if k.startswith("heldout_")})
     for key in held:
         rows = [r for r in records if key in r]
@@ -71,8 +72,12 @@ def plot_ppo_metrics(metrics: Path, png: Path) -> Path:
     kl_ax.plot(x, [r["kl"] for r in steps], marker=".", color="tab:red", label="KL to reference")
     left.set(title="ppo: reward and KL", xlabel="step", ylabel="reward")
     kl_ax.set(ylabel="KL (per token)")
-    for key in ("heldout_reward", "heldout_accuracy", "heldout_sampled_reward",
-                "heldout_sampled_accuracy"):  # fmt: skip
+    for key in (
+        "heldout_reward",
+        "heldout_accuracy",
+        "heldout_sampled_reward",
+        "heldout_sampled_accuracy",
+    ):
         if all(key in r for r in held):
             right.plot([r["step"] for r in held], [r[key] for r in held], marker="o", label=key)
     right.set(title="ppo: held-out (greedy; sampled with heldout_samples)", xlabel="step")

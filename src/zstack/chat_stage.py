@@ -30,8 +30,17 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(2)
 
 
-def run_stage(name: str, defaults: dict[str, Any], cfg_cls: Any, prepare: Callable[..., Any], train: Callable[..., Any],
-              config: Path | None, nproc: int, as_json: bool, **flags: Any) -> dict[str, Any]:  # fmt: skip
+def run_stage(
+    name: str,
+    defaults: dict[str, Any],
+    cfg_cls: Any,
+    prepare: Callable[..., Any],
+    train: Callable[..., Any],
+    config: Path | None,
+    nproc: int,
+    as_json: bool,
+    **flags: Any,
+) -> dict[str, Any]:
     """Load the config (`defaults` < the `config` JSON < the flags given), check, run `train`
     on `nproc` ranks, plot; print and return a summary."""
     from zchat.config import ChatConfigError, load_config
@@ -66,19 +75,28 @@ def run_stage(name: str, defaults: dict[str, Any], cfg_cls: Any, prepare: Callab
     r = results[0]
     png = plot_chat_metrics(r["metrics"], Path(r["metrics"]).with_suffix(".png"))
     summary = {
-        "stage": name, "out": r["out"], "steps": cfg.steps, "ranks": nproc,
+        "stage": name,
+        "out": r["out"],
+        "steps": cfg.steps,
+        "ranks": nproc,
         # None: no training steps ran (a reward stage whose warm-up did all the training)
-        "final_loss": r["losses"][-1] if r["losses"] else None, "heldout_before": r["heldout_before"],
-        "heldout_after": r["heldout_after"], "metrics": r["metrics"], "plot": str(png),
-        "wall_s": time.perf_counter() - start, "train_s": r["train_s"],
-    }  # fmt: skip
+        "final_loss": r["losses"][-1] if r["losses"] else None,
+        "heldout_before": r["heldout_before"],
+        "heldout_after": r["heldout_after"],
+        "metrics": r["metrics"],
+        "plot": str(png),
+        "wall_s": time.perf_counter() - start,
+        "train_s": r["train_s"],
+    }
     if as_json:
         typer.echo(json.dumps(summary))
     else:
         loss = summary["final_loss"]
         shown = "no steps after the warm-up" if loss is None else f"loss {loss:.4g}"
-        typer.echo(f"{name}: {shown}; held-out before "
-                   f"{_short(r['heldout_before'])}, after {_short(r['heldout_after'])}")  # fmt: skip
+        typer.echo(
+            f"{name}: {shown}; held-out before "
+            f"{_short(r['heldout_before'])}, after {_short(r['heldout_after'])}"
+        )
         typer.echo(f"wrote `{r['out']}`, `{r['metrics']}`, `{png}`")
     return summary
 

@@ -53,9 +53,16 @@ def bench_adam_cuda(
     from zstack.bench import run_benchmark
 
     raise typer.Exit(
-        run_benchmark("adam_cuda", json_out, hidden=hidden, layers=layers, vocab=vocab,
-                      rounds=rounds, burst=burst)
-    )  # fmt: skip
+        run_benchmark(
+            "adam_cuda",
+            json_out,
+            hidden=hidden,
+            layers=layers,
+            vocab=vocab,
+            rounds=rounds,
+            burst=burst,
+        )
+    )
 
 
 def bench_zero(

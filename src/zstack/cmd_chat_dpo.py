@@ -36,7 +36,23 @@ def register_chat(chat_app: typer.Typer) -> None:
         from zstack.chat_stage import run_stage
 
         defaults = {"model": "runs/chat/sft", "out": "runs/chat/dpo"}
-        run_stage("dpo", defaults, DPOConfig, prepare_dpo, train_dpo, config, nproc, as_json,
-                  model=model, out=out, steps=steps, lr=lr, micro_batch=micro_batch, task=task,
-                  train_examples=train_examples, heldout_examples=heldout_examples,
-                  seed=seed, beta=beta)  # fmt: skip
+        run_stage(
+            "dpo",
+            defaults,
+            DPOConfig,
+            prepare_dpo,
+            train_dpo,
+            config,
+            nproc,
+            as_json,
+            model=model,
+            out=out,
+            steps=steps,
+            lr=lr,
+            micro_batch=micro_batch,
+            task=task,
+            train_examples=train_examples,
+            heldout_examples=heldout_examples,
+            seed=seed,
+            beta=beta,
+        )

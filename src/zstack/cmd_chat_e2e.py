@@ -52,11 +52,14 @@ def chat_e2e(
         raise typer.Exit(2) from None
     start = time.perf_counter()
     stages: dict[str, dict] = {}
-    for name, cls, prepare, train in (("sft", SFTConfig, prepare_sft, train_sft),
-                                      ("reward", RewardConfig, prepare_reward, train_reward)):  # fmt: skip
+    for name, cls, prepare, train in (
+        ("sft", SFTConfig, prepare_sft, train_sft),
+        ("reward", RewardConfig, prepare_reward, train_reward),
+    ):
         typer.echo(f"== z chat e2e: {name} ==")
-        stages[name] = run_stage(name, cfg.stage_dict(name), cls, prepare, train, None,
-                                 cfg.world, False)  # fmt: skip
+        stages[name] = run_stage(
+            name, cfg.stage_dict(name), cls, prepare, train, None, cfg.world, False
+        )
     typer.echo("== z chat e2e: ppo ==")
     try:
         ppo_cfg = load_config(PPOConfig, cfg.stage_dict("ppo"))
@@ -65,12 +68,16 @@ def chat_e2e(
         typer.echo(f"error: z chat e2e: ppo: {err}", err=True)
         raise typer.Exit(2) from None
     stages["ppo"] = run_ppo(ppo_cfg, False)
-    summary = {"stage": "e2e", "out": str(cfg.out), "wall_s": time.perf_counter() - start,
-               "stage_wall_s": {k: v["wall_s"] for k, v in stages.items()},
-               "sft_heldout": stages["sft"]["heldout_after"],
-               "reward_heldout": stages["reward"]["heldout_after"],
-               "ppo_heldout_before": stages["ppo"]["heldout_before"],
-               "ppo_heldout_after": stages["ppo"]["heldout_after"]}  # fmt: skip
+    summary = {
+        "stage": "e2e",
+        "out": str(cfg.out),
+        "wall_s": time.perf_counter() - start,
+        "stage_wall_s": {k: v["wall_s"] for k, v in stages.items()},
+        "sft_heldout": stages["sft"]["heldout_after"],
+        "reward_heldout": stages["reward"]["heldout_after"],
+        "ppo_heldout_before": stages["ppo"]["heldout_before"],
+        "ppo_heldout_after": stages["ppo"]["heldout_after"],
+    }
     if as_json:
         typer.echo(json.dumps(summary))
     else:

@@ -42,10 +42,22 @@ def chat_grpo(
     from zchat.grpo import RECIPE, GRPOConfig, grpo_rank, prepare_grpo
     from zchat.ranks import RankFailed, run_on_ranks
 
-    flags = dict(actor=actor, out=out, world=nproc, steps=steps, prompts_per_rank=prompts_per_rank,
-                 group_size=group_size, max_new_tokens=max_new_tokens, micro_batch=micro_batch, kl_coef=kl_coef, lr=lr,
-                 train_prompts=train_prompts, heldout_prompts=heldout_prompts, seed=seed,
-                 heldout_samples=heldout_samples)  # fmt: skip
+    flags = dict(
+        actor=actor,
+        out=out,
+        world=nproc,
+        steps=steps,
+        prompts_per_rank=prompts_per_rank,
+        group_size=group_size,
+        max_new_tokens=max_new_tokens,
+        micro_batch=micro_batch,
+        kl_coef=kl_coef,
+        lr=lr,
+        train_prompts=train_prompts,
+        heldout_prompts=heldout_prompts,
+        seed=seed,
+        heldout_samples=heldout_samples,
+    )
     data: dict = {"actor": "runs/chat/sft", "out": "runs/chat/grpo", **RECIPE}
     try:
         if config is not None:
@@ -62,17 +74,27 @@ def chat_grpo(
     except RankFailed as err:
         typer.echo(f"error: z chat grpo: {err}", err=True)
         raise typer.Exit(1) from None
-    summary = {"stage": "grpo", "ranks": cfg.world, "steps": cfg.steps, **r,
-               "metrics": str(cfg.out / "metrics.jsonl"), "wall_s": time.perf_counter() - start}  # fmt: skip
+    summary = {
+        "stage": "grpo",
+        "ranks": cfg.world,
+        "steps": cfg.steps,
+        **r,
+        "metrics": str(cfg.out / "metrics.jsonl"),
+        "wall_s": time.perf_counter() - start,
+    }
     if as_json:
         typer.echo(json.dumps(summary))
     else:
         sampled = ""
         if "heldout_sampled_accuracy_before" in r:
-            sampled = (f", sampled {r['heldout_sampled_accuracy_before']:.3f} -> "
-                       f"{r['heldout_sampled_accuracy_after']:.3f}")  # fmt: skip
-        typer.echo(f"grpo: held-out accuracy {r['heldout_accuracy_before']:.3f} -> "
-                   f"{r['heldout_accuracy_after']:.3f}{sampled}; wrote `{r['out']}/actor`")  # fmt: skip
+            sampled = (
+                f", sampled {r['heldout_sampled_accuracy_before']:.3f} -> "
+                f"{r['heldout_sampled_accuracy_after']:.3f}"
+            )
+        typer.echo(
+            f"grpo: held-out accuracy {r['heldout_accuracy_before']:.3f} -> "
+            f"{r['heldout_accuracy_after']:.3f}{sampled}; wrote `{r['out']}/actor`"
+        )
 
 
 def register_chat(chat_app: typer.Typer) -> None:

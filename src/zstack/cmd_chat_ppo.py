@@ -77,17 +77,33 @@ def chat_ppo(
     from zchat.ppo.config import RECIPE
     from zchat.ppo.trainer import prepare_ppo
 
-    flags = dict(actor=actor, reward=reward, out=out, world=nproc, steps=steps,
-                 prompts_per_rank=prompts_per_rank, max_new_tokens=max_new_tokens,
-                 kl_coef=kl_coef, actor_lr=actor_lr, critic_lr=critic_lr,
-                 train_prompts=train_prompts, heldout_prompts=heldout_prompts, seed=seed)  # fmt: skip
-    data: dict = {"actor": "runs/chat/sft", "reward": "runs/chat/reward", "out": "runs/chat/ppo",
-                  **RECIPE}  # fmt: skip
+    flags = dict(
+        actor=actor,
+        reward=reward,
+        out=out,
+        world=nproc,
+        steps=steps,
+        prompts_per_rank=prompts_per_rank,
+        max_new_tokens=max_new_tokens,
+        kl_coef=kl_coef,
+        actor_lr=actor_lr,
+        critic_lr=critic_lr,
+        train_prompts=train_prompts,
+        heldout_prompts=heldout_prompts,
+        seed=seed,
+    )
+    data: dict = {
+        "actor": "runs/chat/sft",
+        "reward": "runs/chat/reward",
+        "out": "runs/chat/ppo",
+        **RECIPE,
+    }
     try:
         if config is not None:
             data.update(json.loads(config.read_text()))
-        data.update({k: str(v) if isinstance(v, Path) else v for k, v in flags.items()
-                     if v is not None})  # fmt: skip
+        data.update(
+            {k: str(v) if isinstance(v, Path) else v for k, v in flags.items() if v is not None}
+        )
         cfg = load_config(PPOConfig, data)
         prepare_ppo(cfg)
     except (OSError, ValueError) as err:  # ChatConfigError names each key; JSON errors too
@@ -115,21 +131,32 @@ def run_ppo(cfg: PPOConfig, as_json: bool) -> dict:
     r = results[0]
     metrics = cfg.out / "metrics.jsonl"
     png = plot_ppo_metrics(metrics, metrics.with_suffix(".png"))
-    summary = {"stage": "ppo", "out": r["out"], "steps": cfg.steps, "ranks": cfg.world,
-               "heldout_before": r["before"], "heldout_after": r["after"],
-               "metrics": str(metrics), "plot": str(png),
-               "wall_s": time.perf_counter() - start}  # fmt: skip
+    summary = {
+        "stage": "ppo",
+        "out": r["out"],
+        "steps": cfg.steps,
+        "ranks": cfg.world,
+        "heldout_before": r["before"],
+        "heldout_after": r["after"],
+        "metrics": str(metrics),
+        "plot": str(png),
+        "wall_s": time.perf_counter() - start,
+    }
     if as_json:
         typer.echo(json.dumps(summary))
     else:
         b, a = r["before"], r["after"]
-        typer.echo(f"ppo: held-out reward {b['heldout_reward']:+.4f} -> {a['heldout_reward']:+.4f}"
-                   f", accuracy {b['heldout_accuracy']:.3f} -> {a['heldout_accuracy']:.3f}")  # fmt: skip
+        typer.echo(
+            f"ppo: held-out reward {b['heldout_reward']:+.4f} -> {a['heldout_reward']:+.4f}"
+            f", accuracy {b['heldout_accuracy']:.3f} -> {a['heldout_accuracy']:.3f}"
+        )
         if "heldout_sampled_reward" in a:
-            typer.echo(f"ppo: held-out sampled reward {b['heldout_sampled_reward']:+.4f} -> "
-                       f"{a['heldout_sampled_reward']:+.4f}, accuracy "
-                       f"{b['heldout_sampled_accuracy']:.3f} -> "
-                       f"{a['heldout_sampled_accuracy']:.3f}")  # fmt: skip
+            typer.echo(
+                f"ppo: held-out sampled reward {b['heldout_sampled_reward']:+.4f} -> "
+                f"{a['heldout_sampled_reward']:+.4f}, accuracy "
+                f"{b['heldout_sampled_accuracy']:.3f} -> "
+                f"{a['heldout_sampled_accuracy']:.3f}"
+            )
         typer.echo(f"wrote `{r['out']}/actor`, `{metrics}`, `{png}`")
     return summary
 

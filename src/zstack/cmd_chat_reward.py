@@ -35,7 +35,22 @@ def register_chat(chat_app: typer.Typer) -> None:
         from zstack.chat_stage import run_stage
 
         defaults = {"model": "runs/chat/sft", "out": "runs/chat/reward"}
-        run_stage("reward", defaults, RewardConfig, prepare_reward, train_reward, config, nproc, as_json,
-                  model=model, out=out, steps=steps, lr=lr, micro_batch=micro_batch, task=task,
-                  train_examples=train_examples, heldout_examples=heldout_examples,
-                  seed=seed)  # fmt: skip
+        run_stage(
+            "reward",
+            defaults,
+            RewardConfig,
+            prepare_reward,
+            train_reward,
+            config,
+            nproc,
+            as_json,
+            model=model,
+            out=out,
+            steps=steps,
+            lr=lr,
+            micro_batch=micro_batch,
+            task=task,
+            train_examples=train_examples,
+            heldout_examples=heldout_examples,
+            seed=seed,
+        )

@@ -37,7 +37,22 @@ def register_chat(chat_app: typer.Typer) -> None:
         from zstack.chat_stage import run_stage
 
         defaults = {"model": str(DEFAULT_MODEL), "out": "runs/chat/sft"}
-        run_stage("sft", defaults, SFTConfig, prepare_sft, train_sft, config, nproc, as_json,
-                  model=model, out=out, steps=steps, lr=lr, micro_batch=micro_batch, task=task,
-                  train_examples=train_examples, heldout_examples=heldout_examples,
-                  seed=seed)  # fmt: skip
+        run_stage(
+            "sft",
+            defaults,
+            SFTConfig,
+            prepare_sft,
+            train_sft,
+            config,
+            nproc,
+            as_json,
+            model=model,
+            out=out,
+            steps=steps,
+            lr=lr,
+            micro_batch=micro_batch,
+            task=task,
+            train_examples=train_examples,
+            heldout_examples=heldout_examples,
+            seed=seed,
+        )

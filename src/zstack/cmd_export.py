@@ -29,9 +29,13 @@ def export_mixtral(
     except (OSError, ExportError, CheckpointError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
-    note = "" if config.dropless else (
-        f" (trained with capacity factor {config.capacity_factor:g}; Mixtral routes dropless)"
-    )  # fmt: skip
+    note = (
+        ""
+        if config.dropless
+        else (
+            f" (trained with capacity factor {config.capacity_factor:g}; Mixtral routes dropless)"
+        )
+    )
     typer.echo(
         f"wrote `{out}`: Mixtral, {config.n_layer} layers x {config.experts[0]} experts, "
         f"top-{config.k}, {config.num_params() / 1e6:.1f}M params{note}\n"

@@ -176,14 +176,21 @@ def eval_cmd(
             if not ppl.is_file():
                 raise FileNotFoundError(f"text file `{ppl}` not found; pass a UTF-8 text file")
             text = ppl.read_text(encoding="utf-8")
-            result.update(ppl=perplexity(model, tokenizer, text, max_tokens=max_tokens, window=window),
-                          text=str(ppl), max_tokens=max_tokens, window=window)  # fmt: skip
+            result.update(
+                ppl=perplexity(model, tokenizer, text, max_tokens=max_tokens, window=window),
+                text=str(ppl),
+                max_tokens=max_tokens,
+                window=window,
+            )
         else:
             ref_dir = reference or model_dir
             texts = _shakespeare("val", sentences)
             ref = sentence_embeddings(_load_any(ref_dir), load_tokenizer(ref_dir), texts)
-            result.update(cosine=embedding_similarity(model, tokenizer, texts, ref),
-                          reference=str(ref_dir), sentences=len(texts))  # fmt: skip
+            result.update(
+                cosine=embedding_similarity(model, tokenizer, texts, ref),
+                reference=str(ref_dir),
+                sentences=len(texts),
+            )
     except (ValueError, OSError) as exc:
         raise _fail(str(exc)) from None
     if json_out:
