@@ -629,6 +629,14 @@ def _bench_hybrid(w: Work) -> None:
     assert r["generated_tokens"] == 8 and r["rows"]["hf_generate"]["tokens_per_s"] > 0
 
 
+@smoke("bench hf-trainer")
+def _bench_hf_trainer(w: Work) -> None:
+    args = ["--model", "tiny", "--world-size", "1", "--modes", "zero2", "--steps", "1", "--json"]
+    r = w.json("bench", "hf-trainer", *args, "--warmup", "0", "--micro-batch", "1", "--seq", "8")
+    row = r["modes"]["zero2"]
+    assert r["world_size"] == 1 and row["zcore"]["step_s"] > 0 and row["ddp"]["step_s"] > 0, r
+
+
 import tests.zstack.test_cli_smoke_chat  # noqa: E402, F401  (registers the `z chat` cases)
 
 
