@@ -8,7 +8,9 @@ Every test runs on one torch intra-op thread: CI and dev machines run the suite 
 few cores beside other work, where torch's pool spends most of its time waiting for
 a descheduled worker (a 100-token SmolLM2 forward measured 0.7 s on one thread against
 4-7 s on two; the tiny-GPT overfit loop ran 10x slower). Multi-rank tests set the same
-in each rank (`tests.utils.distributed`).
+in each rank (`tests.utils.distributed`). Code under test may set its own count (ztrain's
+`Trainer.start` takes every core a rank has): it is put back to one after each test, so a
+test's arithmetic never depends on which tests ran before it in the same process.
 """
 
 from __future__ import annotations
@@ -34,3 +36,10 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def threads_put_back() -> Iterator[None]:
+    yield
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
