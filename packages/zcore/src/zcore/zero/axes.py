@@ -14,12 +14,17 @@ Every other mesh axis is, for a group, one of two kinds (:class:`GroupAxis`): ``
 the gradient norm and the overflow flag are summed so each element counts exactly once in
 the job; or ``mirrors`` (ranks hold the same values and compute the same gradients: a
 tensor-parallel axis for parameters it does not cut), which no reduction touches and on
-which only coordinate 0 writes checkpoint files. A tensor-parallel shard (different
-elements on each ``tp`` rank) will be a group whose ``disjoint`` holds ``tp``.
+which only coordinate 0 writes checkpoint files. A parameter cut by tensor parallelism
+(``p.zero_axis = "tp"``, set by :mod:`zcore.tensor`'s layers: different elements on each
+``tp`` rank) is cut across ``dp`` like a dense one, in groups of its own whose ``disjoint``
+holds ``tp`` (its norm and overflow flag are summed across ``tp``) and which have no
+mirrors (every ``tp`` coordinate writes its own rank files); dense parameters keep ``tp``
+as a mirror.
 
 The engine splits each optimizer param group by axis (as DeepSpeed splits MoE parameters
-into groups of their own): dense parameters keep their group, expert ones move to a new
-group with the same hyperparameters and ``"axis": "edp"``, appended after every dense group.
+into groups of their own): dense parameters keep their group, tensor-parallel shards move to
+a new group with the same hyperparameters and ``"axis": "tp"`` after every dense group, and
+expert ones to one with ``"axis": "edp"`` after those.
 
 Layers that need an axis of the mesh say so with two methods the engine calls:
 ``mesh_axes() -> {"ep": n}`` before the mesh is built, ``bind_mesh(mesh)`` after.
@@ -37,7 +42,7 @@ from zcore.comm import Comm, Mesh, MeshError
 
 ATTR = "zero_axis"
 """The parameter attribute naming its axis (absent: ``"dp"``)."""
-AXES = ("dp", "edp")
+AXES = ("dp", "tp", "edp")
 MODEL_AXES = ("ep",)
 """The mesh sizes a layer may ask for through ``mesh_axes()``."""
 
@@ -109,34 +114,41 @@ def cut_of(p: nn.Parameter) -> GroupAxis | None:
 def group_axes(mesh: Mesh) -> dict[str, GroupAxis]:
     """The axes of ``mesh`` a parameter group can be sharded over, each with the axes whose
     ranks hold different parameters (``pp``; experts: ``ep``) and those that mirror it
-    (``tp``: no parameter is cut by it yet)."""
+    (``tp``, for the parameters it does not cut; ``"tp"``: the shards it cuts, for which
+    ``tp`` is disjoint)."""
     stages = (mesh.comm("pp"),) if mesh.spec.pp > 1 else ()
     mirrors = (mesh.comm("tp"),) if mesh.spec.tp > 1 else ()
     dense = GroupAxis("dp", mesh.comm("dp"), mesh.comm("dp_replicate"), stages, mirrors)
+    cut = GroupAxis("tp", dense.shard, dense.replicas, (*mirrors, *stages))
     if mesh.spec.ep == 1:
         expert = GroupAxis("edp", dense.shard, dense.replicas, stages, mirrors)
     else:
         expert = GroupAxis("edp", mesh.comm("edp"), None, (mesh.comm("ep"), *stages), mirrors)
-    return {"dp": dense, "edp": expert}
+    return {"dp": dense, "tp": cut, "edp": expert}
 
 
 def split_groups(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each group's parameters split by axis: dense groups first, in order, then one group
-    per group holding expert parameters (same hyperparameters, ``"axis": "edp"``)."""
-    dense, expert = [], []
+    per group holding tensor-parallel shards (same hyperparameters, ``"axis": "tp"``), then
+    one per group holding expert parameters (``"axis": "edp"``)."""
+    dense: list[dict[str, Any]] = []
+    cut: list[dict[str, Any]] = []
+    expert: list[dict[str, Any]] = []
     for g in groups:
         given = g.get("axis")
         if given is not None and given not in AXES:
             raise ValueError(f"a param group has axis {given!r}; the axes are {', '.join(AXES)}")
-        by_axis: dict[str, list[nn.Parameter]] = {"dp": [], "edp": []}
+        by_axis: dict[str, list[nn.Parameter]] = {a: [] for a in AXES}
         for p in g["params"]:
             by_axis[param_axis(p)].append(p)
         hyper = {k: v for k, v in g.items() if k not in ("params", "axis")}
-        if by_axis["dp"] or not by_axis["edp"]:
+        if by_axis["dp"] or not (by_axis["tp"] or by_axis["edp"]):
             dense.append({**hyper, "params": by_axis["dp"]})
+        if by_axis["tp"]:
+            cut.append({**hyper, "params": by_axis["tp"], "axis": "tp"})
         if by_axis["edp"]:
             expert.append({**hyper, "params": by_axis["edp"], "axis": "edp"})
-    return dense + expert
+    return dense + cut + expert
 
 
 def mesh_request(model: nn.Module) -> dict[str, int]:
