@@ -17,6 +17,10 @@ Two more views of the same ranks, built only when their size is above 1:
 * ``ep`` x ``edp``: the data-parallel ranks (``dp_replicate x dp``) regrouped for
   experts: ``ep`` ranks hold different experts, ``edp = dp_replicate*dp / ep`` ranks hold
   the same ones and shard them.
+* ``cp``: context (sequence) parallelism, ``cp`` consecutive ``dp`` ranks that hold
+  consecutive slices of the same sequences (DeepSpeed's ``sequence_parallel_size``). ZeRO
+  keeps cutting across the whole ``dp`` axis, so it shards over ``dp x cp`` as DeepSpeed
+  shards over its sequence-data-parallel group; the batch arithmetic counts ``dp / cp``.
 
 :class:`MeshSpec` checks every size against the world size up front and names every
 number when something does not divide; :class:`Mesh` creates the groups (nothing else in
@@ -63,6 +67,9 @@ class MeshSpec:
     """Node-local sub-axis of ``dp`` (hpZ's secondary partition); divides ``dp``."""
     ep: int = 1
     """Expert-parallel ranks, regrouped from ``dp_replicate x dp``; divides it."""
+    cp: int = 1
+    """Context-parallel ranks: consecutive ``dp`` ranks holding slices of the same
+    sequences; divides ``dp`` (which counts them: ZeRO cuts across ``dp x cp``)."""
 
     @classmethod
     def resolve(
@@ -74,13 +81,15 @@ class MeshSpec:
         dp: int | None = None,
         dp_local: int = 1,
         ep: int = 1,
+        cp: int = 1,
     ) -> MeshSpec:
         """The spec for ``world`` ranks; ``dp=None`` gives ZeRO every data-parallel rank
-        (no replicas), a smaller ``dp`` leaves ``dp_replicate`` replicas of it.
+        (no replicas), a smaller ``dp`` leaves ``dp_replicate`` replicas of it. ``cp``
+        ranks of ``dp`` share each sequence (``dp`` counts them).
 
         Raises :class:`MeshError` naming every size when the product does not fit.
         """
-        sizes = {"world": world, "pp": pp, "tp": tp, "dp_local": dp_local, "ep": ep}
+        sizes = {"world": world, "pp": pp, "tp": tp, "dp_local": dp_local, "ep": ep, "cp": cp}
         if dp is not None:
             sizes["dp"] = dp
         bad = [f"{k} {v}" for k, v in sizes.items() if not isinstance(v, int) or v < 1]
@@ -99,7 +108,13 @@ class MeshSpec:
                 f"data-parallel ranks: world size {world} / (pp {pp} x tp {tp}) = {data}; "
                 f"choose a dp that divides {data}"
             )
-        spec = cls(world, pp, data // shard, shard, tp, dp_local, ep)
+        if shard % cp:
+            raise MeshError(
+                f"sequence_parallel_size cp {cp} does not divide the ZeRO axis dp {shard} "
+                f"(world size {world} / (pp {pp} x tp {tp} x dp_replicate {data // shard})); "
+                f"choose a cp that divides {shard}, or launch a multiple of {cp * pp * tp} ranks"
+            )
+        spec = cls(world, pp, data // shard, shard, tp, dp_local, ep, cp)
         if shard % dp_local:
             raise MeshError(
                 f"the node-local sub-axis dp_local {dp_local} (zero_hpz_partition_size) does "
@@ -121,17 +136,22 @@ class MeshSpec:
     def formula(self) -> str:
         """``pp 1 x dp_replicate 2 x dp 2 x tp 1 = 4``: the product, every factor named."""
         product = self.pp * self.dp_replicate * self.dp * self.tp
-        return " x ".join(f"{a} {getattr(self, a)}" for a in AXES) + f" = {product}"
+        text = " x ".join(f"{a} {getattr(self, a)}" for a in AXES) + f" = {product}"
+        return (
+            text
+            if self.cp == 1
+            else f"{text}, dp {self.dp} = data {self.dp // self.cp} x cp {self.cp}"
+        )
 
     @property
     def data_parallel(self) -> int:
-        """Ranks that see different data: ``dp_replicate x dp``."""
-        return self.dp_replicate * self.dp
+        """Ranks that see different data: ``dp_replicate x dp / cp``."""
+        return self.dp_replicate * self.dp // self.cp
 
     @property
     def edp(self) -> int:
         """Expert-data-parallel ranks: ranks holding the same experts."""
-        return self.data_parallel // self.ep
+        return self.dp_replicate * self.dp // self.ep
 
     def sizes(self) -> dict[str, int]:
         """Every axis and view with its size (what a checkpoint manifest records)."""
@@ -140,6 +160,7 @@ class MeshSpec:
             "dp_local": self.dp_local,
             "ep": self.ep,
             "edp": self.edp,
+            "cp": self.cp,
         }
 
 
@@ -147,7 +168,8 @@ def spec_from_config(config: Any, world: int, ep: int = 1) -> MeshSpec:
     """The mesh a :class:`~zcore.config.ZConfig` asks for on ``world`` ranks.
 
     ``zero_optimization.mics_shard_size`` (DeepSpeed's MiCS; -1: every rank) sizes ``dp``
-    and leaves the rest as replicas; ``zero_hpz_partition_size`` sizes ``dp_local``. ``ep``
+    and leaves the rest as replicas; ``zero_hpz_partition_size`` sizes ``dp_local``;
+    ``sequence_parallel_size`` sizes ``cp`` (inside ``dp``). ``ep``
     comes from the model (its MoE layers' ``ep_size``, as in DeepSpeed, not the config).
     Pipeline and tensor parallelism add their sizes here as they land.
     """
@@ -157,12 +179,14 @@ def spec_from_config(config: Any, world: int, ep: int = 1) -> MeshSpec:
     if hpz is None and hasattr(config, "extension"):  # a gated key zcomm unlocks
         hpz = config.extension("zero_optimization.zero_hpz_partition_size")
     hpz = int(hpz or 1)
+    cp = int(getattr(config, "sequence_parallel_size", 1) or 1)
     try:
-        return MeshSpec.resolve(world, dp=None if mics <= 0 else mics, dp_local=hpz, ep=ep)
+        return MeshSpec.resolve(world, dp=None if mics <= 0 else mics, dp_local=hpz, ep=ep, cp=cp)
     except MeshError as err:
         raise MeshError(
             f"{err} (zero_optimization: mics_shard_size {mics}, "
-            f"zero_hpz_partition_size {hpz}; the model's ep_size {ep})"
+            f"zero_hpz_partition_size {hpz}; sequence_parallel_size {cp}; "
+            f"the model's ep_size {ep})"
         ) from None
 
 
@@ -205,6 +229,8 @@ class Mesh:
     """torch's ``DeviceMesh`` ``(pp, edp, ep, tp)`` when ``ep > 1``."""
     local_mesh: Any = None
     """torch's ``DeviceMesh`` splitting ``dp`` into ``(dp_node, dp_local)`` when hpZ is on."""
+    context_mesh: Any = None
+    """torch's ``DeviceMesh`` splitting ``dp`` into ``(dp_data, cp)`` when ``cp > 1``."""
     _comms: dict[str, Comm] = field(default_factory=dict)
 
     @classmethod
@@ -250,6 +276,11 @@ class Mesh:
             mesh.local_mesh = init_device_mesh(
                 kind, outer, mesh_dim_names=("pp", "dp_replicate", "dp_node", "dp_local", "tp")
             )
+        if spec.cp > 1:
+            outer = (spec.pp, spec.dp_replicate, spec.dp // spec.cp, spec.cp, spec.tp)
+            mesh.context_mesh = init_device_mesh(
+                kind, outer, mesh_dim_names=("pp", "dp_replicate", "dp_data", "cp", "tp")
+            )
         return mesh
 
     # -- axes -----------------------------------------------------------------------------
@@ -267,10 +298,11 @@ class Mesh:
             return self.expert_mesh
         if axis == "dp_local":
             return self.local_mesh
+        if axis == "cp":
+            return self.context_mesh
         if axis not in AXES:
-            raise MeshError(
-                f"no mesh axis {axis!r}; the axes are {', '.join((*AXES, 'dp_local', 'ep', 'edp', 'world'))}"
-            )
+            views = ", ".join((*AXES, "dp_local", "ep", "edp", "cp", "world"))
+            raise MeshError(f"no mesh axis {axis!r}; the axes are {views}")
         if self.device_mesh is None or axis not in (self.device_mesh.mesh_dim_names or ()):
             return None  # an axis of size 1
         return self.device_mesh
@@ -316,8 +348,10 @@ class Mesh:
 
     @property
     def data_rank(self) -> int:
-        """This rank's index among the ranks that see different data (``dp_replicate x dp``)."""
-        return self.coordinate("dp_replicate") * self.spec.dp + self.coordinate("dp")
+        """This rank's index among the ranks that see different data (``dp_replicate x dp``,
+        the ``cp`` ranks of one sequence counting once)."""
+        dp = self.coordinate("dp_replicate") * self.spec.dp + self.coordinate("dp")
+        return dp // self.spec.cp
 
     def comm(self, axis: str) -> Comm:
         """The bounded collectives over ``axis`` (one per axis, kept)."""

@@ -65,6 +65,9 @@ class ZConfig(ZModel):
     """Factor gradients are divided by before the all-reduce (the rest after)."""
     seed: Int | None = Field(None, ge=0)
     """Random seed for torch, numpy and Python on every rank; None leaves them alone."""
+    sequence_parallel_size: Int = Field(1, ge=1)
+    """Ranks that share each sequence, each holding a consecutive slice (Ulysses; the
+    mesh's ``cp`` axis, inside the ZeRO axis: see :mod:`zcore.sequence`)."""
     comm_timeout_s: Float = Field(1800.0, gt=0)
     """zstack: seconds before a collective that never completes ends the job."""
     fp16: FP16Config = Field(default_factory=empty_block)
