@@ -164,14 +164,15 @@ class MeshSpec:
         }
 
 
-def spec_from_config(config: Any, world: int, ep: int = 1) -> MeshSpec:
+def spec_from_config(config: Any, world: int, ep: int = 1, pp: int = 1) -> MeshSpec:
     """The mesh a :class:`~zcore.config.ZConfig` asks for on ``world`` ranks.
 
     ``zero_optimization.mics_shard_size`` (DeepSpeed's MiCS; -1: every rank) sizes ``dp``
     and leaves the rest as replicas; ``zero_hpz_partition_size`` sizes ``dp_local``;
     ``sequence_parallel_size`` sizes ``cp`` (inside ``dp``). ``ep``
-    comes from the model (its MoE layers' ``ep_size``, as in DeepSpeed, not the config).
-    Pipeline and tensor parallelism add their sizes here as they land.
+    comes from the model (its MoE layers' ``ep_size``, as in DeepSpeed, not the config), and
+    so does ``pp`` (a ``zcore.pipe.PipelineModule``'s ``num_stages``).
+    Tensor parallelism adds its size here as it lands.
     """
     zc = config.zero_optimization
     mics = int(getattr(zc, "mics_shard_size", -1) or -1)
@@ -181,12 +182,14 @@ def spec_from_config(config: Any, world: int, ep: int = 1) -> MeshSpec:
     hpz = int(hpz or 1)
     cp = int(getattr(config, "sequence_parallel_size", 1) or 1)
     try:
-        return MeshSpec.resolve(world, dp=None if mics <= 0 else mics, dp_local=hpz, ep=ep, cp=cp)
+        return MeshSpec.resolve(
+            world, pp=pp, dp=None if mics <= 0 else mics, dp_local=hpz, ep=ep, cp=cp
+        )
     except MeshError as err:
         raise MeshError(
             f"{err} (zero_optimization: mics_shard_size {mics}, "
             f"zero_hpz_partition_size {hpz}; sequence_parallel_size {cp}; "
-            f"the model's ep_size {ep})"
+            f"the model's ep_size {ep}, pipeline stages pp {pp})"
         ) from None
 
 
