@@ -1,0 +1,12 @@
+"""Sequence (context) parallelism on the mesh's ``cp`` axis: DeepSpeed-Ulysses.
+
+The ranks of one ``cp`` group hold consecutive slices of the same sequences
+(``sequence_parallel_size`` in the config). :class:`DistributedAttention` trades slices for
+heads around any local attention; :mod:`zcore.sequence.hf` plugs it into Hugging Face
+LLaMA-family models (slicing the batch, position ids, the loss over the whole sequence).
+"""
+
+from zcore.sequence.alltoall import even_split
+from zcore.sequence.attention import DistributedAttention, SequenceParallelError, head_plan
+
+__all__ = ["DistributedAttention", "SequenceParallelError", "even_split", "head_plan"]
