@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 Policy = Literal["splitfuse", "prefill-first", "static"]
 DType = Literal["float32", "bfloat16", "float16"]
 Speculative = Literal["ngram", "self-draft"]
+Offload = Literal["cpu", "nvme"]
 
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 """Seeds accepted (engine and per request): a signed 64-bit integer, OpenAI's `seed`;
@@ -86,6 +87,21 @@ class EngineConfig(BaseModel):
     (an early exit from a model not trained for it agrees with the full model only near
     full depth: SmolLM2-135M accepts ~1% of drafts at 15 of 30 layers, ~18% at 28)."""
 
+    weights_budget: int | str | None = None
+    """Bytes of decoder-layer weights held in memory (``64M``, ``1.5G`` or bytes): the
+    layers that fit stay resident, the rest stream from `offload` each forward
+    (:mod:`zserve.offload`). None: every layer resident."""
+
+    offload: Offload | None = None
+    """Where the layers beyond `weights_budget` live: `cpu` (host memory, the default) or
+    `nvme` (a swap file under `offload_dir`, read with O_DIRECT)."""
+
+    offload_dir: str | None = None
+    """The directory of `nvme`'s swap file."""
+
+    prefetch_layers: int = Field(default=1, ge=1, le=8)
+    """Streamed layers fetched ahead of the one computing."""
+
     @model_validator(mode="before")
     @classmethod
     def _vllm_speculative_config(cls, data: object) -> object:
@@ -142,12 +158,38 @@ class EngineConfig(BaseModel):
                 f"draft_layers {self.draft_layers} is for speculative 'self-draft'; got "
                 f"speculative {self.speculative!r}"
             )
+        if self.weights_budget is None and (self.offload or self.offload_dir):
+            raise ValueError(
+                f"offload {self.offload!r} / offload_dir {self.offload_dir!r} need "
+                "weights_budget; pass `--weights-budget SIZE`"
+            )
+        if self.weights_budget is not None and (
+            self.speculative is not None or self.policy == "static"
+        ):
+            raise ValueError(
+                f"weights_budget serves with policy 'splitfuse' or 'prefill-first' and no "
+                f"speculative decoding; got policy {self.policy!r}, speculative "
+                f"{self.speculative!r}"
+            )
         if self.num_blocks is not None and self.kv_cache_bytes is not None:
             raise ValueError(
                 f"give num_blocks ({self.num_blocks}) or kv_cache_bytes "
                 f"({self.kv_cache_bytes}), not both"
             )
         return self
+
+    def offload_spec(self):  # -> zserve.offload.OffloadSpec | None, lazy like torch_dtype
+        """`weights_budget` and the offload fields as an `OffloadSpec`; None without a budget."""
+        if self.weights_budget is None:
+            return None
+        from zserve.offload import OffloadSpec, parse_size
+
+        return OffloadSpec(
+            budget=parse_size(self.weights_budget),
+            kind=self.offload or "cpu",
+            directory=self.offload_dir,
+            prefetch=self.prefetch_layers,
+        )
 
     @property
     def torch_dtype(self):  # -> torch.dtype, kept lazy so the config imports without torch

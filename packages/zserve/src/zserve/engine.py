@@ -113,6 +113,7 @@ class Engine:
             device=config.device,
             kv_cache_bytes=config.kv_cache_bytes,
             max_model_len=config.max_model_len,
+            offload=config.offload_spec(),
         )
         self._setup(runner, Tokenizer(model_dir), config, Path(model_dir).name)
         self.tokenizer_json = Path(model_dir) / "tokenizer.json"

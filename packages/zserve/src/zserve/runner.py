@@ -28,6 +28,7 @@ from zserve.model.checkpoint import SafetensorsCheckpoint, TensorCheckpoint
 from zserve.model.config import LlamaConfig
 from zserve.model.llama import AttentionFn, LlamaModel
 from zserve.model.native import ragged_paged_attention_native
+from zserve.offload import OffloadSpec
 
 
 @dataclass
@@ -63,6 +64,8 @@ class ModelRunner:
         weights: the weights by checkpoint name, already in memory (zchat's hybrid engine
             hands over what it gathered from ZeRO-3 partitions); None reads the
             safetensors of ``model_dir``, whose ``config.json`` is read either way.
+        offload: a weight budget (:mod:`zserve.offload`): the decoder layers beyond it
+            stream from host memory or disk each forward; None: every layer resident.
     """
 
     def __init__(
@@ -76,6 +79,7 @@ class ModelRunner:
         kv_cache_bytes: int | None = None,
         max_model_len: int | None = None,
         weights: dict[str, torch.Tensor] | None = None,
+        offload: OffloadSpec | None = None,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.config = LlamaConfig.from_dir(self.model_dir)
@@ -94,6 +98,11 @@ class ModelRunner:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1; got {block_size}")
         self.device = torch.device(device)
+        if offload is not None and self.device.type != "cpu":
+            raise ValueError(
+                f"weight offload streams layers into CPU memory; device {self.device} is not "
+                "supported with weights_budget (serve on `cpu`, or drop the budget)"
+            )
         self.dtype = dtype
         self.block_size = block_size
         self.max_model_len = max_model_len
@@ -123,6 +132,7 @@ class ModelRunner:
             dtype=dtype,
             device=self.device,
             max_positions=max_model_len,
+            offload=offload,
         )
         self.kv_cache = KVCache(
             num_layers=c.num_hidden_layers,

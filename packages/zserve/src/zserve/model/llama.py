@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +37,9 @@ from zserve.model.config import LlamaConfig
 from zserve.model.native_decode import DecodeProgram
 from zserve.model.quantized_bound import BoundLinear
 from zserve.model.weights import DenseMLP, LayerWeights, Linear, WeightLoader, linear, load_layer
+
+if TYPE_CHECKING:
+    from zserve.offload import LayerStream, OffloadSpec
 
 # The checkpoint readers lived here; their import path stays.
 __all__ = [
@@ -81,6 +84,7 @@ class LlamaModel:
         dtype: torch.dtype,
         device: torch.device,
         max_positions: int,
+        offload: OffloadSpec | None = None,
     ) -> None:
         self.config = config
         self.dtype = dtype
@@ -100,9 +104,18 @@ class LlamaModel:
         else:
             self.lm_head = load("lm_head.weight", c.vocab_size, h)
         self.norm = load("model.norm.weight", h)
-        self.layers: list[LayerWeights] = [
-            load_layer(load, c, i) for i in range(c.num_hidden_layers)
-        ]
+        self.stream: LayerStream | None = None
+        """The decoder layers beyond ``offload``'s weight budget, streamed through slots
+        (:mod:`zserve.offload`); None: every layer resident."""
+        self.layers: list[LayerWeights]
+        if offload is None:
+            self.layers = [load_layer(load, c, i) for i in range(c.num_hidden_layers)]
+        else:
+            from zserve.offload import load_layers
+
+            self.layers, self.stream = load_layers(
+                lambda i: load_layer(load, c, i), c.num_hidden_layers, offload, checkpoint.model_dir
+            )
         # Rotary tables for every position, fp32 like transformers, then the model dtype.
         inv_freq = c.inv_freq()
         freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
@@ -171,7 +184,11 @@ class LlamaModel:
         tied = self.lm_head is self.embed
         slots: list[tuple[object, str]] = []
         bound: list[BoundLinear] = []  # a zquant directory's layers: their codes
+        streamed = [] if self.stream is None else self.stream.order
+        skip = {id(self.layers[i]) for i in streamed} | {id(self.layers[i].mlp) for i in streamed}
         for owner, name in self._projections():
+            if id(owner) in skip:  # bound to its streaming slot
+                continue
             w = getattr(owner, name)
             if isinstance(w, BoundLinear):
                 bound.append(w)
@@ -268,7 +285,10 @@ class LlamaModel:
         else:
             cos = self.cos.index_select(0, plan.positions).unsqueeze(1)  # (T, 1, d)
             sin = self.sin.index_select(0, plan.positions).unsqueeze(1)
+        stream = self.stream
         for i, w in enumerate(self.layers):
+            if stream is not None:
+                stream.acquire(i)
             k_cache, v_cache = kv_cache.keys[i], kv_cache.values[i]
             extra = {}
             if self.native:
@@ -297,4 +317,6 @@ class LlamaModel:
             # in place: x is this forward's own (index_select's output), the sums as x + y's
             x += self.project(o.reshape(t, c.q_size), w.o, w.o_bias)
             x += w.mlp(norm(x, post_norm, c.rms_norm_eps))
+            if stream is not None:
+                stream.release(i)
         return x

@@ -176,7 +176,10 @@ class DecodeProgram:
             znative.rotary_kv_write,
             znative.paged_decode_attention,
         )
+        stream = m.stream
         for i, w in enumerate(self.layers):
+            if stream is not None:
+                stream.acquire(i)
             k_np, v_np = views(("k", i), kv_cache.keys[i]), views(("v", i), kv_cache.values[i])
             rms(x_np, w.input_norm, h_np, eps=eps)
             kernel, args, kw = w.qkv
@@ -206,6 +209,8 @@ class DecodeProgram:
             kernel, args, kw = w.down
             kernel(b.act_np, *args, tmp_np, **kw)
             x += tmp
+            if stream is not None:
+                stream.release(i)
         return x
 
 
