@@ -58,6 +58,17 @@ def serve(
     prompt_lookup_min: int | None = typer.Option(
         None, "--prompt-lookup-min", min=1, help="`ngram`: shortest n-gram matched."
     ),
+    weights_budget: str | None = typer.Option(
+        None,
+        "--weights-budget",
+        help="Decoder-layer weights held in memory (`64M`, `1.5G`); the rest stream per step.",
+    ),
+    offload: str | None = typer.Option(
+        None, "--offload", help="Where layers beyond the budget live: `cpu` or `nvme`."
+    ),
+    offload_dir: str | None = typer.Option(
+        None, "--offload-dir", help="`nvme`: the directory of the swap file (O_DIRECT reads)."
+    ),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level."),
 ) -> None:
     """Serve MODEL_DIR with an OpenAI-compatible HTTP API (`/v1/completions`, `/v1/chat/completions`)."""
@@ -82,6 +93,9 @@ def serve(
         "draft_layers": draft_layers,
         "prompt_lookup_max": prompt_lookup_max,
         "prompt_lookup_min": prompt_lookup_min,
+        "weights_budget": weights_budget,
+        "offload": offload,
+        "offload_dir": offload_dir,
     }
     try:
         config = EngineConfig(**{k: v for k, v in options.items() if v is not None})
