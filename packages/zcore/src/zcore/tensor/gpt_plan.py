@@ -1,0 +1,107 @@
+"""The tensor-parallel plan of ``z train``'s GPT (``ztrain.gpt.GPT``), Megatron's layout.
+
+Per block: the fused ``attn.c_attn`` is column-parallel by blocks (q, k, v each cut by
+heads, so rank ``r`` computes heads ``[r h/tp, (r+1) h/tp)``), ``attn.c_proj`` row-parallel;
+``mlp.c_fc`` column-parallel, ``mlp.c_proj`` row-parallel. The token embedding is
+vocabulary-parallel and the LM head column-parallel over the vocabulary, sharing the
+embedding's shard when the two are tied; the loss is
+:func:`~zcore.tensor.vocab.vocab_parallel_cross_entropy`, so the full ``(B, T, V)`` logits
+never exist: the parallel GPT's ``forward`` returns this rank's ``(B, T, V/tp)`` slice of
+them. Position embeddings, LayerNorms and row-parallel biases stay whole on every rank.
+
+The model is recognized by its config (a ``GPTConfig``: ``n_head``, ``n_embd``,
+``vocab_size``, ``block_size``) and its ``transformer.h`` blocks; zcore does not import
+``ztrain``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from zcore.comm import Comm
+from zcore.tensor.layers import ColumnParallelLinear, RowParallelLinear
+from zcore.tensor.plan import Plan, divides, swap_forward
+from zcore.tensor.vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy
+
+_FIELDS = ("n_head", "n_embd", "vocab_size", "block_size", "n_layer")
+
+
+def _matches(model: nn.Module) -> bool:
+    cfg = getattr(model, "config", None)
+    tr = getattr(model, "transformer", None)
+    return (
+        all(hasattr(cfg, f) for f in _FIELDS)
+        and tr is not None
+        and hasattr(tr, "h")
+        and hasattr(model, "lm_head")
+    )
+
+
+def _problems(model: nn.Module, tp: int) -> list[str]:
+    cfg = model.config
+    problems: list[str] = []
+    divides(problems, "n_head", cfg.n_head, tp, "choose a tp that divides the number of heads")
+    divides(problems, "vocab_size", cfg.vocab_size, tp, "pad the vocabulary to a multiple of tp")
+    if getattr(cfg, "dropout", 0.0) and tp > 1:
+        problems.append(
+            f"dropout {cfg.dropout}: the tensor-parallel GPT has no per-rank dropout streams; "
+            "set dropout 0"
+        )
+    return problems
+
+
+def _attention_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    B, T, _ = x.shape
+    heads = self.n_head // self.c_attn.comm.size
+    qkv = self.c_attn(x)  # (B, T, 3 C/tp): this rank's heads of q, k and v
+    width = qkv.shape[-1] // 3
+    q, k, v = qkv.split(width, dim=2)
+    # (B, heads, T, hs)
+    q, k, v = (t.view(B, T, heads, width // heads).transpose(1, 2) for t in (q, k, v))
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    y = y.transpose(1, 2).contiguous().view(B, T, width)  # (B, T, C/tp)
+    return self.resid_dropout(self.c_proj(y))
+
+
+def _gpt_forward(
+    self: nn.Module, idx: torch.Tensor, targets: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """idx (B, T) -> this rank's logits (B, T, V/tp), mean cross-entropy vs targets (B, T)."""
+    B, T = idx.shape
+    if T > self.config.block_size:
+        raise ValueError(f"sequence length {T} > block_size {self.config.block_size}")
+    pos = torch.arange(T, device=idx.device)  # (T,)
+    x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+    for block in self.transformer.h:
+        x = block(x)  # (B, T, C)
+    logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, V/tp)
+    loss = None
+    if targets is not None:
+        flat = logits.view(B * T, -1)
+        loss = vocab_parallel_cross_entropy(flat, targets.reshape(B * T), self.lm_head.comm)
+    return logits, loss
+
+
+def _apply(model: nn.Module, comm: Comm) -> None:
+    tr = model.transformer
+    tied = model.lm_head.weight is tr.wte.weight
+    tr.wte = VocabParallelEmbedding.from_embedding(tr.wte, comm, "transformer.wte")
+    model.lm_head = ColumnParallelLinear.from_linear(
+        model.lm_head, comm, weight=tr.wte.weight if tied else None, name="lm_head"
+    )
+    for i, block in enumerate(tr.h):
+        at, mlp, name = block.attn, block.mlp, f"transformer.h.{i}"
+        c = at.c_attn.in_features
+        at.c_attn = ColumnParallelLinear.from_linear(
+            at.c_attn, comm, blocks=(c, c, c), name=f"{name}.attn.c_attn"
+        )
+        at.c_proj = RowParallelLinear.from_linear(at.c_proj, comm, name=f"{name}.attn.c_proj")
+        mlp.c_fc = ColumnParallelLinear.from_linear(mlp.c_fc, comm, name=f"{name}.mlp.c_fc")
+        mlp.c_proj = RowParallelLinear.from_linear(mlp.c_proj, comm, name=f"{name}.mlp.c_proj")
+        swap_forward(at, _attention_forward)
+    swap_forward(model, _gpt_forward)
+
+
+PLAN = Plan("gpt", _matches, _problems, _apply)

@@ -1,0 +1,98 @@
+"""``parallelize(model, mesh)``: cut a model's layers over the mesh's ``tp`` axis by a plan.
+
+A :class:`Plan` knows one family of models: whether a model is one of them (from its
+config, never from a checkpoint's name), every size that must divide by ``tp`` (all are
+checked before anything changes, and one error names each number and the fix), and how to
+swap its layers for tensor-parallel ones. The plans zcore ships are registered here:
+
+- ``gpt``: ``z train``'s nanoGPT-style GPT (:mod:`zcore.tensor.gpt_plan`);
+- ``llama``: Hugging Face ``LlamaForCausalLM`` and the models sharing its layout
+  (``mistral``, ``qwen2``; :mod:`zcore.tensor.llama_plan`).
+
+Layers swapped keep their names, so the state dict has the same keys, each holding this
+rank's shard. The model is then handed to ``zcore.initialize`` with the same mesh::
+
+    spec = MeshSpec.resolve(world, tp=2)
+    model = zcore.tensor.parallelize(model, spec)
+    engine, *_ = zcore.initialize(model, config=cfg, mesh=spec)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from zcore.comm import Mesh, MeshSpec, job_mesh
+from zcore.tensor import gpt_plan, llama_plan
+from zcore.tensor.plan import Plan
+
+DEFAULT_TIMEOUT_S = 1800.0
+"""The ``tp`` comm's timeout until the engine rebinds it to its config's ``comm_timeout_s``."""
+
+_PLANS: dict[str, Plan] = {}
+
+
+def register_plan(plan: Plan, *, replace: bool = False) -> None:
+    """Make ``plan`` one that :func:`parallelize` may choose (or be asked for by name)."""
+    if plan.name in _PLANS and _PLANS[plan.name] is not plan and not replace:
+        raise ValueError(f"a tensor-parallel plan named {plan.name!r} is registered already")
+    _PLANS[plan.name] = plan
+
+
+def registered_plans() -> list[str]:
+    return sorted(_PLANS)
+
+
+def describe_model(model: nn.Module) -> str:
+    cfg = getattr(model, "config", None)
+    kind = getattr(cfg, "model_type", None) or type(cfg).__name__
+    return f"{type(model).__name__} (config: {kind})"
+
+
+def plan_for(model: nn.Module, plan: Plan | str | None = None) -> Plan:
+    """The plan named or given, else the registered one whose ``matches`` takes ``model``."""
+    if isinstance(plan, Plan):
+        return plan
+    if isinstance(plan, str):
+        if plan not in _PLANS:
+            raise ValueError(
+                f"no tensor-parallel plan named {plan!r}; the plans are {', '.join(sorted(_PLANS))}"
+            )
+        return _PLANS[plan]
+    found = [p for p in _PLANS.values() if p.matches(model)]
+    if not found:
+        raise ValueError(
+            f"no tensor-parallel plan for {describe_model(model)}; the plans are "
+            f"{', '.join(sorted(_PLANS))} (GPT, Hugging Face LLaMA/Mistral/Qwen2); pass "
+            "`plan=` a zcore.tensor.Plan for another model"
+        )
+    return found[0]
+
+
+def parallelize(
+    model: nn.Module, mesh: Mesh | MeshSpec, plan: Plan | str | None = None
+) -> nn.Module:
+    """Cut ``model``'s layers over ``mesh``'s ``tp`` ranks (in place; ``model`` returned).
+
+    Every rank must pass the same full model (the same initialization): each keeps its own
+    shard. Raises ``ValueError`` naming every size that ``tp`` does not divide, before any
+    layer changes.
+    """
+    if isinstance(mesh, MeshSpec):
+        first = next(iter(model.parameters()), None)
+        device = first.device if first is not None else torch.device("cpu")
+        mesh = job_mesh(mesh, DEFAULT_TIMEOUT_S, device)
+    chosen = plan_for(model, plan)
+    tp = mesh.spec.tp
+    problems = chosen.problems(model, tp)
+    if problems:
+        raise ValueError(
+            f"cannot cut {describe_model(model)} over tp {tp} with the {chosen.name!r} plan:\n"
+            + "\n".join(f"  - {p}" for p in problems)
+        )
+    chosen.apply(model, mesh.comm("tp"))
+    return model
+
+
+for _plan in (gpt_plan.PLAN, llama_plan.PLAN):
+    register_plan(_plan)

@@ -1,0 +1,33 @@
+"""``z train``'s GPT at tp 2 trains as the plain GPT does on one process.
+
+Two ranks cut every block (fused q/k/v by heads, MLP, vocabulary-parallel embedding, tied
+head, vocabulary-parallel cross-entropy) and train 10 AdamW steps with clipping at a norm
+below the gradient's, so a norm counted wrong (tp shards not summed, replicated LayerNorms
+counted twice) changes every update. Losses must match to ``LOSS_RTOL`` relative, the
+clipped norms to 1e-4 and every gathered parameter to ``PARAM_ATOL`` (tests/zcore/tensor/
+common.py); both tp ranks must hold the same replicated parameters.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.utils.distributed import run_ranks
+from tests.zcore.tensor.common import assert_same_run, make_gpt, train
+from zcore.comm import MeshSpec
+
+STEPS = 10
+
+
+def _run(rank: int, world: int, tp: int, dp: int, stage: int, tie: bool) -> dict:
+    spec = MeshSpec.resolve(world, tp=tp)
+    return train(make_gpt(tie), spec, stage, STEPS, mb=2, dp=dp)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_gpt_tp2_equals_single_process(tie: bool) -> None:
+    (ref,) = run_ranks(_run, 1, args=(1, 1, 1, tie))
+    got = run_ranks(_run, 2, args=(2, 1, 1, tie))
+    for rank, out in enumerate(got):
+        assert_same_run(out, ref, f"tp rank {rank}")
+    assert got[0]["losses"] == got[1]["losses"]
