@@ -52,9 +52,11 @@ def _problems(model: nn.Module, tp: int) -> list[str]:
     return problems
 
 
-def _attention_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def attention_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Causal attention over this rank's ``n_head_local`` heads; ``c_attn`` gives their q,
+    k and v side by side, ``c_proj`` sums the heads' outputs over ``tp``."""
     B, T, _ = x.shape
-    heads = self.n_head // self.c_attn.comm.size
+    heads = self.n_head_local
     qkv = self.c_attn(x)  # (B, T, 3 C/tp): this rank's heads of q, k and v
     width = qkv.shape[-1] // 3
     q, k, v = qkv.split(width, dim=2)
@@ -100,7 +102,8 @@ def _apply(model: nn.Module, comm: Comm) -> None:
         at.c_proj = RowParallelLinear.from_linear(at.c_proj, comm, name=f"{name}.attn.c_proj")
         mlp.c_fc = ColumnParallelLinear.from_linear(mlp.c_fc, comm, name=f"{name}.mlp.c_fc")
         mlp.c_proj = RowParallelLinear.from_linear(mlp.c_proj, comm, name=f"{name}.mlp.c_proj")
-        swap_forward(at, _attention_forward)
+        at.n_head_local = at.n_head // comm.size
+        swap_forward(at, attention_forward)
     swap_forward(model, _gpt_forward)
 
 
