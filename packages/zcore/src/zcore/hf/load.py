@@ -141,6 +141,9 @@ def from_pretrained(
             always an error; tied parameters (``lm_head`` ↔ ``embed_tokens``) need one name.
         config_overrides: set on the config (``hidden_dropout_prob=0.0``).
 
+    With ``sequence_parallel_size`` above 1 in the config, the model splits each sequence
+    over the mesh's ``cp`` ranks (:func:`zcore.sequence.hf.parallelize`).
+
     Returns the model in eval mode (as transformers does), with ``model.z_load_report`` a
     :class:`LoadReport` of what this rank read.
     """
@@ -149,14 +152,21 @@ def from_pretrained(
     ckpt = Checkpoint(path)  # fails early, naming the directory, when there are no weights
     config = _config_for(model_cls, path, config, config_overrides)
     model = None
+    cp = 1
     try:
         outer = Init.active()
         with contextlib.nullcontext(outer) if outer is not None else Init(config=ds_config) as init:
             model = _build(model_cls, config, dtype)
             plan = plan_keys(model, ckpt.entries, strict)
             report = _materialize(model, plan, ckpt, init, dtype, torch.device(device))
+            cp = int(getattr(init.config, "sequence_parallel_size", 1) or 1)
     finally:
         ckpt.close()
+    if cp > 1:  # Ulysses over the mesh's cp axis (sequence_parallel_size)
+        from zcore.comm import mesh_for_config
+        from zcore.sequence.hf import parallelize
+
+        parallelize(model, mesh_for_config(init.config))
     generation = path / "generation_config.json"
     if generation.is_file() and getattr(model, "generation_config", None) is not None:
         model.generation_config = type(model.generation_config).from_pretrained(str(path))
