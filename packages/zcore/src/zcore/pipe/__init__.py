@@ -1,0 +1,15 @@
+"""Pipeline parallelism with DeepSpeed's user API on ``torch.distributed.pipelining``.
+
+``PipelineModule(layers=[LayerSpec | TiedLayerSpec | nn.Module, ...], num_stages, ...)``
+describes the model (:mod:`zcore.pipe.module`); ``zcore.initialize(model=..., config=...)``
+returns a :class:`~zcore.pipe.engine.PipelineEngine` whose ``train_batch(data_iter)`` runs
+the ``pipeline.schedule`` (GPipe, 1F1B, interleaved 1F1B, ZB-V) over
+``gradient_accumulation_steps`` micro-batches and steps once, with ZeRO 0-2 over ``dp``.
+"""
+
+from __future__ import annotations
+
+from zcore.pipe.module import PipelineModule
+from zcore.pipe.spec import LayerSpec, TiedLayerSpec
+
+__all__ = ["LayerSpec", "PipelineModule", "TiedLayerSpec"]

@@ -1,0 +1,269 @@
+"""The pipeline engine: ``zcore.initialize(model=PipelineModule, ...)`` returns it.
+
+One ``train_batch(data_iter)`` reads ``gradient_accumulation_steps`` micro-batches, runs
+them through ``torch.distributed.pipelining``'s schedule (the ``pipeline.schedule`` key),
+then takes one optimizer step. The engine, not the schedule, owns the accumulation
+boundary: the schedule runs inside :meth:`ZEngine.no_sync`, so the gradient hooks (which
+1F1B fires once per micro-batch and ZB-V may not fire at all) reduce nothing; after the
+last micro-batch the tied layers' gradients are summed across the tie and the step
+reduces every parameter's accumulated gradient once (ZeRO 0-2 over ``dp`` within the
+stage's ranks). The gradient norm and the fp16 overflow flag are summed over ``pp``, a
+``disjoint`` axis (:mod:`zcore.zero.axes`). Stage shapes are static: the first batch's
+micro-batch shape is sent once along ``pp`` and every stage infers its activations on
+the ``meta`` device (:meth:`PipelineModule.stage_shapes`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.distributed.pipelining import PipelineStage
+
+from zcore.comm import MeshSpec
+from zcore.comm.groups import backend_for, init_distributed
+from zcore.comm.mesh import spec_from_config
+from zcore.config import ZConfig
+from zcore.engine import ZEngine
+from zcore.pipe.config import PipelineConfig
+from zcore.pipe.module import PipelineModule
+from zcore.pipe.schedules import check_layout
+from zcore.pipe.ties import Ties
+
+_DTYPES = [torch.int64, torch.int32, torch.float32, torch.bfloat16, torch.float16, torch.bool]
+
+
+def pipeline_config(config: ZConfig, model: PipelineModule) -> PipelineConfig:
+    """The ``pipeline`` block, checked against the model (every disagreement named)."""
+    pc = config.extension("pipeline") or PipelineConfig()
+    bad = []
+    if pc.stages != "auto" and pc.stages != model.num_stages:
+        bad.append(f"pipeline.stages {pc.stages} != the model's num_stages {model.num_stages}")
+    if pc.partition != "best" and pc.partition != model.partition_method:
+        bad.append(
+            f"pipeline.partition {pc.partition!r} != the model's partition_method "
+            f"{model.partition_method!r}"
+        )
+    if pc.seed_layers and not model.seed_layers:
+        bad.append("pipeline.seed_layers true but the model was built with seed_layers=False")
+    ours, theirs = pc.activation_checkpoint_interval, model.activation_checkpoint_interval
+    if ours and theirs and ours != theirs:
+        bad.append(
+            f"pipeline.activation_checkpoint_interval {ours} != the model's "
+            f"activation_checkpoint_interval {theirs}"
+        )
+    if bad:
+        raise ValueError("; ".join(bad) + "; make the config agree with the PipelineModule")
+    if ours:
+        for stage in model.stages:
+            stage.interval = ours
+    return pc
+
+
+class PipelineEngine(ZEngine):
+    """A :class:`PipelineModule` trained with pipeline parallelism over ``pp`` and ZeRO
+    over ``dp`` (see the module docstring). ``forward``/``backward``/``step`` are the
+    schedule's; call :meth:`train_batch` and :meth:`eval_batch`."""
+
+    def __init__(
+        self,
+        model: PipelineModule,
+        config: ZConfig,
+        optimizer: torch.optim.Optimizer | None = None,
+        model_parameters: Any = None,
+        lr_scheduler: Any = None,
+        mesh: MeshSpec | None = None,
+    ) -> None:
+        self.pipe = pipeline_config(config, model)
+        if config.zero_optimization.stage == 3:
+            raise ValueError(
+                "ZeRO stage 3 with pipeline parallelism is not built: the schedule runs each "
+                "stage's layers once per micro-batch, so stage 3 would gather every parameter "
+                "2 x gradient_accumulation_steps times per step; use stage 0, 1 or 2 (the "
+                "optimizer state and gradients stay partitioned over dp)"
+            )
+        first = next(iter(model.parameters()), None)
+        device = first.device if first is not None else torch.device("cpu")
+        if mesh is None:
+            backend = backend_for(device)
+            world = (
+                torch.distributed.get_world_size()
+                if init_distributed(config.comm_timeout_s, backend)
+                else 1
+            )
+            mesh = spec_from_config(config, world, pp=model.num_stages)
+        if mesh.pp != model.num_stages:
+            raise ValueError(
+                f"the mesh has pp {mesh.pp} but the PipelineModule has num_stages "
+                f"{model.num_stages}; build the MeshSpec with pp={model.num_stages}"
+            )
+        super().__init__(model, config, optimizer, model_parameters, lr_scheduler, mesh)
+        tp = self.mesh.spec.tp
+        given = self.pipe.model_fields_set & {"pipe_partitioned", "grad_partitioned"}
+        if tp > 1 and any(getattr(self.pipe, k) for k in given):
+            raise ValueError(
+                f"pipeline.{'/'.join(sorted(given))} true: cutting the activations sent "
+                f"between stages across tp {tp} is not built; remove the key(s)"
+            )
+        self.device = device
+        self.pp = self.mesh.comm("pp")
+        gas = self.batch.gradient_accumulation_steps
+        self.kind = check_layout(
+            self.pipe.schedule, model.virtual_stages, model.stage_order, self.pp.size, gas
+        )
+        self.ties = Ties(model, self.pp, self.dtype)
+        if self.ties.crosses_ranks and float(config.gradient_clipping) > 0:
+            raise ValueError(
+                f"gradient_clipping {config.gradient_clipping} with layers tied across "
+                f"pipeline ranks ({', '.join(self.ties.keys)}) is not built: each stage's copy "
+                "would count in the global norm; set gradient_clipping 0 or keep the tied "
+                "layers on one rank"
+            )
+        for p in self.ties.sync_initial():
+            self.zopt.refresh_master(p)
+        self._schedule: Any = None
+        self._shape: tuple[tuple[int, ...], torch.dtype] | None = None
+        self._raw_losses: list[torch.Tensor] = []
+
+    # -- what DeepSpeed's PipelineEngine refuses too --------------------------------------
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a pipeline engine runs its schedule: call train_batch / eval_batch")
+
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> None:
+        raise RuntimeError("a pipeline engine runs its schedule: call train_batch / eval_batch")
+
+    # -- batches --------------------------------------------------------------------------
+    @property
+    def module_(self) -> PipelineModule:
+        return self.module  # type: ignore[return-value]
+
+    def _holds(self, stage: int) -> bool:
+        return stage in self.module_.local_stages
+
+    def _read(self, data_iter: Iterator[Any] | None) -> tuple[list[Any], list[Any]]:
+        """``gradient_accumulation_steps`` micro-batches ``(inputs, labels)`` (first and
+        last stages only: the others need no data)."""
+        model = self.module_
+        need = self._holds(0) or self._holds(model.total_stages - 1)
+        if not need:
+            return [], []
+        if data_iter is None:
+            raise ValueError(
+                f"pipeline rank {self.pp.rank} holds the first or last stage and needs "
+                "data: pass train_batch(data_iter) yielding (inputs, labels) micro-batches"
+            )
+        xs, ys = [], []
+        for _ in range(self.batch.gradient_accumulation_steps):
+            x, y = next(data_iter)
+            xs.append(self._cast_input(x.to(self.device)))
+            ys.append(y.to(self.device))
+        return xs, ys
+
+    def _agree_shape(self, xs: list[torch.Tensor]) -> tuple[tuple[int, ...], torch.dtype]:
+        """The micro-batch input shape, sent along ``pp`` from the first stage's rank."""
+        meta = torch.zeros(10, dtype=torch.int64)
+        if self._holds(0):
+            x = xs[0]
+            if x.dim() > 8:
+                raise ValueError(f"pipeline inputs have at most 8 dimensions, got {x.dim()}")
+            meta[0], meta[1] = x.dim(), _DTYPES.index(x.dtype)
+            meta[2 : 2 + x.dim()] = torch.tensor(x.shape)
+        self.pp.broadcast(meta, 0, "broadcast(pipeline input shape)").wait()
+        shape = tuple(int(v) for v in meta[2 : 2 + int(meta[0])])
+        return shape, _DTYPES[int(meta[1])]
+
+    def _build_schedule(self, shape: tuple[int, ...], dtype: torch.dtype) -> Any:
+        model = self.module_
+        acts = model.stage_shapes(torch.empty(shape, dtype=dtype, device="meta"), self.dtype)
+        group = self.mesh.group("pp")
+        stages = [
+            PipelineStage(
+                s,
+                s.index,
+                model.total_stages,
+                self.device,
+                input_args=acts[s.index],
+                output_args=acts[s.index + 1],
+                group=group,
+            )
+            for s in model.stages
+        ]
+        loss = self._loss if model.loss_fn is not None else None
+        gas = self.batch.gradient_accumulation_steps
+        if self.kind.multi:
+            return self.kind.cls(stages, gas, loss_fn=loss, scale_grads=False)
+        return self.kind.cls(stages[0], gas, loss_fn=loss, scale_grads=False)
+
+    def _schedule_for(self, xs: list[torch.Tensor]) -> Any:
+        shape = self._agree_shape(xs)
+        if self._shape is not None and shape != self._shape:
+            raise ValueError(
+                f"micro-batch inputs changed from {list(self._shape[0])} {self._shape[1]} to "
+                f"{list(shape[0])} {shape[1]}; pipeline stages have static shapes: keep "
+                "every micro-batch the same shape (pad or drop the last batch)"
+            )
+        if self._schedule is None:
+            self._shape = shape
+            self._schedule = self._build_schedule(*shape)
+        return self._schedule
+
+    def _loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        loss = self.module_.loss_fn(output, target)  # type: ignore[misc]
+        self._raw_losses.append(loss.detach().float())
+        scale = self.scaler.scale if self.scaler is not None else 1.0
+        return loss * (scale / self.batch.gradient_accumulation_steps)
+
+    def _mean_loss(self) -> torch.Tensor:
+        """The mean loss over the micro-batches and data-parallel ranks, on every rank."""
+        model = self.module_
+        last = model.total_stages - 1
+        holder = last % self.pp.size if model.stage_order == "loop" else 0
+        out = torch.zeros((), dtype=torch.float32)
+        if self._raw_losses:
+            out = torch.stack(self._raw_losses).mean().cpu()
+        self._raw_losses = []
+        self.pp.broadcast(out, holder, "broadcast(pipeline loss)").wait()
+        for comm in (self.comm, self.replicas):
+            if comm.size > 1:
+                comm.all_reduce(out, "all_reduce(pipeline loss)").wait()
+                out /= comm.size
+        return out
+
+    def _run(self, xs: list[Any], ys: list[Any], train: bool) -> None:
+        schedule = self._schedule_for(xs)
+        args = dict(
+            arg_mbs=[(x,) for x in xs] if self._holds(0) else None,
+            target_mbs=ys if self._holds(self.module_.total_stages - 1) else None,
+        )
+        if train:
+            schedule.step(**args, return_outputs=False)
+        else:
+            schedule.eval(**args)
+
+    def train_batch(self, data_iter: Iterator[Any] | None = None) -> torch.Tensor:
+        """One optimizer step over ``gradient_accumulation_steps`` micro-batches; returns
+        the mean loss (on every rank, as DeepSpeed does)."""
+        self.module.train()
+        xs, ys = self._read(data_iter)
+        gas = self.batch.gradient_accumulation_steps
+        self.mesh.set_step(self.global_steps)
+        self._sync = False  # the gradient hooks leave p.grad alone: reduced once, below
+        with self.no_sync():
+            self._run(xs, ys, train=True)
+        self.ties.reduce_grads()
+        self.micro_steps += gas - 1
+        self.global_samples += self.batch.micro_batch_size * self.world_size * (gas - 1)
+        ZEngine.step(self)  # the boundary: reduce every gradient once, then step
+        return self._mean_loss()
+
+    def eval_batch(self, data_iter: Iterator[Any] | None = None) -> torch.Tensor:
+        """The mean loss over ``gradient_accumulation_steps`` micro-batches, no update."""
+        self.module.eval()
+        xs, ys = self._read(data_iter)
+        with torch.no_grad():
+            self._run(xs, ys, train=False)
+        return self._mean_loss()
+
+    def step(self) -> None:
+        raise RuntimeError("a pipeline engine steps inside train_batch; call train_batch")

@@ -1,0 +1,95 @@
+"""Bad pipeline layouts fail at start, naming the numbers and the fix."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from torch import nn
+
+import zcore
+from tests.utils.distributed import run_ranks
+from tests.zcore.pipe.common import Block, config, make_pipe
+from zcore.config import ZConfig
+from zcore.config.errors import ConfigError
+from zcore.pipe import LayerSpec, PipelineModule
+from zcore.pipe.partition import balanced, partition
+from zcore.pipe.schedules import check_layout
+
+
+def test_partition_methods() -> None:
+    assert balanced([1, 1, 1, 1], 2) == [0, 2, 4]
+    assert balanced([10, 1, 1, 1, 1, 10], 2) == [0, 3, 6]
+    names = ["Embedding", "Block", "Block", "Block", "Block", "LayerNorm", "Linear"]
+    assert partition("uniform", names, [0] * 7, 2) == [0, 3, 7]
+    assert partition("parameters", names, [100, 10, 10, 10, 10, 1, 100], 2) == [0, 3, 7]
+    bounds = partition("type:block", names, [0] * 7, 2)
+    assert [sum(n == "Block" for n in names[a:b]) for a, b in itertools.pairwise(bounds)] == [2, 2]
+
+
+def test_fewer_layers_than_stages(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(ValueError, match=r"has 2 layers but 4 stages.*at least 4 layers"):
+        PipelineModule([LayerSpec(Block), LayerSpec(Block)], num_stages=4)
+    with pytest.raises(ValueError, match=r"matches 1 of the 3 layers.*2 stages"):
+        PipelineModule(
+            [LayerSpec(Block), LayerSpec(nn.ReLU), LayerSpec(nn.ReLU)],
+            num_stages=2,
+            partition_method="type:block",
+        )
+
+
+def test_world_not_a_multiple_of_the_stages(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(ValueError, match="world size 3 is not divisible by num_stages 2"):
+        make_pipe(2)
+
+
+def test_schedules_name_their_needs() -> None:
+    with pytest.raises(ValueError, match="unknown pipeline schedule 'dualpipe'; choose one of"):
+        check_layout("dualpipe", 1, "loop", 2, 4)
+    with pytest.raises(ValueError, match=r"gradient_accumulation_steps 2 < pp 4.*>= 4"):
+        check_layout("1f1b", 1, "loop", 4, 2)
+    with pytest.raises(ValueError, match="virtual_stages=2, stage_order='v'"):
+        check_layout("zbv", 1, "loop", 2, 4)
+    with pytest.raises(ValueError, match="runs one stage per rank"):
+        check_layout("gpipe", 2, "loop", 2, 4)
+    assert check_layout("gpipe", 1, "loop", 4, 1).name == "gpipe"
+
+
+def test_pipeline_config_keys() -> None:
+    with pytest.raises(ConfigError, match="schedule"):
+        ZConfig.load(config(0, schedule="dualpipe"))
+    with pytest.raises(ConfigError, match=r"pipeline.micro_batches"):
+        ZConfig.load({**config(0), "pipeline": {"micro_batches": 4}})
+    parsed = ZConfig.load(config(0, schedule="zbv")).extension("pipeline")
+    assert parsed.schedule == "zbv" and parsed.stages == "auto"
+
+
+def _refusals(rank: int, world: int) -> list[str]:
+    cases = {
+        "gas": (make_pipe(2), config(1, gas=1)),
+        "zbv": (make_pipe(2), config(1, schedule="zbv")),
+        "stage3": (make_pipe(2), config(3)),
+        "clip": (make_pipe(2), {**config(1), "gradient_clipping": 1.0}),
+        "stages": (make_pipe(2), {**config(1), "pipeline": {"stages": 4}}),
+    }
+    out = []
+    for _, (model, cfg) in cases.items():
+        try:
+            zcore.initialize(model, config=cfg)
+        except ValueError as err:
+            out.append(str(err))
+        else:
+            out.append("no error")
+    return out
+
+
+def test_bad_layouts_fail_at_start_on_every_rank() -> None:
+    for msgs in run_ranks(_refusals, 2):
+        gas, zbv, stage3, clip, stages = msgs
+        assert "gradient_accumulation_steps 1 < pp 2" in gas
+        assert "virtual_stages=2, stage_order='v'" in zbv
+        assert "ZeRO stage 3 with pipeline parallelism is not built" in stage3
+        assert "gradient_clipping 1.0 with layers tied across pipeline ranks (embed)" in clip
+        assert "pipeline.stages 4 != the model's num_stages 2" in stages
