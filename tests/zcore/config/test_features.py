@@ -99,7 +99,7 @@ def test_features_left_off_are_accepted(config: dict) -> None:
     ZConfig.load(config)
 
 
-@pytest.mark.parametrize("key", ["activation_checkpointing", "aio", "checkpoint", "pipeline"])
+@pytest.mark.parametrize("key", ["activation_checkpointing", "aio", "checkpoint"])
 def test_blocks_without_an_off_switch_are_rejected_even_when_empty(key: str) -> None:
     assert load_error({key: {}}).problems[0].path == key
 

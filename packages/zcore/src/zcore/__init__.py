@@ -42,6 +42,7 @@ _SUBMODULES = frozenset(
         "memory",
         "monitor",
         "optim",
+        "pipe",
         "precision",
         "zero",
     }
@@ -69,7 +70,8 @@ def initialize(
     config_params: dict | None = None,
     mesh: Any = None,
 ) -> tuple[Any, Any, Any, Any]:
-    """Wrap ``model`` for ZeRO training; returns ``(engine, optimizer, dataloader, lr_scheduler)``.
+    """Wrap ``model`` for ZeRO training (a ``zcore.pipe.PipelineModule``: pipeline
+    parallelism too, :mod:`zcore.pipe`); returns ``(engine, optimizer, dataloader, lr_scheduler)``.
 
     Args:
         model: the ``torch.nn.Module`` to train (at stage 3 it may come from ``zcore.zero.Init``).
@@ -93,7 +95,14 @@ def initialize(
     if config is None:
         raise ValueError("zcore.initialize needs config= (a dict or the path of a JSON file)")
     cfg = ZConfig.load(config)
-    engine = ZEngine(model, cfg, optimizer, model_parameters, lr_scheduler, mesh)
+    from zcore.pipe.module import PipelineModule
+
+    engine_cls: Any = ZEngine
+    if isinstance(model, PipelineModule):
+        from zcore.pipe.engine import PipelineEngine
+
+        engine_cls = PipelineEngine
+    engine = engine_cls(model, cfg, optimizer, model_parameters, lr_scheduler, mesh)
     loader = None
     if training_data is not None:
         from torch.utils.data import DataLoader, DistributedSampler

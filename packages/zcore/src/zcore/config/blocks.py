@@ -38,6 +38,7 @@ _ZCORE_BLOCKS: dict[str, str] = {
     "data_efficiency": "zcore.data_efficiency.config:DataEfficiencyConfig",
     "curriculum_learning": "zcore.data_efficiency.config:LegacyCurriculumConfig",
     "scala": "zcore.scala.config:ScalaConfig",
+    "pipeline": "zcore.pipe.config:PipelineConfig",
 }
 
 

@@ -111,7 +111,6 @@ _GATED: tuple[Feature, ...] = (
     Feature("comms_logger", None, _disabled_block, _OFF_SWITCH),
     Feature("autotuning", None, _disabled_block, _OFF_SWITCH),
     Feature("elasticity", None, _disabled_block, _OFF_SWITCH),
-    Feature("pipeline", None, _absent),
     Feature("sparse_attention", None, _absent),
     Feature("amp", None, _disabled_block, _OFF_SWITCH),
     Feature("checkpoint", None, _absent),
