@@ -52,11 +52,11 @@ class OffloadSpec:
         if self.budget < 1:
             raise WeightsBudgetError(f"weights budget {self.budget} must be >= 1 byte")
         if self.kind == "nvme" and not self.directory:
-            raise ValueError("offload 'nvme' needs a directory: `--offload nvme DIR`")
+            raise ValueError("offload 'nvme' needs a directory: `--offload-dir DIR`")
         if self.kind == "cpu" and self.directory:
             raise ValueError(
                 f"offload directory {self.directory!r} is for offload 'nvme'; drop it or "
-                "pass `--offload nvme DIR`"
+                "pass `--offload nvme`"
             )
         if not 1 <= self.prefetch <= 8:
             raise ValueError(f"prefetch {self.prefetch} must be in [1, 8]")

@@ -105,11 +105,19 @@ def check_offload_dir(directory: str | os.PathLike[str], nbytes: int) -> Path:
     """``directory`` checked to hold ``nbytes`` of swap: an :class:`OffloadDirError` naming
     the directory, the numbers and the fix if it is missing, not writable or too full."""
     base = Path(directory)
-    if not base.is_dir():
+    try:
+        is_dir = base.is_dir()
+    except PermissionError as err:  # a parent directory this process may not enter
+        raise OffloadDirError(
+            errno.EACCES,
+            f"offload directory `{base}` is not writable (a parent is not accessible: "
+            f"{err.strerror}); fix its permissions or pass another `--offload-dir`",
+        ) from err
+    if not is_dir:
         raise OffloadDirError(
             errno.ENOENT,
             f"offload directory `{base}` does not exist or is not a directory; create it on "
-            "a local NVMe drive or pass another `--offload nvme DIR`",
+            "a local NVMe drive or pass another `--offload-dir`",
         )
     probe = base / f".zserve-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
@@ -119,14 +127,14 @@ def check_offload_dir(directory: str | os.PathLike[str], nbytes: int) -> Path:
         raise OffloadDirError(
             err.errno or errno.EACCES,
             f"offload directory `{base}` is not writable ({err.strerror}); fix its "
-            "permissions or pass another `--offload nvme DIR`",
+            "permissions or pass another `--offload-dir`",
         ) from err
     free = shutil.disk_usage(base).free
     if free < nbytes:
         raise OffloadDirError(
             errno.ENOSPC,
             f"offload directory `{base}` has {free / 2**20:.1f} MiB free; the swap file "
-            f"needs {nbytes / 2**20:.1f} MiB; free space or pass another `--offload nvme DIR`",
+            f"needs {nbytes / 2**20:.1f} MiB; free space or pass another `--offload-dir`",
         )
     return base
 
@@ -161,7 +169,7 @@ class DiskStore:
                 err.errno or errno.EIO,
                 f"writing layer {index} ({n / 2**20:.1f} MiB at offset {self._end}) to "
                 f"`{self.path}` {what}: {err}; free space or pass another "
-                "`--offload nvme DIR`",
+                "`--offload-dir`",
             ) from err
         self._offsets[index] = (self._end, n)
         self._end += n

@@ -28,7 +28,10 @@ class LayerStream:
         self._k = plan.slots
         self.slots = [aligned_bytes(plan.slot_bytes) for _ in range(self._k)]
         for s, layer in enumerate(self.order):
-            layouts[layer].bind(self.slots[s % self._k])
+            # bound on its own bytes: a zquant layer's bind reads values (its outlier count)
+            slot = self.slots[s % self._k]
+            store.fetch(layer, slot).wait()
+            layouts[layer].bind(slot)
         self._sizes = {i: layouts[i].nbytes for i in self.order}
         self._holds: list[int | None] = [None] * self._k
         self._pending: list[Fetch | None] = [None] * self._k
