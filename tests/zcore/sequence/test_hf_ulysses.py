@@ -1,7 +1,9 @@
 """A tiny random LLaMA with SmolLM2's head layout (9 query / 3 key-value heads) trained under
 ZeRO-3 with each sequence split over cp ranks (``zcore.hf.from_pretrained`` with
 ``sequence_parallel_size``) equals one process training transformers' own model on the whole
-sequence: losses and parameters after 10 AdamW steps, a length (11) that cp=2 does not divide.
+sequence: losses and parameters after 10 AdamW steps, a length (11) that cp=2 does not divide;
+the cp=2 case with ALST's tiling on (the loss over 4-token tiles, the MLP over 3-token tiles:
+several tiles per 6- or 5-token slice, each gathering its ZeRO-3 weights again).
 Saved back with ``zcore.hf.save_pretrained``, the directory loads in transformers.
 
 Tolerances (fp32): per-step losses rtol 1e-5 (the sharded run sums in another order, as in
@@ -48,7 +50,9 @@ def batches(rows: int, steps: int = STEPS, seq: int = SEQ) -> list[torch.Tensor]
     return [torch.randint(0, VOCAB, (rows, seq), generator=g) for _ in range(steps)]
 
 
-def _rank(rank: int, world: int, path: str, out: str, data: list, cp: int, mb: int) -> dict:
+def _rank(
+    rank: int, world: int, path: str, out: str, data: list, cp: int, mb: int, tile: bool
+) -> dict:
     import torch.distributed as dist
     from transformers import LlamaForCausalLM
 
@@ -57,6 +61,10 @@ def _rank(rank: int, world: int, path: str, out: str, data: list, cp: int, mb: i
 
     cfg = ds_config(cp, mb)
     model = zcore.hf.from_pretrained(LlamaForCausalLM, path, ds_config=cfg)
+    if tile:
+        from zcore.sequence.tiling import tile_causal_lm
+
+        tile_causal_lm(model, loss_tile=4, mlp_tile=3)
     engine, *_ = zcore.initialize(model, config=cfg)
     engine.train()
     losses = []
@@ -90,10 +98,14 @@ def baseline(path: Path, data: list[torch.Tensor]) -> tuple[list[float], Any]:
     return losses, model
 
 
-def check(tmp_path: Path, world: int, cp: int, mb: int = 2, timeout: float = 120) -> list[dict]:
+def check(
+    tmp_path: Path, world: int, cp: int, tile: bool, mb: int = 2, timeout: float = 120
+) -> list[dict]:
     src, out = tiny(tmp_path / "tiny"), tmp_path / "out"
     data = batches(mb * world // cp)
-    results = run_ranks(_rank, world, args=(str(src), str(out), data, cp, mb), timeout=timeout)
+    results = run_ranks(
+        _rank, world, args=(str(src), str(out), data, cp, mb, tile), timeout=timeout
+    )
     ref_losses, ref = baseline(src, data)
     for r in results:
         assert r["losses"] == pytest.approx(ref_losses, rel=1e-5), (r["losses"], ref_losses)
@@ -110,12 +122,12 @@ def check(tmp_path: Path, world: int, cp: int, mb: int = 2, timeout: float = 120
     return results
 
 
-def test_cp2_zero3_trains_like_one_process_on_the_whole_sequence(tmp_path: Path) -> None:
-    results = check(tmp_path, world=2, cp=2)
+def test_cp2_zero3_tiled_trains_like_one_process_on_the_whole_sequence(tmp_path: Path) -> None:
+    results = check(tmp_path, world=2, cp=2, tile=True)
     assert [r["data"] for r in results] == [(1, 0), (1, 0)]  # both ranks read one batch
 
 
 @pytest.mark.slow(reason="4 ranks x 10 steps of a HF model: ~30 s on 2 cores")
 def test_cp2_dp2_zero3_trains_like_one_process(tmp_path: Path) -> None:
-    results = check(tmp_path, world=4, cp=2, timeout=300)
+    results = check(tmp_path, world=4, cp=2, tile=False, timeout=300)
     assert [r["data"] for r in results] == [(2, 0), (2, 0), (2, 1), (2, 1)]
