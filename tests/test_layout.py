@@ -95,13 +95,25 @@ ALLOWED: dict[str, set[str]] = {
 ALLOWED["zstack"] = set().union(*ALLOWED.values()) | FIRST_PARTY | {"typer", "pynvml"}
 # Optional extras that only back a torch submodule (never imported by name).
 # zcore's optional extra `hf`: transformers, for zcore.hf.Trainer (below).
-EXTRAS_ALLOWED: dict[str, set[str]] = {"zcore": {"tensorboard", "transformers"}}
+# ztrain's optional extra `hf`: transformers and peft, for `z finetune` (below).
+EXTRAS_ALLOWED: dict[str, set[str]] = {
+    "zcore": {"tensorboard", "transformers"},
+    "ztrain": {"transformers", "peft"},
+}
 # Single modules allowed an import their package is not (path from the repo root). zcore.hf.Trainer
 # is a transformers.Trainer subclass (issue 47: a DeepSpeed user's Trainer script moves over by
 # one line), so that one module imports transformers; `zcore.hf` loads it only when
 # `zcore.hf.Trainer` is used (tests/zcore/hf/test_trainer_config.py checks), and every other
 # zcore module still may not.
-FILE_ALLOWED: dict[str, set[str]] = {"packages/zcore/src/zcore/hf/trainer.py": {"transformers"}}
+# `z finetune` (issue 47) runs a user's Hugging Face model through zcore.hf.Trainer: its run
+# (`ztrain/finetune.py`: the model, LoRA and merge) and its Trainer callback (`finetune_log.py`)
+# import transformers/peft; the plan and data checks (`finetune_plan.py`, `finetune_data.py`)
+# and the rest of ztrain do not.
+FILE_ALLOWED: dict[str, set[str]] = {
+    "packages/zcore/src/zcore/hf/trainer.py": {"transformers"},
+    "packages/ztrain/src/ztrain/finetune.py": {"transformers", "peft"},
+    "packages/ztrain/src/ztrain/finetune_log.py": {"transformers"},
+}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,217 @@
+"""`z finetune`'s options, checked once into a :class:`FinetunePlan` before any rank starts.
+
+A DeepSpeed user's `ds_config.json` is the source of the run's numbers, as it is for
+`transformers.Trainer(deepspeed=...)`: where the config writes a number the Trainer also
+takes (micro-batch, accumulation, clipping, learning rate, betas, eps, weight decay, warm-up,
+total steps, bf16/fp16), the `TrainingArguments` get that number; where it writes `"auto"` or
+nothing, the command's flags (or their defaults) decide and `zcore.hf.Trainer` fills the
+config from them. A flag given as well as a different number in the config is the Trainer's
+named conflict. Every key is parsed as the engine will parse it (an unknown key is an error
+naming the valid ones), and the data file is read and checked line by line, here, without
+importing transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ztrain.finetune_data import FinetuneError, read_examples
+
+DEFAULT_CONFIG: dict[str, Any] = {"zero_optimization": {"stage": 2}}
+"""The ZeRO config without `--config`: stage 2, the Trainer's AdamW and linear schedule."""
+
+
+@dataclass(frozen=True)
+class FinetuneOptions:
+    """What `z finetune` was given (None: not given, the config or a default decides)."""
+
+    model_dir: Path
+    data: Path
+    config: Path | None = None
+    out: Path = Path("runs/finetune")
+    lora: int = 0
+    epochs: float = 1.0
+    max_steps: int | None = None
+    seq_len: int = 512
+    micro_batch: int | None = None
+    grad_accum: int | None = None
+    lr: float | None = None
+    seed: int = 0
+    save_every: int = 0
+
+
+@dataclass
+class Args:
+    """The `TrainingArguments` values of the run, readable by `zcore.hf.trainer_config`."""
+
+    per_device_train_batch_size: int
+    gradient_accumulation_steps: int
+    world_size: int
+    learning_rate: float
+    max_grad_norm: float = 1.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-8
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    fp16: bool = False
+    bf16: bool = False
+
+    def get_warmup_steps(self, num_training_steps: int) -> int:
+        return self.warmup_steps
+
+
+@dataclass(frozen=True)
+class FinetunePlan:
+    """A checked run: the options, the config as given and the Trainer's arguments."""
+
+    options: FinetuneOptions
+    config: dict[str, Any]
+    args: Args
+    max_steps: int
+    """-1: `epochs` epochs of the data."""
+    examples: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def out(self) -> Path:
+        return self.options.out
+
+    @property
+    def metrics(self) -> Path:
+        return self.options.out / "metrics.jsonl"
+
+    @property
+    def final(self) -> Path:
+        """The directory transformers and `z serve` load (with LoRA: the merged model)."""
+        return self.options.out / "final"
+
+    @property
+    def adapter(self) -> Path:
+        """With LoRA: the adapter directory `PeftModel.from_pretrained` loads."""
+        return self.options.out / "adapter"
+
+    @property
+    def stage(self) -> int:
+        return int(self.config.get("zero_optimization", {}).get("stage", 0))
+
+    @property
+    def step_rows(self) -> int:
+        a = self.args
+        return a.per_device_train_batch_size * a.gradient_accumulation_steps * a.world_size
+
+
+def _number(config: dict[str, Any], key: str) -> float | None:
+    """The config's value at dotted `key` when it is written as a number."""
+    node: Any = config
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    if isinstance(node, bool) or not isinstance(node, (int, float)):
+        return None
+    return node
+
+
+def _pick(flag: Any, written: float | None, default: Any) -> Any:
+    return flag if flag is not None else written if written is not None else default
+
+
+def load_ds_config(path: Path | None) -> dict[str, Any]:
+    """The `--config` file as a dict (`DEFAULT_CONFIG` without one)."""
+    if path is None:
+        return json.loads(json.dumps(DEFAULT_CONFIG))
+    if not Path(path).is_file():
+        raise FinetuneError(f"--config `{path}` does not exist; pass a DeepSpeed ds_config.json")
+    try:
+        config = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as err:
+        raise FinetuneError(
+            f"--config `{path}` line {err.lineno}: not valid JSON ({err.msg})"
+        ) from None
+    if not isinstance(config, dict):
+        raise FinetuneError(f"--config `{path}` is a JSON {type(config).__name__}, not an object")
+    return config
+
+
+def plan_finetune(opts: FinetuneOptions, world_size: int) -> FinetunePlan:
+    """Check everything that can be checked without the model's weights; raises
+    :class:`FinetuneError` or `zcore.config.ConfigError` (both `ValueError`) naming the problem."""
+    from zcore.hf.trainer_config import check, fill_from_args
+
+    model_config = opts.model_dir / "config.json"
+    if not model_config.is_file():
+        raise FinetuneError(
+            f"`{opts.model_dir}` is not a Hugging Face model directory (no config.json); pass "
+            "a directory written by `save_pretrained` (config.json, *.safetensors, tokenizer)"
+        )
+    hidden = json.loads(model_config.read_text()).get("hidden_size")
+    if opts.lora < 0:
+        raise FinetuneError(f"--lora {opts.lora}: the LoRA rank must be >= 1 (0: full fine-tune)")
+    examples = read_examples(opts.data)
+    config = load_ds_config(opts.config)
+    c = lambda key: _number(config, key)  # noqa: E731
+    betas = config.get("optimizer", {}).get("params", {}).get("betas")
+    betas = betas if isinstance(betas, list) and len(betas) == 2 else None
+    default_lr = 2e-4 if opts.lora else 2e-5
+    args = Args(
+        per_device_train_batch_size=int(
+            _pick(opts.micro_batch, c("train_micro_batch_size_per_gpu"), 1)
+        ),
+        gradient_accumulation_steps=int(
+            _pick(opts.grad_accum, c("gradient_accumulation_steps"), 1)
+        ),
+        world_size=world_size,
+        learning_rate=float(_pick(opts.lr, c("optimizer.params.lr"), default_lr)),
+        max_grad_norm=float(_pick(None, c("gradient_clipping"), 1.0)),
+        adam_beta1=float(betas[0]) if betas else 0.9,
+        adam_beta2=float(betas[1]) if betas else 0.999,
+        adam_epsilon=float(_pick(None, c("optimizer.params.eps"), 1e-8)),
+        weight_decay=float(_pick(None, c("optimizer.params.weight_decay"), 0.0)),
+        warmup_steps=int(_pick(None, c("scheduler.params.warmup_num_steps"), 0)),
+        fp16=config.get("fp16", {}).get("enabled") is True,
+        bf16=config.get("bf16", {}).get("enabled") is True,
+    )
+    filled = fill_from_args(config, args)
+    check(filled, args, hidden)  # every key, the optimizer and scheduler, the batch arithmetic
+    max_steps = _pick(opts.max_steps, c("scheduler.params.total_num_steps"), -1)
+    plan = FinetunePlan(opts, config, args, int(max_steps), len(examples))
+    whole = plan.examples // plan.step_rows * plan.step_rows
+    if whole == 0:
+        raise FinetuneError(
+            f"`{opts.data}` has {plan.examples} examples, fewer than one optimizer step of "
+            f"{plan.step_rows} (micro-batch {args.per_device_train_batch_size} x accumulation "
+            f"{args.gradient_accumulation_steps} x {world_size} rank(s)); add examples or lower "
+            "--micro-batch, --grad-accum or --nproc"
+        )
+    if whole < plan.examples:
+        plan.notes.append(
+            f"{plan.examples - whole} of {plan.examples} examples are left out of each epoch "
+            f"(an optimizer step takes {plan.step_rows}; the engine takes whole steps only)"
+        )
+    if opts.lora and plan.stage not in (2, 3):
+        plan.notes.append(
+            f"LoRA at ZeRO stage {plan.stage}: only the adapter trains; stage 2 or 3 also "
+            "shards its optimizer state"
+        )
+    return plan
+
+
+def steps_per_epoch(plan: FinetunePlan) -> int:
+    """Optimizer steps in one epoch of the (whole-step) data."""
+    return plan.examples // plan.step_rows
+
+
+def total_steps(plan: FinetunePlan) -> int:
+    """The run's optimizer steps."""
+    if plan.max_steps > 0:
+        return plan.max_steps
+    return max(1, math.ceil(plan.options.epochs * steps_per_epoch(plan)))
+
+
+def rank_world() -> tuple[int, int]:
+    """(rank, world size) from the launcher's environment (one rank without one)."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
