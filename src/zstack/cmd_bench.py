@@ -393,6 +393,21 @@ def bench_hf_trainer(
     )
 
 
+def bench_tp(
+    preset: str = typer.Option("small", "--preset", help="z train's GPT preset (untied head)."),
+    steps: int = typer.Option(20, "--steps", min=1, help="Timed steps per contender."),
+    warmup: int = typer.Option(3, "--warmup", min=0, help="Untimed first steps."),
+    micro_batch: int = typer.Option(8, "--micro-batch", min=2, help="Global batch (even)."),
+    seq_len: int = typer.Option(128, "--seq-len", min=1, help="Tokens per sequence."),
+    json_out: bool = typer.Option(False, "--json", help="Print only the JSON object."),
+) -> None:
+    """tp 2 step time vs DTensor's parallelize_module and data parallelism; state per rank."""
+    from zstack.bench import run_benchmark
+
+    options = dict(preset=preset, steps=steps, warmup=warmup, micro_batch=micro_batch)
+    raise typer.Exit(run_benchmark("tp", json_out, seq_len=seq_len, **options))
+
+
 def register(app: typer.Typer, bench_app: typer.Typer) -> None:
     """Add this module's commands to `z bench` (nothing to `z`)."""
     bench_app.command("adam")(bench_adam)
@@ -406,3 +421,4 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
     bench_app.command("speculative")(bench_speculative)
     bench_app.command("efficiency")(bench_efficiency)
     bench_app.command("hf-trainer")(bench_hf_trainer)
+    bench_app.command("tp")(bench_tp)
