@@ -17,7 +17,7 @@ PKG_DIRS     := $(sort $(wildcard packages/*))
 MANIFESTS    := pyproject.toml native/pyproject.toml $(addsuffix /pyproject.toml,$(PKG_DIRS))
 NATIVE_SRC   := $(shell find native/Cargo.toml native/Cargo.lock native/pyproject.toml native/crates native/python -type f -not -path '*/__pycache__/*' 2>/dev/null)
 
-.PHONY: all setup demo test test-slow test-rust test-python lint stubtest bench bench-deepspeed llama-cpp bench-llamacpp clean
+.PHONY: all setup demo test test-slow test-rust test-python lint stubtest bench bench-deepspeed llama-cpp llama-cpp-avx2 bench-llamacpp clean
 
 all: setup
 
@@ -173,6 +173,25 @@ $(LLAMACPP_DONE): $(STAMP)/deps
 	@touch "$@"
 
 llama-cpp: $(LLAMACPP_DONE)
+
+# The same llama-cpp-python built for AVX2+FMA+F16C only (no AVX-512, AVX-VNNI or AMX), beside
+# the native one, so `z bench serve --compare llama.cpp --simd avx2` reproduces an AVX2-only
+# CPU (a Zen 2/3 EPYC, a laptop) on an AVX-512 host. Same build cost as `llama-cpp`.
+LLAMACPP_AVX2_DIR  ?= $(HOME)/.cache/zstack/llama-cpp-avx2
+LLAMACPP_AVX2_DONE := $(LLAMACPP_AVX2_DIR)/.installed-$(subst ==,-,$(word 1,$(LLAMACPP_PKGS)))-avx2
+LLAMACPP_AVX2_FLAGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+  -DGGML_BMI2=ON -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF \
+  -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF \
+  -DGGML_AMX_BF16=OFF -DGGML_CPU_ALL_VARIANTS=OFF -DGGML_BACKEND_DL=OFF
+$(LLAMACPP_AVX2_DONE): $(STAMP)/deps
+	CMAKE_ARGS="$(LLAMACPP_AVX2_FLAGS) -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF" \
+	  CMAKE_BUILD_PARALLEL_LEVEL="$$(nproc)" \
+	  $(UV) pip install --python $(PY) --target $(LLAMACPP_AVX2_DIR) --no-deps --no-cache --reinstall $(LLAMACPP_PKGS)
+	PYTHONPATH="$(LLAMACPP_AVX2_DIR)" $(PY) -c "import llama_cpp; info = llama_cpp.llama_print_system_info().decode(); assert 'AVX512 = 1' not in info, info" || { \
+	  echo "error: llama_cpp from $(LLAMACPP_AVX2_DIR) does not import or uses AVX-512; see the build output above" >&2; exit 1; }
+	@touch "$@"
+
+llama-cpp-avx2: $(LLAMACPP_AVX2_DONE)
 
 bench-llamacpp: setup $(LLAMACPP_DONE)
 	$(LLAMACPP_ENV) $(BIN)/z bench serve --compare llama.cpp --threads $$(nproc) --json
