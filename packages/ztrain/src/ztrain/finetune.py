@@ -123,7 +123,11 @@ def run(plan: FinetunePlan, echo: Callable[[str], None] = print) -> int:
     rows = to_rows(read_examples(o.data), tokenizer, o.seq_len)
     whole = len(rows.rows) // plan.step_rows * plan.step_rows
     model = build_model(plan, args)
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    trainable = sum(
+        torch.Size(getattr(p, "z_shape", p.shape)).numel()  # a stage-3 parameter's full size
+        for p in model.parameters()
+        if p.requires_grad
+    )
     log = FinetuneLog(plan.metrics, rank0=rank0)
     trainer = zcore.hf.Trainer(
         model=model,
@@ -139,7 +143,7 @@ def run(plan: FinetunePlan, echo: Callable[[str], None] = print) -> int:
             echo(f"note: {note}")
         if rows.truncated:
             echo(f"note: {rows.truncated} examples are longer than --seq-len {o.seq_len}; cut")
-        what = f"LoRA r={o.lora} ({trainable / 1e6:.2f}M trainable)" if o.lora else "full"
+        what = f"LoRA r={o.lora}, {trainable:,} trainable parameters" if o.lora else "full"
         echo(
             f"fine-tuning {o.model_dir.name} ({what}) on {whole} examples of `{o.data}` "
             f"({rows.tokens:,} tokens), {args.world_size} rank(s), ZeRO stage {plan.stage}: "
