@@ -172,7 +172,7 @@ def spec_from_config(config: Any, world: int, ep: int = 1, pp: int = 1) -> MeshS
     ``sequence_parallel_size`` sizes ``cp`` (inside ``dp``). ``ep``
     comes from the model (its MoE layers' ``ep_size``, as in DeepSpeed, not the config), and
     so does ``pp`` (a ``zcore.pipe.PipelineModule``'s ``num_stages``).
-    Tensor parallelism adds its size here as it lands.
+    ``tensor_parallel.autotp_size`` (DeepSpeed's AutoTP key) sizes ``tp``.
     """
     zc = config.zero_optimization
     mics = int(getattr(zc, "mics_shard_size", -1) or -1)
@@ -181,14 +181,17 @@ def spec_from_config(config: Any, world: int, ep: int = 1, pp: int = 1) -> MeshS
         hpz = config.extension("zero_optimization.zero_hpz_partition_size")
     hpz = int(hpz or 1)
     cp = int(getattr(config, "sequence_parallel_size", 1) or 1)
+    block = config.extension("tensor_parallel") if hasattr(config, "extension") else None
+    tp = int(block.autotp_size) if block is not None else 1
     try:
         return MeshSpec.resolve(
-            world, pp=pp, dp=None if mics <= 0 else mics, dp_local=hpz, ep=ep, cp=cp
+            world, pp=pp, tp=tp, dp=None if mics <= 0 else mics, dp_local=hpz, ep=ep, cp=cp
         )
     except MeshError as err:
         raise MeshError(
             f"{err} (zero_optimization: mics_shard_size {mics}, "
             f"zero_hpz_partition_size {hpz}; sequence_parallel_size {cp}; "
+            f"tensor_parallel.autotp_size {tp}; "
             f"the model's ep_size {ep}, pipeline stages pp {pp})"
         ) from None
 

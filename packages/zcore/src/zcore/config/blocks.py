@@ -39,6 +39,7 @@ _ZCORE_BLOCKS: dict[str, str] = {
     "curriculum_learning": "zcore.data_efficiency.config:LegacyCurriculumConfig",
     "scala": "zcore.scala.config:ScalaConfig",
     "pipeline": "zcore.pipe.config:PipelineConfig",
+    "tensor_parallel": "zcore.tensor.config:TensorParallelConfig",
 }
 
 

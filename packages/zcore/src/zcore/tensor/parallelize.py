@@ -22,8 +22,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from zcore.comm import Mesh, MeshSpec, job_mesh
+from zcore.comm import Mesh, MeshError, MeshSpec, job_mesh
 from zcore.tensor import gpt_plan, llama_plan
+from zcore.tensor.config import config_tp
+from zcore.tensor.layers import TensorParallel
 from zcore.tensor.plan import Plan
 
 DEFAULT_TIMEOUT_S = 1800.0
@@ -82,6 +84,12 @@ def parallelize(
         first = next(iter(model.parameters()), None)
         device = first.device if first is not None else torch.device("cpu")
         mesh = job_mesh(mesh, DEFAULT_TIMEOUT_S, device)
+    if any(hasattr(p, "_z_owner") for p in model.parameters()):
+        raise ValueError(
+            "the model's parameters are partitioned by zcore.zero.Init; build the model "
+            "outside zero.Init for tensor parallelism (each rank keeps only its tp shard, and "
+            "ZeRO stage 3 partitions the shards when the engine starts)"
+        )
     chosen = plan_for(model, plan)
     tp = mesh.spec.tp
     problems = chosen.problems(model, tp)
@@ -96,3 +104,18 @@ def parallelize(
 
 for _plan in (gpt_plan.PLAN, llama_plan.PLAN):
     register_plan(_plan)
+
+
+def parallelize_for_config(model: nn.Module, config: object, mesh: Mesh) -> None:
+    """What ``zcore.initialize`` does for ``tensor_parallel.autotp_size``: cut ``model`` over
+    ``mesh``'s ``tp`` unless it is cut already (nothing when the config asks for no ``tp``)."""
+    want = config_tp(config)
+    if want == 1:
+        return
+    if mesh.spec.tp != want:
+        raise MeshError(
+            f"tensor_parallel.autotp_size is {want} but the mesh has tp {mesh.spec.tp} "
+            f"({mesh.spec.formula()}); pass no mesh= or build it with tp={want}"
+        )
+    if not any(isinstance(m, TensorParallel) for m in model.modules()):
+        parallelize(model, mesh)
