@@ -261,8 +261,49 @@ def bench_serve_quant(
     )
 
 
+def bench_serve_offload(
+    model_dir: str | None = typer.Argument(
+        None, help="HF model directory (default: SmolLM2-135M-Instruct from `make setup`)."
+    ),
+    weights_budget: str = typer.Option(
+        "1/4", "--weights-budget", help="A fraction of the layer weights (`1/4`) or a SIZE."
+    ),
+    offload: str = typer.Option("nvme", "--offload", help="`nvme` or `cpu`."),
+    offload_dir: str | None = typer.Option(
+        None, "--offload-dir", help="`nvme`: where the swap file goes (default: /tmp)."
+    ),
+    batches: str = typer.Option("1,16", "--batches", help="Comma-separated batch sizes."),
+    prompt_len: int = typer.Option(16, "--prompt-len", min=1),
+    max_tokens: int = typer.Option(8, "--max-tokens", min=1, help="Decode steps timed."),
+    threads: int = typer.Option(2, "--threads", min=1, help="torch threads per contender."),
+    prefetch: int = typer.Option(1, "--prefetch", min=1, max=8, help="Layers fetched ahead."),
+    peers: str = typer.Option("accelerate,llama.cpp", "--peers", help="Peers to run beside."),
+    json_out: bool = typer.Option(False, "--json", help="Print only the JSON object."),
+) -> None:
+    """zserve under a weight budget vs the resident server and the peers: tokens/s, step
+    latency, IO-wait share, the disk's O_DIRECT rate and the share of its limit reached."""
+    from zstack.bench import run_benchmark
+
+    options = dict(budget=weights_budget, offload=offload, offload_dir=offload_dir)
+    raise typer.Exit(
+        run_benchmark(
+            "serve_offload",
+            json_out,
+            model_dir=model_dir,
+            batches=batches,
+            prompt_len=prompt_len,
+            max_tokens=max_tokens,
+            threads=threads,
+            prefetch=prefetch,
+            peers=peers,
+            **options,
+        )
+    )
+
+
 def register(app: typer.Typer, bench_app: typer.Typer) -> None:
     """Add this module's commands to `z` and `z bench`."""
     app.command("serve")(serve)
     bench_app.command("serve")(bench_serve)
     bench_app.command("serve-quant")(bench_serve_quant)
+    bench_app.command("serve-offload")(bench_serve_offload)

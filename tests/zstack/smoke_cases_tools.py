@@ -375,6 +375,31 @@ def _bench_serve_quant(w: Work) -> None:
     assert r["rows"]["w8a8"]["kernels"] == ["int8_linear"] and r["rows"]["fp32"]["ppl"] > 0
 
 
+@smoke("bench serve-offload")
+def _bench_serve_offload(w: Work) -> None:
+    # 130K: one of the tiny LM's two layers (a 4096-aligned blob); both stream through it
+    r = w.json(
+        "bench",
+        "serve-offload",
+        str(w.lm),
+        "--weights-budget",
+        "130K",
+        "--batches",
+        "1,2",
+        "--max-tokens",
+        "2",
+        "--threads",
+        "1",
+        "--peers",
+        "",
+        "--offload-dir",
+        str(w.dir),
+        "--json",
+    )
+    assert r["ours"]["stream"]["streamed_layers"] == 2 and r["disk"]["gb_per_s"] > 0
+    assert [row["batch"] for row in r["rows"]] == [1, 2] and r["rss"]["peak_rss"] > 0
+
+
 @smoke("bench efficiency", after="train")  # reads the tokenizer `train` cached
 def _bench_efficiency(w: Work) -> None:
     r = w.json(
