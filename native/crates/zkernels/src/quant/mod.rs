@@ -9,6 +9,8 @@
 mod dequant;
 mod error;
 mod int8;
+#[cfg(target_arch = "x86_64")]
+mod int8_avx2;
 mod int8_outliers;
 #[cfg(target_arch = "x86_64")]
 mod int8_rows;

@@ -21,7 +21,7 @@ use crate::simd::multiversion;
 const ROWS_PER_TASK: usize = 256;
 
 /// Activation rows a kernel call dots with each weight row while it is in registers.
-const GROUP: usize = 4;
+pub(super) const GROUP: usize = 4;
 
 /// `out[m, n] = sum_k x[m, k] * w[n, k]` for `m < rows`; see the module docs.
 pub fn linear_rows<E: Elem>(
@@ -62,6 +62,9 @@ pub fn linear_rows<E: Elem>(
                 // SAFETY: `active()` only reports AVX-512 when the CPU has every enabled
                 // feature; `xr` holds `mr <= GROUP` rows and `s` `mr` rows of `nb` sums.
                 unsafe { avx512::rows(xr, mr, wr, s) };
+            } else if crate::simd::active() == crate::simd::SimdLevel::Avx2 {
+                // SAFETY: as above, for AVX2 and FMA.
+                unsafe { super::linear_avx2::rows(xr, mr, wr, s) };
             } else {
                 rows_auto(xr, mr, wr, s);
             }

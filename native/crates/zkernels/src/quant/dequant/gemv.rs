@@ -13,11 +13,12 @@
 //! summed `Σ (q - z) · x` per group and scaled it: one dependent chain per row,
 //! ~11 cycles per run; at 16 rows the tile path's f32 tile ran at ~20 GFLOP/s.)
 //!
-//! Runs where AVX-512 is active, the weight is INT4 and whole 32-column runs tile
-//! each group (`group % 32 == 0`, `k % 32 == 0`); otherwise the tile path runs.
+//! Runs where AVX-512 or AVX2 is active (AVX2: [`super::gemv_avx2`], 16-column runs of
+//! 8 bytes), the weight is INT4 and whole 32-column runs tile each group
+//! (`group % 32 == 0`, `k % 32 == 0`); otherwise the tile path runs.
 
-use super::weight::{PackedWeight, WeightFormat};
-use crate::quant::{for_blocks, SharedOut};
+pub(super) use super::weight::{PackedWeight, WeightFormat};
+pub(super) use crate::quant::{for_blocks, SharedOut};
 
 /// Activation rows up to which [`super::dequant_linear`] takes this path (decode steps of
 /// up to 64 sequences; measured no slower than the tile path up to 64 rows, 3x faster at 16).
@@ -40,7 +41,7 @@ pub(super) fn applies(w: &PackedWeight<'_>, m: usize) -> bool {
             && w.group.is_multiple_of(32)
             && w.k.is_multiple_of(32)
             && w.k > 0
-            && crate::simd::active() == crate::simd::SimdLevel::Avx512
+            && crate::simd::active() >= crate::simd::SimdLevel::Avx2
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -59,13 +60,15 @@ pub(super) fn int4_rows(
     m: usize,
 ) {
     let (n, k) = (w.n, w.k);
-    // Each 32-column run of x as its 16 even columns then its 16 odd ones.
+    let wide = crate::simd::active() == crate::simd::SimdLevel::Avx512;
+    // Each run of x (32 columns for AVX-512, 16 for AVX2) as its even columns then its odd ones.
+    let run = if wide { 32 } else { 16 };
     let mut xs = vec![0f32; m * k];
     for (row, dst) in x.chunks_exact(k).zip(xs.chunks_exact_mut(k)) {
-        for (run, d) in row.chunks_exact(32).zip(dst.chunks_exact_mut(32)) {
-            for t in 0..16 {
-                d[t] = run[2 * t];
-                d[16 + t] = run[2 * t + 1];
+        for (src, d) in row.chunks_exact(run).zip(dst.chunks_exact_mut(run)) {
+            for t in 0..run / 2 {
+                d[t] = src[2 * t];
+                d[run / 2 + t] = src[2 * t + 1];
             }
         }
     }
@@ -74,8 +77,15 @@ pub(super) fn int4_rows(
     let nb = n.div_ceil(tasks).next_multiple_of(MIN_ROWS);
     for_blocks(n.div_ceil(nb), |b| {
         let (j0, j1) = (b * nb, ((b + 1) * nb).min(n));
-        // SAFETY: `applies` checked AVX-512; the block writes only columns j0..j1.
-        unsafe { avx512::rows(&xs, w, bias, dst, m, j0, j1) }
+        // SAFETY: `applies` checked AVX2 (and `wide` AVX-512); the block writes only
+        // columns j0..j1.
+        unsafe {
+            if wide {
+                avx512::rows(&xs, w, bias, dst, m, j0, j1)
+            } else {
+                super::gemv_avx2::rows(&xs, w, bias, dst, m, j0, j1)
+            }
+        }
     });
 }
 

@@ -14,6 +14,8 @@
 //! [`linear`] the fused dequantize-and-multiply built on its row decoder.
 
 mod gemv;
+#[cfg(target_arch = "x86_64")]
+mod gemv_avx2;
 mod linear;
 mod weight;
 
