@@ -102,15 +102,21 @@ def serve(
     except ValidationError as exc:
         typer.echo(f"error: bad engine option: {exc}", err=True)
         raise typer.Exit(2) from exc
-    run_server(
-        model_dir,
-        host=host,
-        port=port,
-        replicas=replicas,
-        max_queue=max_queue,
-        config=config,
-        log_level=log_level,
-    )
+    from zserve.offload import OffloadDirError, WeightsBudgetError
+
+    try:
+        run_server(
+            model_dir,
+            host=host,
+            port=port,
+            replicas=replicas,
+            max_queue=max_queue,
+            config=config,
+            log_level=log_level,
+        )
+    except (WeightsBudgetError, OffloadDirError) as exc:  # bad --weights-budget / --offload-dir
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
 
 
 def bench_serve(
@@ -161,6 +167,12 @@ def bench_serve(
     concurrent: int = typer.Option(16, "--concurrent", min=1, help="--compare requests at once."),
     repeats: int = typer.Option(3, "--repeats", min=1, help="--compare timed rounds."),
     gguf_dir: str | None = typer.Option(None, "--gguf-dir", help="--compare GGUF files' dir."),
+    simd: str | None = typer.Option(
+        None,
+        "--simd",
+        help="--compare at `avx2` on any x86 host: znative, torch and its GEMM libraries forced"
+        " to AVX2, llama.cpp from `make llama-cpp-avx2`.",
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print only the JSON object."),
 ) -> None:
     """Open-loop serving workload per policy and rate: tokens/s, TTFT/ITL percentiles,
@@ -184,6 +196,7 @@ def bench_serve(
                     "token_budget": token_budget or 256,
                     "repeats": repeats,
                     "gguf_dir": gguf_dir,
+                    "simd": simd,
                 },
             )
         )
