@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # what __getattr__ gives, for type checkers
     from zcore import monitor as monitor
     from zcore import optim as optim
     from zcore import precision as precision
+    from zcore import tensor as tensor
     from zcore import zero as zero
 
 __version__ = "0.1.0"
@@ -44,6 +45,7 @@ _SUBMODULES = frozenset(
         "optim",
         "pipe",
         "precision",
+        "tensor",
         "zero",
     }
 )
