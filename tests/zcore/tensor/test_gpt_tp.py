@@ -11,6 +11,7 @@ common.py); both tp ranks must hold the same replicated parameters.
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.utils.distributed import run_ranks
 from tests.zcore.tensor.common import assert_same_run, make_gpt, train
@@ -31,3 +32,5 @@ def test_gpt_tp2_equals_single_process(tie: bool) -> None:
     for rank, out in enumerate(got):
         assert_same_run(out, ref, f"tp rank {rank}")
     assert got[0]["losses"] == got[1]["losses"]
+    # replicated parameters (LayerNorms, positions, row biases) stay identical across tp
+    assert all(torch.equal(v, got[1]["params"][k]) for k, v in got[0]["params"].items())
