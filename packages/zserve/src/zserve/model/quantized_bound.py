@@ -69,6 +69,11 @@ class BoundLinear:
             self._args = (args.pop("data"), args.pop("scale"), bias)
             self._kwargs = args
 
+    def unbind(self) -> None:
+        """Let go of the views of the layer's buffers (they are about to move or be freed;
+        :meth:`bind` takes them again). Calls in between fail."""
+        self._kernel, self._args, self._kwargs = None, (), {}
+
     def kernel_call(self) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
         """``(kernel, args, kwargs)``: ``kernel(x, *args, out, **kwargs)`` is this layer's call
         on float32 ``x (T, in)`` of at most :attr:`max_rows` rows (valid until the next

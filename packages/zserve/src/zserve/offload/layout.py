@@ -113,7 +113,7 @@ class LayerLayout:
     def release(self) -> None:
         """Let go of the tensors' own memory (each becomes empty until :meth:`bind`)."""
         for b in self.bound:
-            b._args, b._kwargs = (), {}  # its views of the old buffers
+            b.unbind()  # its views of the old buffers
         with torch.no_grad():
             for e in self.entries:
                 e.tensor.set_(torch.empty(0, dtype=e.tensor.dtype))
@@ -121,7 +121,8 @@ class LayerLayout:
     def bind(self, buf: torch.Tensor) -> None:
         """Point every tensor at its range of ``buf`` (uint8, 1-D, at least :attr:`payload`
         long) and retake the projections' kernel views; the layer then computes with
-        whatever bytes ``buf`` holds."""
+        whatever bytes ``buf`` holds. ``buf`` must hold this layer's bytes now: a zquant
+        projection's bind reads values from its buffers (its outlier count)."""
         storage = buf.untyped_storage()
         base = buf.storage_offset()
         with torch.no_grad():
@@ -150,7 +151,7 @@ class LayerLayout:
         lo, hi = buf.data_ptr(), buf.data_ptr() + buf.numel()
         for b in self.bound:
             b.bind()
-            for a in b._args:
+            for a in b.kernel_call()[1]:
                 if a is not None and not lo <= a.ctypes.data < hi:
                     raise ValueError(
                         f"{b!r} binds a converted copy of its weight (dtype {a.dtype}), not "
