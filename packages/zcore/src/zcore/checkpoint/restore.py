@@ -106,6 +106,11 @@ def _read(parts: CheckpointParts, root: Path, tag: str | None, load_optimizer: b
         ) from err
     sharded = parts.sharded
     axes = manifest.get("axes") or ["dp"] * len(old_layouts)
+    files = listed_files(manifest)
+    stages = int((manifest.get("mesh") or {}).get("pp", 1))
+    if stages > 1:  # each pipeline stage holds other parameters: read its own stage's files
+        files = _stage_files(path, manifest, files, stages, parts.place)
+        old_layouts = _first_layouts(path / files[0], old_layouts)
     _check_layouts(path, old_layouts, sharded.layouts, shard_world, axes)
     if load_optimizer:
         _check_optimizer(path, manifest.get("optimizer"), sharded.kind)
@@ -115,7 +120,7 @@ def _read(parts: CheckpointParts, root: Path, tag: str | None, load_optimizer: b
     states: list[dict[str, Any]] = [{} for _ in targets]
     copied = [0] * len(targets)
     seen: list[dict[str, ParamShard]] = [{} for _ in targets]
-    for name in listed_files(manifest):
+    for name in files:
         got = _read_shard(
             path / name,
             manifest,
@@ -152,6 +157,34 @@ def _read(parts: CheckpointParts, root: Path, tag: str | None, load_optimizer: b
     return _Loaded(
         path, targets, masters, state, common, counters, manifest.get("loss_scaler"), per_rank
     )
+
+
+def _stage_files(
+    path: Path, manifest: dict[str, Any], files: list[str], stages: int, place: Any
+) -> list[str]:
+    """The rank files of this rank's pipeline stage (a checkpoint saved with ``stages``
+    pipeline stages loads at the same number of stages only)."""
+    mine = int(place.coords.get("pp", 0))
+    now = int(place.mesh.get("pp", 1))
+    if now != stages:
+        raise CheckpointError(
+            f"`{path}` was saved with pp {stages} pipeline stages, this engine has pp {now}; "
+            f"load it with a PipelineModule of num_stages={stages} (re-cutting a pipeline "
+            "checkpoint for another number of stages is not built)"
+        )
+    info = manifest.get("files") or {}
+    return [f for f in files if int(info.get(f, {}).get("pp", 0)) == mine]
+
+
+def _first_layouts(file: Path, layouts: list[GroupLayout]) -> list[GroupLayout]:
+    """The group layouts one rank file of a stage records (the manifest has stage 0's)."""
+    groups = load_torch(file).get("groups")
+    if not isinstance(groups, list) or len(groups) != len(layouts):
+        return layouts
+    return [
+        old if g is None else GroupLayout.from_json(g["layout"])
+        for old, g in zip(layouts, groups, strict=True)
+    ]
 
 
 def _buffer_for(target: torch.Tensor, live: list[torch.Tensor]) -> torch.Tensor:
