@@ -54,3 +54,28 @@ def test_pp2_untied_head_and_activation_checkpointing() -> None:
 @pytest.mark.parametrize("stage", [0, 1, 2])
 def test_pp2_dp2_zero_stages_match_single_process(stage: int) -> None:
     _check(run_ranks(_run, 4, args=(stage, "1f1b", {})), dp=2)
+
+
+def _run_bf16(rank: int, world: int) -> list[float]:
+    cfg = config(1, mb=MB, gas=GAS, bf16={"enabled": True})
+    engine, *_ = zcore.initialize(make_pipe(2), config=cfg)
+    return train(engine, STEPS, MB, GAS)
+
+
+def test_pp2_bf16_tracks_fp32() -> None:
+    """bf16 activations cross the stage boundary (static bf16 shapes); losses within 1%."""
+    ref_losses, _ = baseline(STEPS, 1, MB, GAS)
+    for losses in run_ranks(_run_bf16, 2):
+        assert losses == pytest.approx(ref_losses, rel=1e-2)
+
+
+def _traffic(rank: int, world: int, gas: int) -> int:
+    engine, *_ = zcore.initialize(make_pipe(2), config=config(2, mb=MB, gas=gas))
+    train(engine, 2, MB, gas)
+    return engine.comm_bytes_last_step().total
+
+
+@pytest.mark.slow(reason="4 ranks, two runs")
+def test_zero2_reduces_once_per_step_whatever_the_micro_batches() -> None:
+    """ZeRO-2 under a pipeline sends the same bytes per step at 2 and 8 micro-batches."""
+    assert run_ranks(_traffic, 4, args=(2,)) == run_ranks(_traffic, 4, args=(8,))
