@@ -37,13 +37,19 @@ def global_batch(step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def train(
-    model: torch.nn.Module, spec: MeshSpec | None, stage: int, steps: int, mb: int, dp: int
+    model: torch.nn.Module,
+    spec: MeshSpec | None,
+    stage: int,
+    steps: int,
+    mb: int,
+    dp: int,
+    sequence_parallel: bool = False,
 ) -> dict[str, Any]:
     """``steps`` optimizer steps of ``model`` (parallelized over ``spec``'s ``tp`` when it is
     above 1); each step's global batch is ``mb x dp`` sequences, this rank taking its data
     rank's ``mb``. Returns the losses (this rank's), gradient norms and full parameters."""
     if spec is not None and spec.tp > 1:
-        model = parallelize(model, spec)
+        model = parallelize(model, spec, sequence_parallel=sequence_parallel)
     cfg = config(stage, mb=mb, gas=1, clip=0.05)
     engine, *_ = zcore.initialize(model, config=cfg, mesh=spec)
     losses, norms = [], []

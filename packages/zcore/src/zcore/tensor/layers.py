@@ -23,13 +23,24 @@ from torch import nn
 
 from zcore.comm import Comm, Mesh, MeshError
 from zcore.tensor.cut import TPCut, check_blocks, mark
-from zcore.tensor.regions import copy_to, gather_from, reduce_from, scatter_to
+from zcore.tensor.regions import (
+    copy_to,
+    gather_from,
+    gather_seq,
+    reduce_from,
+    reduce_scatter_seq,
+    scatter_to,
+)
 
 
 class TensorParallel(nn.Module):
     """A layer cut over the ``tp`` ranks of ``comm``."""
 
     comm: Comm
+    sequence_parallel: bool = False
+    """Whether the activations outside the cut hold ``T/tp`` positions (Megatron's sequence
+    parallelism): a column cut gathers its input's positions, a row cut reduce-scatters its
+    output over them."""
 
     def bind_mesh(self, mesh: Mesh) -> None:
         """Take the engine's ``tp`` comm (the same ranks, the engine's timeout and steps)."""
@@ -56,9 +67,11 @@ class ColumnParallelLinear(TensorParallel):
         comm: Comm,
         blocks: Sequence[int],
         gather_output: bool = False,
+        sequence_parallel: bool = False,
     ) -> None:
         super().__init__()
         self.comm = comm
+        self.sequence_parallel = sequence_parallel
         self.blocks = tuple(blocks)
         self.gather_output = gather_output
         self.weight = weight
@@ -75,6 +88,7 @@ class ColumnParallelLinear(TensorParallel):
         gather_output: bool = False,
         weight: nn.Parameter | None = None,
         name: str = "linear",
+        sequence_parallel: bool = False,
     ) -> ColumnParallelLinear:
         """This rank's shard of ``linear`` (``weight``: a shard already cut the same way, for
         a weight tied to a vocabulary-parallel embedding)."""
@@ -86,10 +100,11 @@ class ColumnParallelLinear(TensorParallel):
         cut = TPCut(0, blocks, comm.size)
         w = weight if weight is not None else _shard_param(linear.weight, cut, comm.rank)
         b = None if linear.bias is None else _shard_param(linear.bias, cut, comm.rank)
-        return cls(w, b, comm, blocks, gather_output)
+        return cls(w, b, comm, blocks, gather_output, sequence_parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(copy_to(x, self.comm, "column-parallel input"), self.weight, self.bias)
+        enter = gather_seq if self.sequence_parallel else copy_to
+        y = F.linear(enter(x, self.comm, "column-parallel input"), self.weight, self.bias)
         return gather_from(y, self.comm, "column-parallel output") if self.gather_output else y
 
     def extra_repr(self) -> str:
@@ -108,10 +123,12 @@ class RowParallelLinear(TensorParallel):
         bias: nn.Parameter | None,
         comm: Comm,
         input_is_parallel: bool = True,
+        sequence_parallel: bool = False,
     ) -> None:
         super().__init__()
         self.comm = comm
         self.input_is_parallel = input_is_parallel
+        self.sequence_parallel = sequence_parallel
         self.weight = weight
         self.bias = bias
         self.out_features = weight.shape[0]
@@ -124,17 +141,19 @@ class RowParallelLinear(TensorParallel):
         comm: Comm,
         input_is_parallel: bool = True,
         name: str = "linear",
+        sequence_parallel: bool = False,
     ) -> RowParallelLinear:
         """This rank's shard of ``linear``."""
         check_blocks(name, "input features", (linear.in_features,), comm.size)
         cut = TPCut(1, (linear.in_features,), comm.size)
         w = _shard_param(linear.weight, cut, comm.rank)
-        return cls(w, linear.bias, comm, input_is_parallel)
+        return cls(w, linear.bias, comm, input_is_parallel, sequence_parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.input_is_parallel:
             x = scatter_to(x, self.comm, "row-parallel input")
-        y = reduce_from(F.linear(x, self.weight), self.comm, "row-parallel output")
+        leave = reduce_scatter_seq if self.sequence_parallel else reduce_from
+        y = leave(F.linear(x, self.weight), self.comm, "row-parallel output")
         return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:

@@ -53,7 +53,12 @@ def _problems(model: nn.Module, tp: int) -> list[str]:
     return problems
 
 
-def _apply(model: nn.Module, comm: Comm) -> None:
+def _apply(model: nn.Module, comm: Comm, sequence_parallel: bool) -> None:
+    if sequence_parallel:
+        raise ValueError(
+            "the llama plan has no sequence parallelism yet; call parallelize(..., "
+            "sequence_parallel=False)"
+        )
     inner = model.model
     tied = model.lm_head.weight is inner.embed_tokens.weight
     inner.embed_tokens = VocabParallelEmbedding.from_embedding(

@@ -72,9 +72,14 @@ def plan_for(model: nn.Module, plan: Plan | str | None = None) -> Plan:
 
 
 def parallelize(
-    model: nn.Module, mesh: Mesh | MeshSpec, plan: Plan | str | None = None
+    model: nn.Module,
+    mesh: Mesh | MeshSpec,
+    plan: Plan | str | None = None,
+    sequence_parallel: bool = False,
 ) -> nn.Module:
-    """Cut ``model``'s layers over ``mesh``'s ``tp`` ranks (in place; ``model`` returned).
+    """Cut ``model``'s layers over ``mesh``'s ``tp`` ranks (in place; ``model`` returned);
+    ``sequence_parallel``: norms, dropout and residuals hold ``T/tp`` positions (the ``gpt``
+    plan; the sequence length must then divide by ``tp``).
 
     Every rank must pass the same full model (the same initialization): each keeps its own
     shard. Raises ``ValueError`` naming every size that ``tp`` does not divide, before any
@@ -98,7 +103,7 @@ def parallelize(
             f"cannot cut {describe_model(model)} over tp {tp} with the {chosen.name!r} plan:\n"
             + "\n".join(f"  - {p}" for p in problems)
         )
-    chosen.apply(model, mesh.comm("tp"))
+    chosen.apply(model, mesh.comm("tp"), sequence_parallel)
     return model
 
 

@@ -26,8 +26,9 @@ class Plan:
     """Whether the model is of this family (read from its config)."""
     problems: Callable[[nn.Module, int], list[str]]
     """Every reason the model cannot be cut over ``tp`` ranks (empty: it can)."""
-    apply: Callable[[nn.Module, Comm], None]
-    """Swap the model's layers for tensor-parallel ones cut over ``comm``, in place."""
+    apply: Callable[[nn.Module, Comm, bool], None]
+    """Swap the model's layers for tensor-parallel ones cut over ``comm``, in place; the
+    flag asks for sequence parallelism (a plan without it raises ``ValueError``)."""
 
 
 _SWAPPED: dict[tuple[type, Callable[..., object]], type] = {}

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from zcore.comm import Comm
 from zcore.tensor.cut import TPCut, check_blocks, mark
 from zcore.tensor.layers import TensorParallel
-from zcore.tensor.regions import reduce_from
+from zcore.tensor.regions import reduce_from, reduce_scatter_seq
 
 
 class VocabParallelEmbedding(TensorParallel):
@@ -59,7 +59,8 @@ class VocabParallelEmbedding(TensorParallel):
         out = F.embedding(local, self.weight, pad - start if mine else None)  # (..., d)
         if self.comm.size > 1:
             out = out.masked_fill(outside.unsqueeze(-1), 0.0)
-        return reduce_from(out, self.comm, "vocab-parallel embedding")
+        leave = reduce_scatter_seq if self.sequence_parallel else reduce_from
+        return leave(out, self.comm, "vocab-parallel embedding")
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, tp={self.comm.size}"
