@@ -13,6 +13,7 @@ import typer
 
 from zstack import (
     cmd_bench,
+    cmd_bench_cp,
     cmd_chat,
     cmd_doctor,
     cmd_export,
@@ -38,6 +39,7 @@ for _module in (
     cmd_doctor,
     cmd_launch,
     cmd_bench,
+    cmd_bench_cp,
     cmd_memory,
     cmd_train,
     cmd_finetune,

@@ -1,0 +1,272 @@
+"""Sequence parallelism (Ulysses, ``cp``) with ALST's tiling: how long a sequence trains within
+a per-rank memory budget, and tokens/s at a fixed length, against cp=1 in the same run.
+
+Four variants of the same LLaMA-family model under ZeRO-3 on 2 gloo ranks, each in a fresh
+pair of rank processes:
+
+- ``cp1``: data parallelism (each rank trains its own whole sequence), untiled;
+- ``cp1_tiled``: the same with the loss and the MLP computed in tiles;
+- ``cp2``: one sequence split over both ranks (``sequence_parallel_size`` 2), untiled;
+- ``cp2_tiled``: cp=2 with tiling (ALST's two factors together).
+
+Memory is a training step's peak resident memory above the rank's memory before the step
+(``VmHWM`` reset through ``/proc/self/clear_refs``, free heap returned with ``malloc_trim``
+first): activations, the logits, gathered ZeRO-3 parameters and gradient buckets. Model state
+is the same in every variant (ZeRO-3 over the same 2 ranks), so the budget is on this part.
+The longest sequence within ``budget_mib`` (the larger rank's peak) is found by doubling
+from ``start_seq`` and then bisecting to 1/16. ``max_seq_ratio`` is cp2_tiled's over cp1's
+(issue 45's target: >= 2.5). At ``seq`` tokens every variant also times ``steps`` steps:
+tokens/s of the job (cp1 trains 2 sequences a step, cp2 one) and the step's peak memory.
+
+Run: ``z bench cp --json``. ``--model small`` (default) is a random 4-layer model with
+SmolLM2-135M's head layout (9 query / 3 key-value heads) at a quarter of its width and 8192
+tokens of vocabulary, so the search runs in minutes on CPU; a directory (SmolLM2's) loads
+that checkpoint, ``--layers`` keeping its first N layers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from zcore.bench import load
+
+_ranks = load("_ranks", Path(__file__).parent)
+
+VARIANTS = {"cp1": (1, False), "cp1_tiled": (1, True), "cp2": (2, False), "cp2_tiled": (2, True)}
+SMALL = dict(
+    vocab_size=8192,
+    hidden_size=144,
+    intermediate_size=384,
+    num_hidden_layers=4,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    max_position_embeddings=1 << 20,
+    tie_word_embeddings=True,
+)
+WORLD = 2
+
+
+def ds_config(cp: int) -> dict[str, Any]:
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "sequence_parallel_size": cp,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-5}},
+        "zero_optimization": {"stage": 3},
+        "comm_timeout_s": 1200,
+        "steps_per_print": 10**9,
+    }
+
+
+def _peak_probe() -> Any:
+    """``probe(fn) -> (result, MiB)``: ``fn()`` and its peak RSS above the RSS before it."""
+    libc = ctypes.CDLL("libc.so.6")
+
+    def probe(fn: Any) -> tuple[Any, float]:
+        gc.collect()
+        libc.malloc_trim(0)
+        before = _ranks.memory_mb()["VmRSS"]
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset VmHWM to the current RSS
+        out = fn()
+        return out, _ranks.memory_mb()["VmHWM"] - before
+
+    return probe
+
+
+def _rank(spec: dict[str, Any]) -> None:
+    """One rank of one variant: a warm step, the length search, the timed steps."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(spec["threads"])
+    dist.init_process_group("gloo", rank=spec["rank"], world_size=spec["world"])
+    from transformers import LlamaForCausalLM
+
+    import zcore
+    import zcore.hf
+    from zcore.sequence import tile_causal_lm
+
+    cp, tiled = VARIANTS[spec["variant"]]
+    cfg = ds_config(cp)
+    model = zcore.hf.from_pretrained(
+        LlamaForCausalLM, spec["path"], ds_config=cfg, strict=False, **spec["overrides"]
+    )
+    if tiled:
+        tile_causal_lm(model, loss_tile=spec["loss_tile"], mlp_tile=spec["mlp_tile"])
+    engine, *_ = zcore.initialize(model, config=cfg)
+    engine.train()
+    vocab = model.config.vocab_size
+    probe = _peak_probe()
+    g = torch.Generator().manual_seed(engine.data_rank)
+
+    def step(seq: int) -> float:
+        ids = torch.randint(0, vocab, (1, seq), generator=g)
+        loss = engine(input_ids=ids, labels=ids).loss
+        engine.backward(loss)
+        engine.step()
+        return float(loss.detach())
+
+    def peak(seq: int) -> float:
+        _, mib = probe(lambda: step(seq))
+        worst = torch.tensor([mib])
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+        return float(worst)
+
+    step(spec["start_seq"])  # optimizer state and buffers exist before anything is measured
+    trials: list[tuple[int, float]] = []
+    lo, hi = 0, None
+    seq = spec["start_seq"]
+    while hi is None and seq <= spec["max_seq"]:
+        trials.append((seq, peak(seq)))
+        lo, hi, seq = (
+            (seq, None, seq * 2) if trials[-1][1] <= spec["budget_mib"] else (lo, seq, seq)
+        )
+    while hi is not None and hi - lo > max(lo // 16, 8):
+        mid = (lo + hi) // 2
+        trials.append((mid, peak(mid)))
+        lo, hi = (mid, hi) if trials[-1][1] <= spec["budget_mib"] else (lo, mid)
+    fixed_peak = peak(spec["seq"])
+    times, losses = [], []
+    for i in range(spec["warmup"] + spec["steps"]):
+        dist.barrier()
+        t0 = time.perf_counter()
+        losses.append(step(spec["seq"]))
+        took = torch.tensor([time.perf_counter() - t0])
+        dist.all_reduce(took, op=dist.ReduceOp.MAX)  # a step ends when both ranks are done
+        if i >= spec["warmup"]:
+            times.append(float(took))
+    sequences = WORLD // cp  # sequences the job trains per step
+    median = statistics.median(times)
+    result = {
+        "max_seq": lo,
+        "trials": trials,
+        "fixed_peak_mib": fixed_peak,
+        "step_s": times,
+        "tokens_per_s": sequences * spec["seq"] / median,
+        "losses": losses,
+        "params": sum(getattr(p, "z_numel", p.numel()) for p in model.parameters()),
+    }
+    _ranks.write_result(spec, result)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _small_model(out: Path, layers: int | None) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    shape = {**SMALL, **({"num_hidden_layers": layers} if layers else {})}
+    LlamaForCausalLM(LlamaConfig(**shape)).save_pretrained(out)
+
+
+def run(
+    model: str = "small",
+    layers: int | None = None,
+    budget_mib: float = 256.0,
+    seq: int = 2048,
+    start_seq: int = 256,
+    max_seq: int = 1 << 16,
+    steps: int = 2,
+    warmup: int = 1,
+    loss_tile: int = 256,
+    mlp_tile: int = 256,
+    threads: int = 1,
+    variants: str = ",".join(VARIANTS),
+    timeout_s: float = 3600,
+) -> dict[str, Any]:
+    """Every variant's longest sequence within ``budget_mib`` and tokens/s at ``seq``."""
+    chosen = [v.strip() for v in variants.split(",") if v.strip()]
+    unknown = [v for v in chosen if v not in VARIANTS]
+    if unknown or not chosen:
+        raise ValueError(f"--variants {variants!r}: choose from {', '.join(VARIANTS)}")
+    if min(budget_mib, seq, start_seq, steps, loss_tile, mlp_tile, threads) <= 0 or seq < 2:
+        raise ValueError(
+            f"need positive --budget-mib, --seq >= 2, --start-seq, --steps, tiles and threads "
+            f"(got {budget_mib}, {seq}, {start_seq}, {steps}, {loss_tile}/{mlp_tile}, {threads})"
+        )
+    out: dict[str, Any] = {"benchmark": "cp", "world_size": WORLD, "model": model}
+    with tempfile.TemporaryDirectory(prefix="bench_cp_") as tmp:
+        path = Path(tmp) / "model"
+        overrides: dict[str, Any] = {}
+        if model == "small":
+            _small_model(path, layers)
+        elif Path(model).is_dir():
+            path = Path(model)
+            if layers:
+                overrides["num_hidden_layers"] = layers
+        else:
+            raise ValueError(f"--model {model!r}: `small` or a Hugging Face LLaMA-family directory")
+        spec = dict(
+            path=str(path),
+            overrides=overrides,
+            budget_mib=budget_mib,
+            seq=seq,
+            start_seq=start_seq,
+            max_seq=max_seq,
+            steps=steps,
+            warmup=warmup,
+            loss_tile=loss_tile,
+            mlp_tile=mlp_tile,
+            threads=threads,
+        )
+        rows = {}
+        for v in chosen:
+            ranks = _ranks.launch(
+                __file__, WORLD, {**spec, "variant": v}, tmp, timeout_s=timeout_s, what=f"cp {v}"
+            )
+            rows[v] = ranks[0]
+    out.update(options={k: v for k, v in spec.items() if k not in ("path", "overrides")})
+    out.update(layers=layers, variants=rows, params=next(iter(rows.values()))["params"])
+    out.update(_ratios(rows))
+    return out
+
+
+def _ratios(rows: dict[str, Any]) -> dict[str, Any]:
+    """The issue's targets as ratios against cp1, where both sides ran."""
+    out: dict[str, Any] = {}
+    base = rows.get("cp1")
+    if base is None:
+        return out
+    if "cp2_tiled" in rows and base["max_seq"]:
+        out["max_seq_ratio"] = rows["cp2_tiled"]["max_seq"] / base["max_seq"]
+    for v in ("cp1_tiled", "cp2"):
+        if v in rows and base["max_seq"]:
+            out[f"max_seq_ratio_{v}"] = rows[v]["max_seq"] / base["max_seq"]
+    for v in ("cp2", "cp2_tiled"):
+        if v in rows:
+            out[f"tokens_per_s_ratio_{v}"] = rows[v]["tokens_per_s"] / base["tokens_per_s"]
+            out[f"fixed_peak_ratio_{v}"] = rows[v]["fixed_peak_mib"] / base["fixed_peak_mib"]
+    return out
+
+
+def report(result: dict[str, Any]) -> str:
+    opt = result["options"]
+    lines = [
+        f"cp bench: {result['model']} ({result['params'] / 1e6:.1f}M params), 2 ranks, ZeRO-3; "
+        f"budget {opt['budget_mib']:g} MiB/rank above the pre-step RSS; fixed length {opt['seq']}",
+        f"{'variant':<10} {'max seq':>8} {'peak@seq MiB':>13} {'tokens/s':>9}",
+    ]
+    for name, row in result["variants"].items():
+        lines.append(
+            f"{name:<10} {row['max_seq']:>8} {row['fixed_peak_mib']:>13.1f} {row['tokens_per_s']:>9.1f}"
+        )
+    for key in ("max_seq_ratio", "tokens_per_s_ratio_cp2", "fixed_peak_ratio_cp2"):
+        if key in result:
+            lines.append(f"{key}: {result[key]:.2f}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # one rank, started by run() through _ranks.launch
+    spec = _ranks.rank_spec(sys.argv)
+    if spec is None:
+        sys.exit("this file runs as a rank of `z bench cp`; run that instead")
+    _rank(spec)

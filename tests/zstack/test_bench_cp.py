@@ -1,0 +1,35 @@
+"""`z bench cp`'s arithmetic and option checks (its 2-rank run is the smoke case in
+``tests/zstack/smoke_cases_cp.py``; the measured runs are in ``benchmarks/results/cp.md``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from zstack.bench import load
+
+
+def _row(max_seq: int, tokens_per_s: float, peak: float) -> dict:
+    return {"max_seq": max_seq, "tokens_per_s": tokens_per_s, "fixed_peak_mib": peak}
+
+
+def test_ratios_are_against_cp1() -> None:
+    rows = {
+        "cp1": _row(1000, 100.0, 200.0),
+        "cp1_tiled": _row(2000, 80.0, 120.0),
+        "cp2": _row(1900, 90.0, 110.0),
+        "cp2_tiled": _row(4000, 70.0, 60.0),
+    }
+    r = load("cp")._ratios(rows)
+    assert r["max_seq_ratio"] == 4.0
+    assert r["max_seq_ratio_cp1_tiled"] == 2.0 and r["max_seq_ratio_cp2"] == 1.9
+    assert r["tokens_per_s_ratio_cp2"] == 0.9 and r["fixed_peak_ratio_cp2"] == 0.55
+    assert load("cp")._ratios({"cp2": rows["cp2"]}) == {}
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [({"variants": "cp3"}, "cp3"), ({"seq": 1}, "--seq >= 2"), ({"model": "nowhere"}, "nowhere")],
+)
+def test_bad_options_are_named(options: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        load("cp").run(**options)
