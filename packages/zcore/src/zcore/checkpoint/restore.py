@@ -112,6 +112,7 @@ def _read(parts: CheckpointParts, root: Path, tag: str | None, load_optimizer: b
         files = _stage_files(path, manifest, files, stages, parts.place)
         old_layouts = _first_layouts(path / files[0], old_layouts)
     _check_layouts(path, old_layouts, sharded.layouts, shard_world, axes)
+    others = _other_tp(path, manifest, axes, parts.place)
     if load_optimizer:
         _check_optimizer(path, manifest.get("optimizer"), sharded.kind)
 
@@ -129,6 +130,7 @@ def _read(parts: CheckpointParts, root: Path, tag: str | None, load_optimizer: b
             masters,
             states if load_optimizer else None,
             seen,
+            others.get(name, set()),
         )
         copied = [a + b for a, b in zip(copied, got, strict=True)]
     for g, new in enumerate(sharded.layouts):
@@ -174,6 +176,26 @@ def _stage_files(
         )
     info = manifest.get("files") or {}
     return [f for f in files if int(info.get(f, {}).get("pp", 0)) == mine]
+
+
+def _other_tp(
+    path: Path, manifest: dict[str, Any], axes: list[str], place: Any
+) -> dict[str, set[int]]:
+    """Per rank file of another ``tp`` coordinate, the groups cut by ``tp`` it holds other
+    shards of (same names, other values: this rank skips them there). A checkpoint with such
+    groups loads at its own ``tp`` only."""
+    cut = {g for g, a in enumerate(axes) if a == "tp"}
+    saved = int((manifest.get("mesh") or {}).get("tp", 1))
+    now = int(place.mesh.get("tp", 1))
+    if cut and saved != now:
+        raise CheckpointError(
+            f"`{path}` holds tensor-parallel shards cut for tp {saved}, this engine has tp "
+            f"{now}; load it at tp {saved} (re-cutting tensor-parallel shards for another tp "
+            "is not built)"
+        )
+    mine = int(place.coords.get("tp", 0))
+    info = manifest.get("files") or {}
+    return {f: cut for f, c in info.items() if cut and int(c.get("tp", 0)) != mine}
 
 
 def _first_layouts(file: Path, layouts: list[GroupLayout]) -> list[GroupLayout]:
@@ -275,10 +297,11 @@ def _read_shard(
     masters: list[torch.Tensor],
     states: list[dict[str, Any]] | None,
     seen: list[dict[str, ParamShard]],
+    skip: set[int],
 ) -> list[int]:
-    """Copy what this rank needs from rank file ``file`` into ``masters`` (and ``states``);
-    returns how many master values each group got, and adds the parameters the file holds
-    to ``seen``."""
+    """Copy what this rank needs from rank file ``file`` into ``masters`` (and ``states``),
+    but nothing of the groups in ``skip``; returns how many master values each group got,
+    and adds the parameters the file holds to ``seen``."""
     shard = load_torch(file)
     saved_master = shard.get("master") if isinstance(shard, dict) else None
     saved_state = shard.get("optimizer") if isinstance(shard, dict) else None
@@ -296,7 +319,7 @@ def _read_shard(
     copied = []
     for g, new in enumerate(sharded.layouts):
         piece = pieces[g]
-        if piece is None:
+        if piece is None or g in skip:
             copied.append(0)
             continue
         old, src = piece
