@@ -11,7 +11,9 @@ IO-wait share of step time (time the compute thread waited on a fetch not yet do
 the same run: the disk's O_DIRECT read rate (a file as large as one forward's stream, read
 in layer-sized requests on the same engine settings), the bytes streamed per token
 (streamed bytes per forward / batch), the resulting limit ``batch x disk rate / streamed
-bytes per forward`` and the share of it reached (target >= 0.85 at batch 16). Peak RSS is
+bytes per forward`` and the share of it reached (target >= 0.85 at batch 16). Where the
+resident server of the same run is slower than that limit the machine's compute is the
+nearer ceiling: ``bound_by`` names it and ``share_of_bound`` is the share of the nearer one. Peak RSS is
 set against budget + KV cache + the weights outside the budget (embedding / head) + the
 runtime's own RSS before loading (torch, the libraries): the remainder is the stated
 overhead.
@@ -236,6 +238,11 @@ def _assemble(v: dict[str, Any]) -> dict[str, Any]:
             "resident_step_ms_median": res.get("step_ms_median"),
             "vs_resident": run_["tokens_per_s"] / res["tokens_per_s"] if res else None,
         }
+        if limit and res:  # the nearer ceiling: the disk, or this machine's compute
+            bound = min(limit, res["tokens_per_s"])
+            row["bound_tokens_per_s"] = bound
+            row["bound_by"] = "disk" if limit <= res["tokens_per_s"] else "compute"
+            row["share_of_bound"] = run_["tokens_per_s"] / bound
         for name, peer in v["result_peers"].items():
             if peer.get("ran"):
                 p = peer["runs"][i]
@@ -286,7 +293,7 @@ def report(r: dict[str, Any]) -> str:
     lines = [
         f"serve-offload {r['offload']}: budget {r['budget_bytes'] / 2**20:.0f} MiB of "
         f"{r['layer_weights_bytes'] / 2**20:.0f} MiB layer weights; disk O_DIRECT {gb:.2f} GB/s",
-        "batch  tok/s  step_ms  io_wait  limit  share  resident  " + "  ".join(r["peers"]),
+        "batch  tok/s  step_ms  io_wait  limit  share  resident  bound  " + "  ".join(r["peers"]),
     ]
     for row in r["rows"]:
         peer = "  ".join(f"{row.get(f'{n}_tokens_per_s', float('nan')):.2f}" for n in r["peers"])
@@ -294,7 +301,7 @@ def report(r: dict[str, Any]) -> str:
             f"{row['batch']:5d} {row['tokens_per_s']:6.2f} {row['step_ms_median']:8.1f} "
             f"{row.get('io_wait_share', 0):7.2f} {row['disk_limit_tokens_per_s'] or 0:6.2f} "
             f"{row['share_of_disk_limit'] or 0:6.2f} {row['resident_tokens_per_s'] or 0:9.2f}  "
-            + peer
+            f"{row.get('bound_by', '?')}:{row.get('share_of_bound', 0):.2f}  " + peer
         )
     if r["rss"]:
         s = {k: v / 2**20 for k, v in r["rss"].items() if isinstance(v, int)}
