@@ -108,6 +108,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | HostArray, eps: float) -> t
 
 #: Rows up to which :func:`linear` runs on the kernel (decode steps); more go to torch.
 LINEAR_MAX_ROWS = 4
+#: Rows up to which a bfloat16 :func:`linear` runs on the kernel where znative's level is
+#: below AVX-512 (an AVX2 CPU has no native bf16, and torch's bf16 GEMM there ran ~4x slower
+#: than the kernel's rows at 16-64 rows, 2 cores; `benchmarks/results/serve-avx2.md`).
+BF16_NO_AVX512_MAX_ROWS = 1 << 16
 
 
 @contextmanager
@@ -135,12 +139,14 @@ def torch_single_threaded(active: bool) -> Iterator[None]:
 def kernel_rows(weight: Any, dtype: torch.dtype, bias: torch.Tensor | None = None) -> int:
     """Rows up to which :func:`linear` of ``dtype`` activations through ``weight`` (+ ``bias``)
     runs on a znative kernel: a plain matrix of that dtype with no bias up to
-    :data:`LINEAR_MAX_ROWS`, a bound zquant layer up to its ``max_rows``, anything else
+    :data:`LINEAR_MAX_ROWS` (bfloat16 below AVX-512: :data:`BF16_NO_AVX512_MAX_ROWS`), a bound zquant layer up to its ``max_rows``, anything else
     (a module with torch ops inside) never."""
     if not isinstance(weight, torch.Tensor):
         return int(getattr(weight, "max_rows", 0))
     if bias is not None or weight.dtype != dtype or dtype not in DTYPES:
         return 0
+    if dtype == torch.bfloat16 and znative.simd_level() != "avx512":
+        return BF16_NO_AVX512_MAX_ROWS
     return LINEAR_MAX_ROWS
 
 

@@ -1,0 +1,92 @@
+"""zserve's serving kernels at every SIMD level the CPU has (the AVX2 bodies among them),
+against their torch references: the INT8 linear bit-identical to the torch path for decode
+rows (1-3, the streamed body) and tiles (4+ rows, k with and without a 16-wide tail), the
+INT4 dequantize-GEMV within float32 rounding of the dequantized product, and ``linear_rows``
+in float32 and bfloat16 for 1-64 rows; and zserve's routing of bfloat16 batches below AVX-512."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+import znative
+from zquant import native
+from zquant.quantizers import (
+    QuantSpec,
+    dequantize_weight,
+    quantize_activation_tokenwise,
+    quantize_weight,
+)
+
+_ORDER = ("scalar", "avx2", "avx512")
+LEVELS = _ORDER[: _ORDER.index(znative.detected_simd_level()) + 1]
+
+
+@pytest.fixture(params=LEVELS)
+def simd(request: pytest.FixtureRequest) -> Iterator[str]:
+    znative.set_simd_level(request.param)
+    try:
+        yield request.param
+    finally:
+        znative.set_simd_level(None)
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.mark.parametrize(("m", "k"), [(1, 576), (2, 100), (3, 37), (4, 64), (7, 100), (17, 576)])
+def test_int8_linear_bit_identical_to_torch_path(simd: str, m: int, k: int) -> None:
+    x = torch.randn(m, k, generator=_gen(m)) * 3
+    w = torch.randn(70, k, generator=_gen(k))
+    qw = quantize_weight(w, QuantSpec(8))
+    q, s = quantize_activation_tokenwise(x)
+    acc = (q.to(torch.int64) @ qw.data.to(torch.int64).t()).to(torch.int32)
+    want = acc.to(torch.float32) * (s * qw.scale.reshape(1, -1))
+    assert torch.equal(native.int8_linear(x, qw.data, qw.scale.reshape(-1)), want), simd
+
+
+@pytest.mark.parametrize("m", [1, 3, 5, 16])
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_int4_gemv_matches_the_dequantized_product(simd: str, m: int, symmetric: bool) -> None:
+    w = torch.randn(70, 576, generator=_gen(7))
+    x = torch.randn(m, 576, generator=_gen(8))
+    spec = QuantSpec(4, symmetric=symmetric, granularity="group", group_size=32)
+    qw = quantize_weight(w, spec)
+    deq = dequantize_weight(qw)
+    want = (x.double() @ deq.double().t()).float()
+    got = native.dequant_linear(x, qw, None)
+    bound = 1e-5 * (x.abs().double() @ deq.abs().double().t()).float() + 1e-6
+    assert bool(((got - want).abs() <= bound).all()), simd
+
+
+@pytest.mark.parametrize("m", [1, 4, 5, 16, 64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_rows_matches_torch(simd: str, m: int, dtype: torch.dtype) -> None:
+    k, n = 100, 300  # k: 12 whole 8-wide steps and a tail of 4; n: two tasks of rows
+    x = torch.randn(m, k, generator=_gen(m)).to(dtype)
+    w = torch.randn(n, k, generator=_gen(n)).to(dtype)
+    out = torch.empty(m, n, dtype=dtype)
+    view = (
+        (lambda t: t.view(torch.int16).numpy()) if dtype == torch.bfloat16 else torch.Tensor.numpy
+    )
+    znative.linear_rows(view(x), view(w), view(out))
+    exact = x.double() @ w.double().t()
+    mag = x.abs().double() @ w.abs().double().t()
+    # f32 sums in another order; bfloat16 rounds the result once (2^-8 relative).
+    tol = 1e-5 if dtype == torch.float32 else 4e-3
+    assert bool(((out.double() - exact).abs() <= tol * (mag + 1)).all()), simd
+
+
+def test_bf16_batches_run_on_the_kernel_below_avx512(simd: str) -> None:
+    from zserve.model import native as zn
+
+    w = torch.zeros(8, 8, dtype=torch.bfloat16)
+    rows = zn.kernel_rows(w, torch.bfloat16)
+    if simd == "avx512":
+        assert rows == zn.LINEAR_MAX_ROWS
+    else:
+        assert rows == zn.BF16_NO_AVX512_MAX_ROWS
+    assert zn.kernel_rows(w.float(), torch.float32) == zn.LINEAR_MAX_ROWS
