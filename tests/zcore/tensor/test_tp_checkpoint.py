@@ -2,7 +2,8 @@
 
 Tensor-parallel shards form groups of their own with no mirrors, so every ``tp`` coordinate
 writes its own rank file; the replicated parameters are written once (tp coordinate 0).
-A fresh engine (another seed) loading the checkpoint must continue bit for bit. Loading
+A fresh engine (another seed) loading the checkpoint must continue bit for bit, and ``consolidate`` must give the full parameters at the save, one
+tensor per name, the tp shards reassembled. Loading
 at another ``tp`` is not built yet: it fails naming both sizes.
 """
 
@@ -18,6 +19,7 @@ import zcore
 from tests.utils.distributed import run_ranks
 from tests.zcore.tensor.common import GPT_SHAPE, global_batch
 from tests.zcore.zero.common import config
+from zcore.checkpoint import consolidate
 from zcore.checkpoint.files import CheckpointError
 from zcore.comm import MeshSpec
 from zcore.tensor import gather_full_state_dict, parallelize
@@ -48,6 +50,11 @@ def _run(rank: int, world: int, stage: int, root: str) -> dict:
     first = engine(0)
     _steps(first, 0, SAVE_AT)
     first.save_checkpoint(root, tag="t")
+    at_save = gather_full_state_dict(first.module)
+    whole = consolidate(root, "t")  # no process group: tp shards reassembled from the files
+    consolidated = whole.keys() == at_save.keys() and all(
+        torch.equal(whole[k], v) for k, v in at_save.items()
+    )
     after = _steps(first, SAVE_AT, STEPS)
     params = gather_full_state_dict(first.module)
     first.destroy()
@@ -63,7 +70,14 @@ def _run(rank: int, world: int, stage: int, root: str) -> dict:
         error = str(err)
     other.destroy()
     files = json.loads(Path(root, "t", "manifest.json").read_text())["files"]
-    return {"after": after, "resumed": resumed, "same": same, "files": files, "error": error}
+    return {
+        "after": after,
+        "resumed": resumed,
+        "same": same,
+        "files": files,
+        "error": error,
+        "consolidated": consolidated,
+    }
 
 
 @pytest.mark.parametrize(
@@ -73,5 +87,6 @@ def test_tp2_resumes_from_its_checkpoint(tmp_path: Path, stage: int) -> None:
     for out in run_ranks(_run, 2, args=(stage, str(tmp_path))):
         assert out["resumed"] == out["after"]
         assert out["same"]
+        assert out["consolidated"]
         assert sorted(c["tp"] for c in out["files"].values()) == [0, 1], out["files"]
         assert "cut for tp 2, this engine has tp 1; load it at tp 2" in out["error"]

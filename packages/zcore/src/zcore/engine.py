@@ -37,6 +37,7 @@ from zcore.engine_parts import Counters, ModelState, RankLocalState
 from zcore.lr_schedules.attach import engine_random_ltd, engine_scheduler
 from zcore.monitor import MonitorMaster
 from zcore.precision import LossScaler, model_dtype
+from zcore.tensor.cut import cuts_json
 from zcore.tensor.parallelize import parallelize_for_config
 from zcore.zero.axes import bind_model, group_axes, mesh_request
 from zcore.zero.collectives import collectives_for
@@ -396,6 +397,7 @@ class ZEngine:
                 "stage": self.stage,
                 "dtype": str(self.dtype).removeprefix("torch."),
                 "config": self.config.to_dict(),
+                "tp_cuts": cuts_json(self.module.named_parameters()),
             },
         )
 

@@ -156,6 +156,8 @@ def _manifest(
         **counters,
         "loss_scaler": scaler.state_dict() if scaler is not None else None,
         "config": parts.info.get("config"),
+        # how each tensor-parallel shard makes its full tensor (absent: nothing cut by tp)
+        **({"tp_cuts": parts.info["tp_cuts"]} if parts.info.get("tp_cuts") else {}),
     }
 
 

@@ -10,8 +10,9 @@ of every block, in block order (so each rank's q, k and v hold the same heads).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -73,3 +74,18 @@ def mark(p: nn.Parameter, cut: TPCut) -> nn.Parameter:
 def cut_by_tp(p: torch.Tensor) -> TPCut | None:
     """How ``p`` is cut across ``tp`` (None: every ``tp`` rank holds all of it)."""
     return getattr(p, CUT_ATTR, None)
+
+
+def cuts_json(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, dict[str, Any]]:
+    """``{name: {"dim", "blocks", "tp"}}`` of the parameters cut by ``tp`` (a checkpoint
+    manifest's ``"tp_cuts"``, from which ``consolidate`` reassembles them)."""
+    out = {}
+    for name, p in named:
+        cut = cut_by_tp(p)
+        if cut is not None:
+            out[name] = {"dim": cut.dim, "blocks": list(cut.blocks), "tp": cut.tp}
+    return out
+
+
+def cut_from_json(info: dict[str, Any]) -> TPCut:
+    return TPCut(int(info["dim"]), tuple(int(b) for b in info["blocks"]), int(info["tp"]))
