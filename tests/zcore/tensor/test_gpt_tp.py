@@ -26,8 +26,17 @@ def _run(rank: int, world: int, tp: int, stage: int, tie: bool, sp: bool) -> dic
     return train(make_gpt(tie), spec, stage, STEPS, mb=2, dp=1, sequence_parallel=sp)
 
 
+SLOW = pytest.mark.slow(reason="the default cases cover the same path")
+
+
 @pytest.mark.parametrize(
-    ("tie", "sp", "stage"), [(True, False, 1), (False, False, 1), (True, True, 1), (True, True, 3)]
+    ("tie", "sp", "stage"),
+    [
+        (True, False, 1),
+        (True, True, 3),
+        pytest.param(False, False, 1, marks=SLOW),
+        pytest.param(True, True, 1, marks=SLOW),
+    ],
 )
 def test_gpt_tp2_equals_single_process(tie: bool, sp: bool, stage: int) -> None:
     (ref,) = run_ranks(_run, 1, args=(1, 1, tie, False))
