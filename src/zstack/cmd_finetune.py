@@ -31,6 +31,9 @@ def finetune(
     ),
     out: Path = typer.Option(Path("runs/finetune"), "--out", help="Run directory."),
     lora: int = typer.Option(0, "--lora", min=0, help="LoRA rank; 0: full fine-tuning."),
+    base_bits: int = typer.Option(
+        0, "--base-bits", help="With --lora: the frozen base as INT8 or INT4 (QLoRA-style)."
+    ),
     nproc: int = typer.Option(1, "--nproc", min=1, help="Ranks on this machine (gloo on CPU)."),
     epochs: float = typer.Option(1.0, "--epochs", min=0.0, help="Passes over the data."),
     max_steps: int | None = typer.Option(
@@ -64,6 +67,7 @@ def finetune(
         config=config,
         out=out,
         lora=lora,
+        base_bits=base_bits,
         epochs=epochs,
         max_steps=max_steps,
         seq_len=seq_len,

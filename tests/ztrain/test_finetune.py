@@ -157,8 +157,21 @@ def test_bad_input_is_named_before_training(tmp_path: Path) -> None:
     conflict = write_json(tmp_path / "ds2.json", {"train_micro_batch_size_per_gpu": 2})
     with pytest.raises(ValueError, match="config train_micro_batch_size_per_gpu=2 vs"):
         plan_finetune(FinetuneOptions(model, data, config=conflict, micro_batch=1), 1)
+    with pytest.raises(FinetuneError, match=r"--base-bits 4: .* needs --lora R"):
+        plan_finetune(FinetuneOptions(model, data, base_bits=4), 1)
     with pytest.raises(FinetuneError, match="4 examples, fewer than one optimizer step of 8"):
         plan_finetune(FinetuneOptions(model, data, micro_batch=4), 2)
+
+
+@pytest.mark.slow(reason="QLoRA through z finetune's run; test_finetune_qlora checks its math")
+def test_lora_over_an_int4_base_merges_into_the_full_precision_model(tmp_path: Path) -> None:
+    model, data = _setup(tmp_path)
+    out = tmp_path / "run"
+    opts = FinetuneOptions(model, data, out=out, lora=4, base_bits=4, seq_len=24, lr=1e-2)
+    [got] = run_ranks(_run_rank, 1, args=(plan_finetune(opts, 1),), timeout=300)
+    assert got["merge_diff"] < 1e-4 and got["served"] == got["greedy"], got
+    changed = _changed(model, out / "final")
+    assert changed and all("q_proj" in k or "v_proj" in k for k in changed), changed
 
 
 @pytest.mark.slow(reason="`z finetune --nproc 2`: two fresh ranks through z launch (~60 s)")

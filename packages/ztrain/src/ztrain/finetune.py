@@ -14,6 +14,8 @@ whole). With `--lora R` a `peft` LoRA adapter (rank R, alpha 2R, peft's default 
 modules for the architecture) trains over the frozen base; the Trainer saves the adapter, and
 rank 0 then loads the base from `MODEL_DIR` in plain transformers, merges the adapter into it
 (`merge_and_unload`) and writes `final/`, so `final/` is one self-contained model either way.
+With `--base-bits 8|4` as well, the frozen base trains stored as packed INT8/INT4
+(`ztrain.finetune_qlora`); the adapter is still merged into the full-precision base.
 """
 
 from __future__ import annotations
@@ -66,12 +68,13 @@ def training_arguments(plan: FinetunePlan) -> TrainingArguments:
 
 
 def build_model(plan: FinetunePlan, args: TrainingArguments) -> Any:
-    """The model, partitioned at stage 3, with the LoRA adapter when asked."""
+    """The model, partitioned at stage 3, with the LoRA adapter when asked (over a packed
+    INT8/INT4 base with `base_bits`: built whole, see `ztrain.finetune_qlora`)."""
     import zcore.hf
 
     model_dir = str(plan.options.model_dir)
     torch.manual_seed(plan.options.seed)
-    if plan.stage == 3:
+    if plan.stage == 3 and not plan.options.base_bits:
         config = AutoConfig.from_pretrained(model_dir)
         init = zcore.hf.init_config(plan.config, args, hidden_size=config.hidden_size)
         model = zcore.hf.from_pretrained(
@@ -87,6 +90,10 @@ def build_model(plan: FinetunePlan, args: TrainingArguments) -> Any:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", ".*is_gradient_checkpointing", FutureWarning)
             model = get_peft_model(model, lora)
+    if plan.options.base_bits:  # QLoRA-style: the frozen base packed, the adapter fp32
+        from ztrain.finetune_qlora import quantize_frozen_base
+
+        quantize_frozen_base(model, plan.options.base_bits)
     return model
 
 
@@ -144,6 +151,8 @@ def run(plan: FinetunePlan, echo: Callable[[str], None] = print) -> int:
         if rows.truncated:
             echo(f"note: {rows.truncated} examples are longer than --seq-len {o.seq_len}; cut")
         what = f"LoRA r={o.lora}, {trainable:,} trainable parameters" if o.lora else "full"
+        if o.base_bits:
+            what += f", INT{o.base_bits} frozen base"
         echo(
             f"fine-tuning {o.model_dir.name} ({what}) on {whole} examples of `{o.data}` "
             f"({rows.tokens:,} tokens), {args.world_size} rank(s), ZeRO stage {plan.stage}: "

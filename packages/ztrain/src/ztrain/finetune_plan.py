@@ -35,6 +35,8 @@ class FinetuneOptions:
     config: Path | None = None
     out: Path = Path("runs/finetune")
     lora: int = 0
+    base_bits: int = 0
+    """With LoRA: store the frozen base's linears as INT8 or INT4 (QLoRA-style); 0: fp32."""
     epochs: float = 1.0
     max_steps: int | None = None
     seq_len: int = 512
@@ -151,6 +153,11 @@ def plan_finetune(opts: FinetuneOptions, world_size: int) -> FinetunePlan:
     hidden = json.loads(model_config.read_text()).get("hidden_size")
     if opts.lora < 0:
         raise FinetuneError(f"--lora {opts.lora}: the LoRA rank must be >= 1 (0: full fine-tune)")
+    if opts.base_bits and (opts.base_bits not in (8, 4) or not opts.lora):
+        raise FinetuneError(
+            f"--base-bits {opts.base_bits}: a quantized frozen base is 8 or 4 bits and needs "
+            "--lora R (only the adapter trains over it)"
+        )
     examples = read_examples(opts.data)
     config = load_ds_config(opts.config)
     c = lambda key: _number(config, key)  # noqa: E731
@@ -196,6 +203,12 @@ def plan_finetune(opts: FinetuneOptions, world_size: int) -> FinetunePlan:
         plan.notes.append(
             f"LoRA at ZeRO stage {plan.stage}: only the adapter trains; stage 2 or 3 also "
             "shards its optimizer state"
+        )
+    if opts.base_bits and plan.stage == 3:
+        plan.notes.append(
+            f"--base-bits {opts.base_bits} at ZeRO-3: each rank builds the model whole to "
+            "quantize it; the packed base stays whole on every rank (only the full-precision "
+            "parameters are partitioned)"
         )
     return plan
 
