@@ -1,9 +1,10 @@
 """One contender of `z bench serve-offload`, run in a process of its own so that its peak
 RSS is its own: ``python _serve_offload_child.py JSON`` prints one JSON line.
 
-Contenders: ``zserve`` (resident, or under a weight budget from ``cpu`` / ``nvme``) and
-``accelerate`` (transformers with ``device_map="auto"``, ``max_memory`` and an
-``offload_folder``). Each serves batches of same-length prompts (no padding on either side)
+Contenders: ``zserve`` (resident, or under a weight budget from ``cpu`` / ``nvme``: its
+peak RSS), ``interleaved`` (both zserve engines in one process taking turns batch by batch:
+their speeds under the same load) and ``accelerate`` (transformers with
+``device_map="auto"``, ``max_memory`` and an ``offload_folder``). Each serves batches of same-length prompts (no padding on either side)
 greedily; the decode steps after every prompt's first token are timed one by one.
 """
 
@@ -41,21 +42,17 @@ def _summary(steps: list[float], batch: int, io: list[float] | None) -> dict[str
     return out
 
 
-def run_zserve(a: dict[str, Any]) -> dict[str, Any]:
-    import torch
-
+def _engine(a: dict[str, Any], offloaded: bool) -> tuple[Any, float]:
+    """A zserve engine for the run (under the budget when ``offloaded``); its load seconds."""
     import zserve
-    from zserve.sampling import SamplingParams
 
-    torch.set_num_threads(a["threads"])
-    runtime = rss()["vmrss"]
     config: dict[str, Any] = {
         "max_model_len": a["prompt_len"] + a["max_tokens"] + 8,
         "max_num_seqs": max(a["batches"]),
         "token_budget": max(256, max(a["batches"]) * a["prompt_len"]),
         "num_blocks": max(a["batches"]) * (-(-(a["prompt_len"] + a["max_tokens"] + 8) // 16)),
     }
-    if a.get("budget"):
+    if offloaded:
         config |= {
             "weights_budget": a["budget"],
             "offload": a["offload"],
@@ -65,35 +62,46 @@ def run_zserve(a: dict[str, Any]) -> dict[str, Any]:
             config["offload_dir"] = a["offload_dir"]
     t0 = time.perf_counter()
     engine = zserve.pipeline(a["model_dir"], **config).engine
-    load_s = time.perf_counter() - t0
+    return engine, time.perf_counter() - t0
+
+
+def _serve(engine: Any, prompts: list[list[int]], tokens: int) -> tuple[list[float], list[float]]:
+    """``prompts`` served at once: each decode step's seconds (after every prompt's first
+    token) and the seconds of it spent waiting on a fetch."""
+    from zserve.sampling import SamplingParams
+
+    stream = engine.runner.model.stream
+    params = SamplingParams(max_tokens=tokens, temperature=0)
+    ids = [f"r{engine.num_steps}-{i}" for i in range(len(prompts))]
+    for rid, p in zip(ids, prompts, strict=True):
+        engine.add_request(rid, p, params)
+    started: set[str] = set()
+    steps, io = [], []
+    while engine.has_unfinished():
+        decode = len(started) == len(prompts)
+        w0 = 0.0 if stream is None else stream.io_wait_s
+        t = time.perf_counter()
+        outs = engine.step()
+        dt = time.perf_counter() - t
+        if decode:
+            steps.append(dt)
+            io.append(0.0 if stream is None else stream.io_wait_s - w0)
+        started |= {o.request_id for o in outs if o.token_ids}
+    return steps, io
+
+
+def run_zserve(a: dict[str, Any]) -> dict[str, Any]:
+    """One engine in this process: its peak RSS against what it holds (and its speed)."""
+    import torch
+
+    torch.set_num_threads(a["threads"])
+    runtime = rss()["vmrss"]
+    engine, load_s = _engine(a, bool(a.get("budget")))
     model, stream = engine.runner.model, engine.runner.model.stream
-    prompts = a["prompts"]
-    rid = 0
-
-    def serve(batch: int, tokens: int) -> tuple[list[float], list[float]]:
-        nonlocal rid
-        params = SamplingParams(max_tokens=tokens, temperature=0)
-        for p in prompts[:batch]:
-            engine.add_request(f"r{rid}", p, params)
-            rid += 1
-        started: set[str] = set()
-        steps, io = [], []
-        while engine.has_unfinished():
-            decode = len(started) == batch
-            w0 = 0.0 if stream is None else stream.io_wait_s
-            t = time.perf_counter()
-            outs = engine.step()
-            dt = time.perf_counter() - t
-            if decode:
-                steps.append(dt)
-                io.append(0.0 if stream is None else stream.io_wait_s - w0)
-            started |= {o.request_id for o in outs if o.token_ids}
-        return steps, io
-
-    serve(1, 3)  # warm-up
+    _serve(engine, a["prompts"][:1], 3)  # warm-up
     results = []
     for b in a["batches"]:
-        steps, io = serve(b, a["max_tokens"] + 1)
+        steps, io = _serve(engine, a["prompts"][:b], a["max_tokens"] + 1)
         results.append(_summary(steps, b, io if stream is not None else None))
     embed = model.embed.numel() * model.embed.element_size()
     head = 0 if model.lm_head is model.embed else model.lm_head.numel() * 4
@@ -110,6 +118,32 @@ def run_zserve(a: dict[str, Any]) -> dict[str, Any]:
         if hasattr(stream.store, "stats"):
             out["aio"] = stream.store.stats()
     return out
+
+
+def run_interleaved(a: dict[str, Any]) -> dict[str, Any]:
+    """The resident and the offloaded engine in one process, taking turns batch by batch
+    (``reps`` rounds): their speeds under the same load of a shared machine."""
+    import torch
+
+    torch.set_num_threads(a["threads"])
+    engines = {"resident": _engine(a, False)[0], "ours": _engine(a, True)[0]}
+    steps: dict[tuple[str, int], tuple[list[float], list[float]]] = {}
+    for engine in engines.values():
+        _serve(engine, a["prompts"][:1], 3)  # warm-up
+    for _ in range(a.get("reps", 2)):
+        for b in a["batches"]:
+            for name, engine in engines.items():
+                s, io = _serve(engine, a["prompts"][:b], a["max_tokens"] + 1)
+                got = steps.setdefault((name, b), ([], []))
+                got[0].extend(s)
+                got[1].extend(io)
+    return {
+        name: [
+            _summary(steps[(name, b)][0], b, steps[(name, b)][1] if name == "ours" else None)
+            for b in a["batches"]
+        ]
+        for name in engines
+    }
 
 
 def run_accelerate(a: dict[str, Any]) -> dict[str, Any]:
@@ -159,5 +193,9 @@ def run_accelerate(a: dict[str, Any]) -> dict[str, Any]:
 
 if __name__ == "__main__":
     args = json.loads(sys.argv[1])
-    fn = {"zserve": run_zserve, "accelerate": run_accelerate}[args["who"]]
+    fn = {
+        "zserve": run_zserve,
+        "interleaved": run_interleaved,
+        "accelerate": run_accelerate,
+    }[args["who"]]
     print(json.dumps(fn(args)))
