@@ -23,6 +23,9 @@ def test_partition_methods() -> None:
     names = ["Embedding", "Block", "Block", "Block", "Block", "LayerNorm", "Linear"]
     assert partition("uniform", names, [0] * 7, 2) == [0, 3, 7]
     assert partition("parameters", names, [100, 10, 10, 10, 10, 1, 100], 2) == [0, 3, 7]
+    # a V layout balances ranks (stages 0+3 and 1+2), not stages
+    v = partition("parameters", ["x"] * 8, [12, 40, 40, 40, 40, 40, 40, 12], 4, v_shape=True)
+    assert v == [0, 2, 3, 5, 8]
     bounds = partition("type:block", names, [0] * 7, 2)
     assert [sum(n == "Block" for n in names[a:b]) for a, b in itertools.pairwise(bounds)] == [2, 2]
 

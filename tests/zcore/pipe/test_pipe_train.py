@@ -12,7 +12,15 @@ import torch
 
 import zcore
 from tests.utils.distributed import run_ranks
-from tests.zcore.pipe.common import baseline, config, local_params, make_pipe, train
+from tests.zcore.pipe.common import (
+    baseline,
+    config,
+    local_params,
+    loss_fn,
+    make_pipe,
+    micro_batches,
+    train,
+)
 
 STEPS, MB, GAS = 10, 2, 4
 
@@ -25,13 +33,31 @@ def _run(rank: int, world: int, stage: int, schedule: str, kw: dict) -> tuple:
     model = make_pipe(2, **virtual.get(schedule, {}), **kw)
     engine, *_ = zcore.initialize(model, config=config(stage, mb=MB, gas=GAS, schedule=schedule))
     losses = train(engine, STEPS, MB, GAS)
+    held_out = iter(micro_batches(STEPS, engine.world_size, MB, GAS)[engine.data_rank])
+    if schedule == "zbv":
+        with pytest.raises(ValueError, match=r"eval_batch under pipeline.schedule 'zbv'"):
+            engine.eval_batch(held_out)
+    else:
+        losses.append(float(engine.eval_batch(held_out)))
     return losses, local_params(engine)
 
 
+def _eval(ref: dict[str, torch.Tensor], dp: int, tied: bool) -> float:
+    """The reference model's mean loss on the held-out step (what eval_batch returns)."""
+    model = make_pipe(1, tied=tied)
+    model.load_state_dict(ref)
+    with torch.no_grad():
+        ms = [m for rank in micro_batches(STEPS, dp, MB, GAS) for m in rank]
+        return float(sum(loss_fn(model(x), y) for x, y in ms) / len(ms))
+
+
 def _check(outs: list, dp: int, tied: bool = True) -> None:
+    """Training losses, the eval_batch loss after them, and every parameter."""
     ref_losses, ref = baseline(STEPS, dp, MB, GAS, tied=tied)
-    for losses, _ in outs:
-        assert losses == pytest.approx(ref_losses, abs=2e-5)
+    ref_losses.append(_eval(ref, dp, tied))
+    for losses, _ in outs:  # ZB-V: no eval loss
+        assert losses == pytest.approx(ref_losses[: len(losses)], abs=2e-5)
+        assert len(losses) >= STEPS
     seen = set()
     for _, params in outs:
         for name, value in params.items():

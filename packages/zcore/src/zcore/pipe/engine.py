@@ -135,16 +135,16 @@ class PipelineEngine(ZEngine):
 
     # -- batches --------------------------------------------------------------------------
     @property
-    def module_(self) -> PipelineModule:
+    def pipe_module(self) -> PipelineModule:
         return self.module  # type: ignore[return-value]
 
     def _holds(self, stage: int) -> bool:
-        return stage in self.module_.local_stages
+        return stage in self.pipe_module.local_stages
 
     def _read(self, data_iter: Iterator[Any] | None) -> tuple[list[Any], list[Any]]:
         """``gradient_accumulation_steps`` micro-batches ``(inputs, labels)`` (first and
         last stages only: the others need no data)."""
-        model = self.module_
+        model = self.pipe_module
         need = self._holds(0) or self._holds(model.total_stages - 1)
         if not need:
             return [], []
@@ -174,7 +174,7 @@ class PipelineEngine(ZEngine):
         return shape, _DTYPES[int(meta[1])]
 
     def _build_schedule(self, shape: tuple[int, ...], dtype: torch.dtype) -> Any:
-        model = self.module_
+        model = self.pipe_module
         acts = model.stage_shapes(torch.empty(shape, dtype=dtype, device="meta"), self.dtype)
         group = self.mesh.group("pp")
         stages = [
@@ -209,14 +209,14 @@ class PipelineEngine(ZEngine):
         return self._schedule
 
     def _loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        loss = self.module_.loss_fn(output, target)  # type: ignore[misc]
+        loss = self.pipe_module.loss_fn(output, target)  # type: ignore[misc]
         self._raw_losses.append(loss.detach().float())
         scale = self.scaler.scale if self.scaler is not None else 1.0
         return loss * (scale / self.batch.gradient_accumulation_steps)
 
     def _mean_loss(self) -> torch.Tensor:
         """The mean loss over the micro-batches and data-parallel ranks, on every rank."""
-        model = self.module_
+        model = self.pipe_module
         last = model.total_stages - 1
         holder = last % self.pp.size if model.stage_order == "loop" else 0
         out = torch.zeros((), dtype=torch.float32)
@@ -234,7 +234,7 @@ class PipelineEngine(ZEngine):
         schedule = self._schedule_for(xs)
         args = dict(
             arg_mbs=[(x,) for x in xs] if self._holds(0) else None,
-            target_mbs=ys if self._holds(self.module_.total_stages - 1) else None,
+            target_mbs=ys if self._holds(self.pipe_module.total_stages - 1) else None,
         )
         if train:
             schedule.step(**args, return_outputs=False)
@@ -258,7 +258,16 @@ class PipelineEngine(ZEngine):
         return self._mean_loss()
 
     def eval_batch(self, data_iter: Iterator[Any] | None = None) -> torch.Tensor:
-        """The mean loss over ``gradient_accumulation_steps`` micro-batches, no update."""
+        """The mean loss over ``gradient_accumulation_steps`` micro-batches, no update.
+
+        Not under ZB-V: torch's ``ScheduleZBVZeroBubble.eval`` still runs the backward
+        hand-over between a rank's two stages and fails; refused up front instead."""
+        if self.kind.name == "zbv":
+            raise ValueError(
+                "eval_batch under pipeline.schedule 'zbv' is not built: torch's ZB-V "
+                "schedule cannot run forward-only; evaluate with a 1f1b/interleaved_1f1b "
+                "engine (the same checkpoint loads there only at the same stage layout)"
+            )
         self.module.eval()
         xs, ys = self._read(data_iter)
         with torch.no_grad():

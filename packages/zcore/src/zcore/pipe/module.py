@@ -140,7 +140,8 @@ class PipelineModule(nn.Module):
         self.local_stages = stage_ids(self.stage_coord, num_stages, virtual_stages, stage_order)
         names = [self._type_name(s) for s in self.specs]
         counts = [self._param_count(s) for s in self.specs]
-        self.parts = partition(partition_method, names, counts, self.total_stages)
+        v_shape = stage_order == "v"
+        self.parts = partition(partition_method, names, counts, self.total_stages, v_shape)
 
         self.layers = nn.ModuleDict()
         self.tied = nn.ModuleDict()

@@ -7,6 +7,8 @@ name matches ``REGEX`` (case-insensitive). Each stage gets at least one layer.
 
 from __future__ import annotations
 
+import itertools
+import math
 import re
 from collections.abc import Sequence
 
@@ -56,8 +58,30 @@ def layer_weights(method: str, names: Sequence[str], params: Sequence[int]) -> l
     )
 
 
-def partition(method: str, names: Sequence[str], params: Sequence[int], parts: int) -> list[int]:
-    """Stage boundaries for ``parts`` stages (see the module docstring), checked."""
+def balanced_v(weights: Sequence[int], parts: int, limit: int = 200_000) -> list[int] | None:
+    """Boundaries for a V layout (rank ``r`` holds stages ``r`` and ``parts-1-r``) that
+    minimize the heaviest *rank*, then the heaviest stage; None when there are more than
+    ``limit`` ways to cut (then :func:`balanced` is used)."""
+    n = len(weights)
+    if math.comb(n - 1, parts - 1) > limit:
+        return None
+    prefix = list(itertools.accumulate(weights, initial=0))
+    best, best_key = None, None
+    for cuts in itertools.combinations(range(1, n), parts - 1):
+        bounds = [0, *cuts, n]
+        stage = [prefix[b] - prefix[a] for a, b in itertools.pairwise(bounds)]
+        ranks = [stage[r] + stage[parts - 1 - r] for r in range(parts // 2)]
+        key = (max(ranks), max(stage))
+        if best_key is None or key < best_key:
+            best, best_key = bounds, key
+    return best
+
+
+def partition(
+    method: str, names: Sequence[str], params: Sequence[int], parts: int, v_shape: bool = False
+) -> list[int]:
+    """Stage boundaries for ``parts`` stages (see the module docstring), checked; with
+    ``v_shape`` balanced per rank of a V layout."""
     n = len(names)
     if n < parts:
         raise PartitionError(
@@ -73,4 +97,6 @@ def partition(method: str, names: Sequence[str], params: Sequence[int], parts: i
                 f"({', '.join(sorted(set(names)))}) but there are {parts} stages; use a "
                 "pattern matching at least one layer per stage"
             )
+    if v_shape:
+        return balanced_v(weights, parts) or balanced(weights, parts)
     return balanced(weights, parts)
