@@ -1,8 +1,8 @@
 """A Hugging Face ``LlamaForCausalLM`` at tp 2 trains as it does on one process.
 
 A random 2-layer LLaMA (4 query heads, 2 key/value heads, tied embeddings, as small
-LLaMA-family checkpoints have) is cut by the ``llama`` plan, chosen from its
-``config.model_type``; Hugging Face's own loss runs on the gathered logits. Ten AdamW steps
+LLaMA-family checkpoints have), and a Qwen2 of the same shape (biases on q, k and v), are
+cut by the ``llama`` plan, chosen from their ``config.model_type``; Hugging Face's own loss runs on the gathered logits. Ten AdamW steps
 under the ZeRO engine with clipping must give the single-process run's losses (1e-5
 relative), clipped norms (1e-4) and parameters (2e-5 absolute).
 """
@@ -22,9 +22,12 @@ from zcore.tensor import gather_full_state_dict, parallelize, plan_for
 STEPS, MB = 10, 2
 
 
-def make_llama(**overrides: object) -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
+def make_llama(family: str = "llama", **overrides: object) -> torch.nn.Module:
+    import transformers
 
+    prefix = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}[family]
+    config_cls = getattr(transformers, f"{prefix}Config")
+    model_cls = getattr(transformers, f"{prefix}ForCausalLM")
     shape = dict(
         vocab_size=96,
         hidden_size=32,
@@ -37,12 +40,12 @@ def make_llama(**overrides: object) -> torch.nn.Module:
         attn_implementation="eager",
     )
     torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(**{**shape, **overrides}))
+    return model_cls(config_cls(**{**shape, **overrides}))
 
 
-def _run(rank: int, world: int) -> dict:
+def _run(rank: int, world: int, family: str) -> dict:
     spec = MeshSpec.resolve(world, tp=world)
-    model = make_llama()
+    model = make_llama(family)
     if world > 1:
         assert plan_for(model).name == "llama"
         model = parallelize(model, spec)
@@ -61,7 +64,8 @@ def _run(rank: int, world: int) -> dict:
 
 
 @pytest.mark.slow(reason="3 ranks each import transformers' LLaMA (~20 s on 2 cores)")
-def test_llama_tp2_equals_single_process() -> None:
-    (ref,) = run_ranks(_run, 1)
-    for rank, out in enumerate(run_ranks(_run, 2)):
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_llama_family_tp2_equals_single_process(family: str) -> None:
+    (ref,) = run_ranks(_run, 1, args=(family,))
+    for rank, out in enumerate(run_ranks(_run, 2, args=(family,))):
         assert_same_run(out, ref, f"tp rank {rank}")
