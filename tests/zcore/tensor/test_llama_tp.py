@@ -4,10 +4,13 @@ A random 2-layer LLaMA (4 query heads, 2 key/value heads, tied embeddings, as sm
 LLaMA-family checkpoints have), and a Qwen2 of the same shape (biases on q, k and v), are
 cut by the ``llama`` plan, chosen from their ``config.model_type``; Hugging Face's own loss runs on the gathered logits. Ten AdamW steps
 under the ZeRO engine with clipping must give the single-process run's losses (1e-5
-relative), clipped norms (1e-4) and parameters (2e-5 absolute).
+relative), clipped norms (1e-4) and parameters (2e-5 absolute); the tp 2 checkpoint,
+consolidated, loads into the plain Hugging Face model (``strict=True``) with those values.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +19,7 @@ import zcore
 from tests.utils.distributed import run_ranks
 from tests.zcore.tensor.common import assert_same_run, global_batch
 from tests.zcore.zero.common import config
+from zcore.checkpoint import consolidate
 from zcore.comm import MeshSpec
 from zcore.tensor import gather_full_state_dict, parallelize, plan_for
 
@@ -43,7 +47,7 @@ def make_llama(family: str = "llama", **overrides: object) -> torch.nn.Module:
     return model_cls(config_cls(**{**shape, **overrides}))
 
 
-def _run(rank: int, world: int, family: str) -> dict:
+def _run(rank: int, world: int, family: str, root: str) -> dict:
     spec = MeshSpec.resolve(world, tp=world)
     model = make_llama(family)
     if world > 1:
@@ -59,13 +63,19 @@ def _run(rank: int, world: int, family: str) -> dict:
         losses.append(float(loss.detach()))
         norms.append(engine.get_global_grad_norm())
     out = {"losses": losses, "norms": norms, "params": gather_full_state_dict(engine.module)}
+    engine.save_checkpoint(root, tag="t")
     engine.destroy()
+    fresh = make_llama(family)  # the checkpoint consolidated loads into the plain HF model
+    fresh.load_state_dict(consolidate(root, "t"), strict=True)
+    full = fresh.state_dict()
+    out["loads"] = all(torch.equal(full[k], v) for k, v in out["params"].items())
     return out
 
 
 @pytest.mark.slow(reason="3 ranks each import transformers' LLaMA (~20 s on 2 cores)")
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_llama_family_tp2_equals_single_process(family: str) -> None:
-    (ref,) = run_ranks(_run, 1, args=(family,))
-    for rank, out in enumerate(run_ranks(_run, 2, args=(family,))):
+def test_llama_family_tp2_equals_single_process(family: str, tmp_path: Path) -> None:
+    (ref,) = run_ranks(_run, 1, args=(family, str(tmp_path / "one")))
+    for rank, out in enumerate(run_ranks(_run, 2, args=(family, str(tmp_path / "tp")))):
         assert_same_run(out, ref, f"tp rank {rank}")
+        assert out["loads"], rank
