@@ -12,8 +12,18 @@
   and sums their gradient norm over ``tp`` (:mod:`zcore.zero.axes`);
 - :mod:`~zcore.tensor.parallelize`: :func:`parallelize` with the ``gpt`` and ``llama``
   plans (:mod:`~zcore.tensor.plan`);
-- :mod:`~zcore.tensor.state`: :func:`gather_full_state_dict`.
-- :mod:`~zcore.tensor.config`: the ``tensor_parallel`` config block (``autotp_size``).
+- :mod:`~zcore.tensor.state`: :func:`gather_full_state_dict` (``zcore.checkpoint.consolidate``
+  reassembles the shards of a checkpoint from its manifest's ``tp_cuts`` too);
+- :mod:`~zcore.tensor.config`: the ``tensor_parallel`` config block (``autotp_size``: the
+  mesh's ``tp``; ``zcore.initialize`` then cuts a model not cut yet);
+- :mod:`~zcore.tensor.dtensor_ref`: the same GPT cut by torch's ``parallelize_module``, the
+  reference tests and ``z bench tp`` compare with.
+
+Sequence parallelism (``parallelize(..., sequence_parallel=True)``, the ``gpt`` plan) keeps
+norms, dropout and residuals on ``T/tp`` positions. Use::
+
+    spec = MeshSpec.resolve(world, tp=2)
+    engine, *_ = zcore.initialize(zcore.tensor.parallelize(model, spec), config=cfg, mesh=spec)
 """
 
 from __future__ import annotations
