@@ -28,6 +28,14 @@ def test_gpt_dropout_refused() -> None:
     assert "dropout 0.1" in "\n".join(plan_for(model).problems(model, 2))
 
 
+def test_gpt_with_a_non_dense_mlp_refused() -> None:
+    model = GPT(GPTConfig(vocab_size=96, n_layer=2, n_head=2, n_embd=16, block_size=8))
+    model.transformer.h[1].mlp = torch.nn.Identity()  # what an MoE layer would be to the plan
+    problems = "\n".join(plan_for(model).problems(model, 2))
+    assert "transformer.h.1.mlp is a Identity" in problems
+    assert "tensor parallelism of MoE layers is not built" in problems
+
+
 def test_llama_kv_heads_not_divisible() -> None:
     """The plan reads only the model's config (a real ``LlamaConfig``; building the model
     itself would import transformers' modeling code, ~10 s here)."""

@@ -51,6 +51,15 @@ def _problems(model: nn.Module, tp: int) -> list[str]:
     problems: list[str] = []
     divides(problems, "n_head", cfg.n_head, tp, "choose a tp that divides the number of heads")
     divides(problems, "vocab_size", cfg.vocab_size, tp, "pad the vocabulary to a multiple of tp")
+    for i, block in enumerate(model.transformer.h):
+        mlp = getattr(block, "mlp", None)
+        if not all(isinstance(getattr(mlp, f, None), nn.Linear) for f in ("c_fc", "c_proj")):
+            problems.append(
+                f"transformer.h.{i}.mlp is a {type(mlp).__name__}, not the dense MLP the gpt "
+                "plan cuts (c_fc, c_proj); tensor parallelism of MoE layers is not built: "
+                "train MoE models with ep and dp instead"
+            )
+            break
     if getattr(cfg, "dropout", 0.0) and tp > 1:
         problems.append(
             f"dropout {cfg.dropout}: the tensor-parallel GPT has no per-rank dropout streams; "
