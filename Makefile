@@ -150,6 +150,7 @@ bench-deepspeed: setup $(DS_DONE) ds-aio
 	$(DS_ENV) $(BIN)/z bench zero-step --stages 1,2,3 --json
 	$(DS_ENV) $(BIN)/z bench moe --json
 	$(DS_ENV) $(BIN)/z bench io --json
+	$(DS_ENV) $(BIN)/z bench hf-trainer --json
 
 # llama.cpp for `z bench serve --compare llama.cpp`, never a dependency: llama-cpp-python built
 # from its sdist (cmake from pip, a release build for this CPU: GGML_NATIVE) into LLAMACPP_DIR,
