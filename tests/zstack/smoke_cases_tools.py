@@ -444,3 +444,6 @@ def _bench_hf_trainer(w: Work) -> None:
     r = w.json("bench", "hf-trainer", *args, "--warmup", "0", "--micro-batch", "1", "--seq", "8")
     row = r["modes"]["zero2"]
     assert r["world_size"] == 1 and row["zcore"]["step_s"] > 0 and row["ddp"]["step_s"] > 0, r
+    # DeepSpeed is not installed in the test environment: said, and DDP is the baseline
+    assert "deepspeed" in r["deepspeed_unavailable"] and row["baseline"] == "ddp", r
+    assert row["step_ratio"] == row["vs_ddp"]["step_ratio"] > 0, r
