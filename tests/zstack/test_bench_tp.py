@@ -25,11 +25,12 @@ def test_tiny_run_reports_every_contender_and_the_ratios() -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert set(result["contenders"]) == {"zcore_tp", "dtensor_tp", "dp"}
+    assert set(result["contenders"]) == {"zcore_tp", "dtensor_tp", "dtensor_tp_lp", "dp"}
     c = result["contenders"]
     # the same model and data: zcore's and DTensor's first losses agree
-    assert abs(c["zcore_tp"]["first_loss"] - c["dtensor_tp"]["first_loss"]) < 1e-4
-    for key in ("vs_dtensor", "vs_dp", "state_vs_tp1"):
+    for peer in ("dtensor_tp", "dtensor_tp_lp"):
+        assert abs(c["zcore_tp"]["first_loss"] - c[peer]["first_loss"]) < 1e-4
+    for key in ("vs_dtensor", "vs_dtensor_loss_parallel", "vs_dp", "state_vs_tp1"):
         assert result[key] > 0
     assert result["state_vs_tp1"] <= 0.55
-    assert "zcore_tp / dtensor_tp" in load("tp").report(result)
+    assert "zcore_tp / best dtensor" in load("tp").report(result)

@@ -4,7 +4,8 @@ Tests and ``z bench tp`` compare :mod:`zcore.tensor`'s layers with torch's own t
 parallelism on the same model. :func:`dtensor_gpt` applies ``ColwiseParallel`` to
 ``c_attn`` and ``mlp.c_fc``, ``RowwiseParallel`` to ``attn.c_proj`` and ``mlp.c_proj``, a
 vocabulary-parallel ``RowwiseParallel`` to the token embedding and a ``ColwiseParallel``
-LM head whose logits are gathered (``Replicate``) for the GPT's own cross-entropy. The head
+LM head whose logits are gathered (``Replicate``) for the GPT's own cross-entropy, or, with
+``loss_parallel``, kept sharded for torch's vocabulary-parallel ``loss_parallel()``. The head
 must be untied (DTensor plans do not tie a sharded embedding to a sharded head).
 
 DTensor cuts ``c_attn``'s fused rows contiguously; the rows are first permuted from
@@ -19,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate
+from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     RowwiseParallel,
@@ -43,14 +44,18 @@ def deinterleave_qkv(w: torch.Tensor, tp: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def dtensor_gpt(model: nn.Module, tp_mesh: DeviceMesh) -> nn.Module:
-    """``model`` (an untied ``ztrain`` GPT) cut over ``tp_mesh`` by ``parallelize_module``."""
+def dtensor_gpt(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool = False) -> nn.Module:
+    """``model`` (an untied ``ztrain`` GPT) cut over ``tp_mesh`` by ``parallelize_module``;
+    ``loss_parallel``: the head's logits stay sharded over the vocabulary (a DTensor), and
+    the forward and backward must run inside torch's ``loss_parallel()`` context."""
     if model.lm_head.weight is model.transformer.wte.weight:
         raise ValueError("dtensor_gpt needs an untied GPT (GPTConfig(tie_weights=False))")
     tp = tp_mesh.size()
     plan: dict[str, object] = {
         "transformer.wte": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
-        "lm_head": ColwiseParallel(output_layouts=Replicate()),
+        "lm_head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
+        if loss_parallel
+        else ColwiseParallel(output_layouts=Replicate()),
     }
     for i, block in enumerate(model.transformer.h):
         at = block.attn
