@@ -408,6 +408,21 @@ def bench_tp(
     raise typer.Exit(run_benchmark("tp", json_out, seq_len=seq_len, **options))
 
 
+def bench_pipe(
+    steps: int = typer.Option(5, "--steps", min=1, help="Timed steps per contender."),
+    warmup: int = typer.Option(2, "--warmup", min=0, help="Untimed first steps."),
+    micro_batches: int = typer.Option(8, "--micro-batches", min=2, help="Per step (even)."),
+    seq: int = typer.Option(128, "--seq", min=2, help="Tokens per micro-batch sequence."),
+    zbv: bool = typer.Option(True, "--zbv/--no-zbv", help="Also time ZB-V with checkpointing."),
+    json_out: bool = typer.Option(False, "--json", help="Print only the JSON object."),
+) -> None:
+    """Pipeline (2 stages) vs torch's Schedule1F1B and DDP: step time, bubble, memory."""
+    from zstack.bench import run_benchmark
+
+    options = dict(steps=steps, warmup=warmup, micro_batches=micro_batches, seq=seq, zbv=zbv)
+    raise typer.Exit(run_benchmark("pipe", json_out, **options))
+
+
 def register(app: typer.Typer, bench_app: typer.Typer) -> None:
     """Add this module's commands to `z bench` (nothing to `z`)."""
     bench_app.command("adam")(bench_adam)
@@ -422,3 +437,4 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
     bench_app.command("efficiency")(bench_efficiency)
     bench_app.command("hf-trainer")(bench_hf_trainer)
     bench_app.command("tp")(bench_tp)
+    bench_app.command("pipe")(bench_pipe)
