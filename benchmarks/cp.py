@@ -1,7 +1,7 @@
 """Sequence parallelism (Ulysses, ``cp``) with ALST's tiling: how long a sequence trains within
 a per-rank memory budget, and tokens/s at a fixed length, against cp=1 in the same run.
 
-Four variants of the same LLaMA-family model under ZeRO-3 on 2 gloo ranks, each in a fresh
+Four variants of the same LLaMA-family model under ZeRO-3 (``stage``) on 2 gloo ranks, each in a fresh
 pair of rank processes:
 
 - ``cp1``: data parallelism (each rank trains its own whole sequence), untiled;
@@ -53,13 +53,13 @@ SMALL = dict(
 WORLD = 2
 
 
-def ds_config(cp: int) -> dict[str, Any]:
+def ds_config(cp: int, stage: int = 3) -> dict[str, Any]:
     return {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
         "sequence_parallel_size": cp,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-5}},
-        "zero_optimization": {"stage": 3},
+        "zero_optimization": {"stage": stage},
         "comm_timeout_s": 1200,
         "steps_per_print": 10**9,
     }
@@ -95,7 +95,7 @@ def _rank(spec: dict[str, Any]) -> None:
     from zcore.sequence import tile_causal_lm
 
     cp, tiled = VARIANTS[spec["variant"]]
-    cfg = ds_config(cp)
+    cfg = ds_config(cp, spec["stage"])
     model = zcore.hf.from_pretrained(
         LlamaForCausalLM, spec["path"], ds_config=cfg, strict=False, **spec["overrides"]
     )
@@ -181,6 +181,7 @@ def run(
     mlp_tile: int = 256,
     threads: int = 1,
     variants: str = ",".join(VARIANTS),
+    stage: int = 3,
     timeout_s: float = 3600,
 ) -> dict[str, Any]:
     """Every variant's longest sequence within ``budget_mib`` and tokens/s at ``seq``."""
@@ -193,6 +194,8 @@ def run(
             f"need positive --budget-mib, --seq >= 2, --start-seq, --steps, tiles and threads "
             f"(got {budget_mib}, {seq}, {start_seq}, {steps}, {loss_tile}/{mlp_tile}, {threads})"
         )
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"--stage {stage}: a ZeRO stage 0-3")
     out: dict[str, Any] = {"benchmark": "cp", "world_size": WORLD, "model": model}
     with tempfile.TemporaryDirectory(prefix="bench_cp_") as tmp:
         path = Path(tmp) / "model"
@@ -217,6 +220,7 @@ def run(
             loss_tile=loss_tile,
             mlp_tile=mlp_tile,
             threads=threads,
+            stage=stage,
         )
         rows = {}
         for v in chosen:
@@ -251,7 +255,8 @@ def _ratios(rows: dict[str, Any]) -> dict[str, Any]:
 def report(result: dict[str, Any]) -> str:
     opt = result["options"]
     lines = [
-        f"cp bench: {result['model']} ({result['params'] / 1e6:.1f}M params), 2 ranks, ZeRO-3; "
+        f"cp bench: {result['model']} ({result['params'] / 1e6:.1f}M params), 2 ranks, "
+        f"ZeRO-{opt['stage']}; "
         f"budget {opt['budget_mib']:g} MiB/rank above the pre-step RSS; fixed length {opt['seq']}",
         f"{'variant':<10} {'max seq':>8} {'peak@seq MiB':>13} {'tokens/s':>9}",
     ]

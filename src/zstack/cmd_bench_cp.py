@@ -21,6 +21,7 @@ def bench_cp(
     variants: str = typer.Option(
         "cp1,cp1_tiled,cp2,cp2_tiled", "--variants", help="Comma-separated variants."
     ),
+    stage: int = typer.Option(3, "--stage", min=0, max=3, help="The ZeRO stage."),
     json_out: bool = typer.Option(False, "--json", help="Print only the JSON object."),
 ) -> None:
     """The longest sequence trained within a per-rank memory budget at cp=1 and cp=2, tiling
@@ -29,7 +30,7 @@ def bench_cp(
 
     options = dict(model=model, layers=layers or None, budget_mib=budget_mib, seq=seq)
     options.update(start_seq=start_seq, max_seq=max_seq, steps=steps, warmup=warmup)
-    options.update(loss_tile=loss_tile, mlp_tile=mlp_tile, variants=variants)
+    options.update(loss_tile=loss_tile, mlp_tile=mlp_tile, variants=variants, stage=stage)
     raise typer.Exit(run_benchmark("cp", json_out, **options))
 
 

@@ -21,9 +21,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+from zcore.comm import Comm
 
 IGNORE = -100
 
@@ -39,33 +42,40 @@ def tiled_loss(
     shift_labels: torch.Tensor,
     num_items: torch.Tensor | float,
     tile_tokens: int,
+    tiles: int | None = None,
 ) -> torch.Tensor:
-    """``sum(cross_entropy(head(hidden), shift_labels)) / num_items`` over tiles of
+    """``sum(cross_entropy(head(hidden), shift_labels)) / num_items`` over tiles of about
     ``tile_tokens`` tokens: ``hidden`` ``(b, L, H)``, ``shift_labels`` ``(b, L)`` (``-100``:
-    not counted). Only one ``(tile, vocab)`` logits block is alive at a time."""
+    not counted). Only one ``(tile, vocab)`` logits block is alive at a time. ``tiles`` fixes
+    the number of tiles (some may be empty): under ZeRO-3 each tile gathers the head's
+    weight, so every rank must call it as often."""
     if tile_tokens < 1:
         raise ValueError(f"tile_tokens must be >= 1, got {tile_tokens}")
     flat = hidden.reshape(-1, hidden.shape[-1])
     labels = shift_labels.reshape(-1).to(flat.device)
+    n = tiles if tiles is not None else -(-flat.shape[0] // tile_tokens)
     total = flat.new_zeros((), dtype=torch.float32)
-    for lo in range(0, flat.shape[0], tile_tokens):
-        hi = lo + tile_tokens
-        total = total + checkpoint(_tile_sum, head, flat[lo:hi], labels[lo:hi], use_reentrant=False)
+    for h, y in zip(flat.tensor_split(n), labels.tensor_split(n), strict=True):
+        total = total + checkpoint(_tile_sum, head, h, y, use_reentrant=False)
     return total / num_items
 
 
-def tile_mlp(mlp: nn.Module, tile_tokens: int) -> nn.Module:
-    """Make ``mlp`` (``(b, L, H) -> (b, L, H)``, token-wise) run over tiles of
+def tile_mlp(
+    mlp: nn.Module, tile_tokens: int, length: Callable[[int], int] | None = None
+) -> nn.Module:
+    """Make ``mlp`` (``(b, L, H) -> (b, L, H)``, token-wise) run over tiles of about
     ``tile_tokens`` positions, each checkpointed: its ``L x intermediate`` products exist one
-    tile at a time. Returns ``mlp``."""
+    tile at a time. ``length(L)`` is the length the tile count comes from (default ``L``;
+    :func:`tile_causal_lm` gives the longest slice across the ZeRO axis). Returns ``mlp``."""
     if tile_tokens < 1:
         raise ValueError(f"tile_tokens must be >= 1, got {tile_tokens}")
     inner: Callable[[torch.Tensor], torch.Tensor] = mlp.forward
 
     def forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[1] <= tile_tokens:
+        n = -(-(length(x.shape[1]) if length else x.shape[1]) // tile_tokens)
+        if n <= 1:
             return inner(x)
-        tiles = x.split(tile_tokens, dim=1)
+        tiles = x.tensor_split(n, dim=1)
         return torch.cat([checkpoint(inner, t, use_reentrant=False) for t in tiles], dim=1)
 
     mlp.forward = types.MethodType(forward, mlp)  # type: ignore[method-assign]
@@ -78,7 +88,12 @@ def tile_causal_lm(
     """Tile ``model`` (a transformers LLaMA-family ``*ForCausalLM``: ``model.model`` the
     decoder, ``model.lm_head`` the head, each layer's ``mlp``): the loss over ``loss_tile``
     tokens at a time and every layer's MLP over ``mlp_tile`` positions (None: untiled).
-    Composes with :func:`zcore.sequence.hf.parallelize` in either order. Returns ``model``."""
+    Composes with :func:`zcore.sequence.hf.parallelize` in either order. Returns ``model``.
+
+    Under ZeRO-3 every tile gathers its weights, so every rank of the ZeRO axis must run as
+    many tiles: the engine binds the model to its mesh (``bind_mesh``) and each forward takes
+    the tile counts from the longest sequence (slice) across that axis (a scalar all-reduce).
+    """
     decoder, head = getattr(model, "model", None), getattr(model, "lm_head", None)
     layers = getattr(decoder, "layers", None)
     if decoder is None or head is None or layers is None:
@@ -86,9 +101,14 @@ def tile_causal_lm(
             f"{type(model).__name__} is not a LLaMA-family causal LM (model.model.layers and "
             "model.lm_head); tile its loss with zcore.sequence.tiling.tiled_loss directly"
         )
+    agreed: dict[str, Any] = {"comm": None, "length": 0}
+
+    def bind_mesh(mesh: Any) -> None:
+        agreed["comm"] = mesh.comm("dp")
+
     if mlp_tile is not None:
         for layer in layers:
-            tile_mlp(layer.mlp, mlp_tile)
+            tile_mlp(layer.mlp, mlp_tile, lambda _: int(agreed["length"]))
     output_cls = getattr(sys.modules[type(model).__module__], "CausalLMOutputWithPast", None)
 
     def forward(
@@ -99,8 +119,11 @@ def tile_causal_lm(
         num_items_in_batch: torch.Tensor | float | None = None,
         **kwargs: Any,
     ) -> Any:
+        if input_ids is None:
+            raise ValueError("a tiled causal LM takes input_ids (not inputs_embeds)")
         kwargs.pop("logits_to_keep", None)
         kwargs.setdefault("use_cache", False)
+        agreed["length"] = _longest(input_ids.shape[1], agreed["comm"])
         hidden = decoder(input_ids=input_ids, **kwargs).last_hidden_state
         if labels is None:
             logits = head(hidden)
@@ -109,8 +132,19 @@ def tile_causal_lm(
             shift_labels = F.pad(labels, (0, 1), value=IGNORE)[:, 1:]
         if num_items_in_batch is None:
             num_items_in_batch = (shift_labels != IGNORE).sum()
-        loss = tiled_loss(hidden, head, shift_labels, num_items_in_batch, loss_tile)
+        tiles = -(-agreed["length"] * hidden.shape[0] // loss_tile)
+        loss = tiled_loss(hidden, head, shift_labels, num_items_in_batch, loss_tile, tiles)
         return output_cls(loss=loss) if output_cls else {"loss": loss}
 
     model.forward = types.MethodType(forward, model)  # type: ignore[method-assign]
+    model.bind_mesh = bind_mesh  # type: ignore[assignment]
     return model
+
+
+def _longest(length: int, comm: Comm | None) -> int:
+    """The longest of ``length`` across the ranks of ``comm``."""
+    if comm is None or comm.size == 1:
+        return length
+    t = torch.tensor([length])
+    comm.all_reduce(t, "tile count", dist.ReduceOp.MAX).wait()
+    return int(t)
