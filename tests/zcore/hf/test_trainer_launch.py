@@ -1,5 +1,6 @@
 """zcore.hf.Trainer started as a user starts it, and ended by a dead rank: a script (finetune_script.py) on 2 ranks
-through ``torchrun`` or ``z launch``, the ZeRO config a JSON file, the process group left to
+through ``torchrun``, ``z launch`` or ``accelerate launch`` (``--multi_gpu``: accelerate's
+torchrun launcher, which on CPU starts gloo ranks), the ZeRO config a JSON file, the process group left to
 TrainingArguments, CPU optimizer offload at stage 2. Losses rel 1e-5 against the plain
 single-process Trainer; the saved directory loads in transformers.
 
@@ -32,8 +33,8 @@ SCRIPT = Path(__file__).with_name("finetune_script.py")
 )
 @pytest.mark.parametrize(
     ("launcher", "stage", "offload"),
-    [("torchrun", 3, False), ("z launch", 2, True)],
-    ids=["torchrun-zero3", "z-launch-zero2-offload"],
+    [("torchrun", 3, False), ("z launch", 2, True), ("accelerate launch", 3, False)],
+    ids=["torchrun-zero3", "z-launch-zero2-offload", "accelerate-launch-zero3"],
 )
 def test_a_launched_script_trains_like_the_plain_trainer(
     tmp_path: Path, launcher: str, stage: int, offload: bool
@@ -52,6 +53,14 @@ def test_a_launched_script_trains_like_the_plain_trainer(
     if launcher == "torchrun":
         torchrun = Path(sys.executable).with_name("torchrun")
         cmd = [str(torchrun), "--nproc-per-node", "2", "--master-port", port, *script]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    elif launcher == "accelerate launch":  # its multi-process launcher is torchrun's
+        accelerate = Path(sys.executable).with_name("accelerate")
+        cmd = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2"]
+        cmd += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+        cmd += ["--main_process_port", port, *script]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
