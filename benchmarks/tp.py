@@ -219,7 +219,7 @@ def report(result: dict[str, Any]) -> str:
     ]
     for name, c in result["contenders"].items():
         lines.append(
-            f"  {name:11s} {1000 * c['step_time_s']:8.1f} ms/step  params+optimizer "
+            f"  {name:13s} {1000 * c['step_time_s']:8.1f} ms/step  params+optimizer "
             f"{c['state_bytes_per_rank'] / 2**20:7.1f} MiB/rank  loss {c['first_loss']:.3f} -> "
             f"{c['last_loss']:.3f}"
         )
