@@ -105,3 +105,16 @@ def _traffic(rank: int, world: int, gas: int) -> int:
 def test_zero2_reduces_once_per_step_whatever_the_micro_batches() -> None:
     """ZeRO-2 under a pipeline sends the same bytes per step at 2 and 8 micro-batches."""
     assert run_ranks(_traffic, 4, args=(2,)) == run_ranks(_traffic, 4, args=(8,))
+
+
+def _run_pp4(rank: int, world: int) -> tuple:
+    engine, *_ = zcore.initialize(make_pipe(4), config=config(1, mb=MB, gas=GAS))
+    losses = train(engine, STEPS, MB, GAS)
+    held_out = iter(micro_batches(STEPS, 1, MB, GAS)[0])
+    return [*losses, float(engine.eval_batch(held_out))], local_params(engine)
+
+
+@pytest.mark.slow(reason="4 ranks")
+def test_pp4_tie_spans_middle_stages() -> None:
+    """pp4: the tied embedding's gradient sum crosses two stages that add zeros."""
+    _check(run_ranks(_run_pp4, 4), dp=1)

@@ -112,7 +112,7 @@ class PipelineEngine(ZEngine):
         self.kind = check_layout(
             self.pipe.schedule, model.virtual_stages, model.stage_order, self.pp.size, gas
         )
-        self.ties = Ties(model, self.pp, self.dtype)
+        self.ties = Ties(model, self.pp, self.dtype, device)
         if self.ties.crosses_ranks and float(config.gradient_clipping) > 0:
             raise ValueError(
                 f"gradient_clipping {config.gradient_clipping} with layers tied across "
@@ -162,7 +162,7 @@ class PipelineEngine(ZEngine):
 
     def _agree_shape(self, xs: list[torch.Tensor]) -> tuple[tuple[int, ...], torch.dtype]:
         """The micro-batch input shape, sent along ``pp`` from the first stage's rank."""
-        meta = torch.zeros(10, dtype=torch.int64)
+        meta = torch.zeros(10, dtype=torch.int64, device=self.device)
         if self._holds(0):
             x = xs[0]
             if x.dim() > 8:
@@ -170,6 +170,7 @@ class PipelineEngine(ZEngine):
             meta[0], meta[1] = x.dim(), _DTYPES.index(x.dtype)
             meta[2 : 2 + x.dim()] = torch.tensor(x.shape)
         self.pp.broadcast(meta, 0, "broadcast(pipeline input shape)").wait()
+        meta = meta.cpu()
         shape = tuple(int(v) for v in meta[2 : 2 + int(meta[0])])
         return shape, _DTYPES[int(meta[1])]
 
@@ -219,9 +220,9 @@ class PipelineEngine(ZEngine):
         model = self.pipe_module
         last = model.total_stages - 1
         holder = last % self.pp.size if model.stage_order == "loop" else 0
-        out = torch.zeros((), dtype=torch.float32)
+        out = torch.zeros((), dtype=torch.float32, device=self.device)
         if self._raw_losses:
-            out = torch.stack(self._raw_losses).mean().cpu()
+            out = torch.stack(self._raw_losses).mean().to(self.device)
         self._raw_losses = []
         self.pp.broadcast(out, holder, "broadcast(pipeline loss)").wait()
         for comm in (self.comm, self.replicas):

@@ -29,8 +29,10 @@ def coord_of(stage: int, pp: int, order: str) -> int:
 class Ties:
     """The tie keys of ``model`` spanning pipeline ranks, with their collectives."""
 
-    def __init__(self, model: PipelineModule, pp: Comm, dtype: torch.dtype) -> None:
-        self.model, self.pp, self.dtype = model, pp, dtype
+    def __init__(
+        self, model: PipelineModule, pp: Comm, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        self.model, self.pp, self.dtype, self.device = model, pp, dtype, device
         self.holders: dict[str, list[int]] = {}
         for key, stages in model.tie_stages.items():
             coords = sorted({coord_of(s, pp.size, model.stage_order) for s in stages})
@@ -47,7 +49,8 @@ class Ties:
         spec = next(s for s in self.model.specs if isinstance(s, TiedLayerSpec) and s.key == key)
         meta = spec.build_meta()
         zeros = [
-            torch.zeros(getattr(meta, a).shape, dtype=self.dtype) for a in spec.tied_weight_attr
+            torch.zeros(getattr(meta, a).shape, dtype=self.dtype, device=self.device)
+            for a in spec.tied_weight_attr
         ]
         return [], zeros
 
