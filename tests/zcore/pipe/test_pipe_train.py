@@ -82,16 +82,21 @@ def test_pp2_dp2_zero_stages_match_single_process(stage: int) -> None:
     _check(run_ranks(_run, 4, args=(stage, "1f1b", {})), dp=2)
 
 
-def _run_bf16(rank: int, world: int) -> list[float]:
-    cfg = config(1, mb=MB, gas=GAS, bf16={"enabled": True})
-    engine, *_ = zcore.initialize(make_pipe(2), config=cfg)
+def _run_half(rank: int, world: int, precision: dict) -> list[float]:
+    engine, *_ = zcore.initialize(make_pipe(2), config=config(1, mb=MB, gas=GAS, **precision))
     return train(engine, STEPS, MB, GAS)
 
 
-def test_pp2_bf16_tracks_fp32() -> None:
-    """bf16 activations cross the stage boundary (static bf16 shapes); losses within 1%."""
+@pytest.mark.parametrize(
+    "precision",
+    [{"bf16": {"enabled": True}}, {"fp16": {"enabled": True, "initial_scale_power": 8}}],
+    ids=["bf16", "fp16"],
+)
+def test_pp2_half_precision_tracks_fp32(precision: dict) -> None:
+    """16-bit activations cross the stage boundary (static 16-bit shapes); fp16's loss
+    scale multiplies every micro-batch's loss; losses within 1% of fp32's."""
     ref_losses, _ = baseline(STEPS, 1, MB, GAS)
-    for losses in run_ranks(_run_bf16, 2):
+    for losses in run_ranks(_run_half, 2, args=(precision,)):
         assert losses == pytest.approx(ref_losses, rel=1e-2)
 
 
