@@ -178,6 +178,8 @@ def run_compare(
     refusal = simd_paths.peer_refusal(simd, peer_simd or {})
     if refusal:
         peer_status = {"available": False, "skipped": refusal}
+    elif simd is not None and not peer_status["available"]:
+        peer_status["install"] = simd_paths.install_hint(simd)
     if peer_status["available"] and model_dir.name != PEER_MODEL:
         peer_status = {
             "available": False,

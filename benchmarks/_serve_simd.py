@@ -84,6 +84,14 @@ def run_forced(simd: str, model_dir: Path, kwargs: dict[str, Any]) -> dict[str, 
         return dict(json.loads(out.read_text()))
 
 
+def install_hint(simd: str) -> str:
+    """How to get the peer this level runs."""
+    return (
+        f"--simd {simd}: llama-cpp-python is not importable from {peer_dir(simd)}; run "
+        "`make llama-cpp-avx2` (builds it for AVX2 only there), then rerun"
+    )
+
+
 def peer_info() -> dict[str, Any]:
     """llama.cpp's ``llama_print_system_info`` line and where it was loaded from."""
     try:

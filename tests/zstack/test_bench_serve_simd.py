@@ -41,6 +41,7 @@ def test_simd_avx2_forces_both_libraries_and_records_them(tmp_path: Path) -> Non
     assert simd["env"]["ATEN_CPU_CAPABILITY"] == "avx2"
     assert simd["env"]["ONEDNN_MAX_CPU_ISA"] == "AVX2"
     assert r["options"]["simd"] == "avx2"
+    assert "make llama-cpp-avx2" in r["peer"].get("install", "make llama-cpp-avx2")
     assert all(v > 0 for v in r["rows"]["fp32"]["zserve"].values())
 
 
