@@ -414,13 +414,18 @@ def bench_pipe(
     micro_batches: int = typer.Option(8, "--micro-batches", min=2, help="Per step (even)."),
     seq: int = typer.Option(128, "--seq", min=2, help="Tokens per micro-batch sequence."),
     zbv: bool = typer.Option(True, "--zbv/--no-zbv", help="Also time ZB-V with checkpointing."),
+    layers: int = typer.Option(6, "--layers", min=2, help="GPT blocks."),
+    width: int = typer.Option(576, "--width", min=8, help="Model width (8 heads)."),
+    vocab: int = typer.Option(2048, "--vocab", min=2, help="Vocabulary size."),
+    memory: bool = typer.Option(True, "--memory/--no-memory", help="Peak RSS runs alone."),
     json_out: bool = typer.Option(False, "--json", help="Print only the JSON object."),
 ) -> None:
     """Pipeline (2 stages) vs torch's Schedule1F1B and DDP: step time, bubble, memory."""
     from zstack.bench import run_benchmark
 
     options = dict(steps=steps, warmup=warmup, micro_batches=micro_batches, seq=seq, zbv=zbv)
-    raise typer.Exit(run_benchmark("pipe", json_out, **options))
+    shape = dict(layers=layers, width=width, vocab=vocab, memory=memory)
+    raise typer.Exit(run_benchmark("pipe", json_out, **options, **shape))
 
 
 def register(app: typer.Typer, bench_app: typer.Typer) -> None:
