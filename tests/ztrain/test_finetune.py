@@ -36,16 +36,21 @@ def _setup(tmp_path: Path) -> tuple[Path, Path]:
     return write_tiny_lm(tmp_path / "tiny"), write_data(tmp_path / "data.jsonl")
 
 
-def _run_rank(rank: int, world: int, plan: FinetunePlan) -> dict[str, Any]:
-    """Fine-tune on this rank; rank 0 then loads `final/` in transformers and in zserve's
-    engine (what `z serve` runs) and generates greedily with both; with LoRA also the largest
+def _run_rank(rank: int, world: int, plan: FinetunePlan, serve: bool = True) -> dict[str, Any]:
+    """Fine-tune on this rank; rank 0 then loads `final/` in transformers (and with `serve` in
+    zserve's engine, what `z serve` runs) and generates greedily; with LoRA also the largest
     logit difference between the adapter over the base (PEFT) and the merged `final/`."""
     from ztrain.finetune import run
 
     run(plan, echo=lambda s: None)
     if rank != 0:
         return {}
-    ids, served = _served(plan.final)
+    if serve:
+        ids, served = _served(plan.final)
+    else:
+        from transformers import AutoTokenizer
+
+        ids, served = AutoTokenizer.from_pretrained(plan.final)(PROMPT)["input_ids"], None
     out: dict[str, Any] = {"served": served, "greedy": _greedy(plan.final, ids)}
     if plan.options.lora:
         from peft import PeftModel
@@ -98,13 +103,14 @@ def _changed(a: Path, b: Path) -> list[str]:
     return [k for k in x if not torch.equal(x[k], y[k])]
 
 
-def test_full_finetune_writes_a_model_transformers_and_zserve_load(tmp_path: Path) -> None:
+def test_full_finetune_writes_a_model_transformers_loads(tmp_path: Path) -> None:
     model, data = _setup(tmp_path)
     out = tmp_path / "run"
     opts = FinetuneOptions(model, data, out=out, seq_len=24, epochs=1.0, lr=1e-3)
     plan = plan_finetune(opts, world_size=1)
-    [got] = run_ranks(_run_rank, 1, args=(plan,), timeout=120)
-    assert len(got["greedy"]) == 5 and got["served"] == got["greedy"], got
+    # (zserve loads final/ in the LoRA case and the slow two-rank CLI case)
+    [got] = run_ranks(_run_rank, 1, args=(plan, False), timeout=120)
+    assert len(got["greedy"]) == 5, got
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     assert all(
