@@ -47,6 +47,7 @@ def _cp_mesh(rank: int, world: int) -> dict:
     }
 
 
+@pytest.mark.slow(reason="4 ranks building a cp view beside the dp mesh: 15-30 s on 2 cores")
 def test_cp2_dp2_groups_and_batch_arithmetic() -> None:
     out = run_ranks(_cp_mesh, 4)
     for rank, got in enumerate(out):
