@@ -231,6 +231,7 @@ import tests.zstack.smoke_cases_cp  # noqa: E402  (registers `z bench cp`)
 import tests.zstack.smoke_cases_finetune  # noqa: E402  (registers `z finetune`)
 import tests.zstack.smoke_cases_pipe  # noqa: E402  (registers `z bench pipe`)
 import tests.zstack.smoke_cases_tools  # noqa: E402  (registers the bench, serve, ... cases)
+import tests.zstack.smoke_cases_tp  # noqa: E402  (registers `z bench tp`)
 import tests.zstack.test_cli_smoke_chat  # noqa: E402, F401  (registers the `z chat` cases)
 
 
