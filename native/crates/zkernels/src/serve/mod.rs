@@ -15,6 +15,8 @@
 
 mod attention;
 mod linear;
+#[cfg(target_arch = "x86_64")]
+mod linear_avx2;
 mod norm;
 mod rotary;
 
