@@ -6,8 +6,6 @@ in float32 and bfloat16 for 1-64 rows; and zserve's routing of bfloat16 batches 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -19,18 +17,6 @@ from zquant.quantizers import (
     quantize_activation_tokenwise,
     quantize_weight,
 )
-
-_ORDER = ("scalar", "avx2", "avx512")
-LEVELS = _ORDER[: _ORDER.index(znative.detected_simd_level()) + 1]
-
-
-@pytest.fixture(params=LEVELS)
-def simd(request: pytest.FixtureRequest) -> Iterator[str]:
-    znative.set_simd_level(request.param)
-    try:
-        yield request.param
-    finally:
-        znative.set_simd_level(None)
 
 
 def _gen(seed: int) -> torch.Generator:

@@ -17,7 +17,6 @@ device and CuPy; ``tests/znative/test_cuda_nvrtc.py`` compile-checks the sources
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -26,20 +25,9 @@ import torch
 import znative
 from zcomm import blockquant, kernels, signs
 
-_ORDER = ("scalar", "avx2", "avx512")
-LEVELS = _ORDER[: _ORDER.index(znative.detected_simd_level()) + 1]
 PART = 1 << 16  # the kernels' parallel part: sizes above it run on several threads
 SIZES = [0, 1, 7, 8, 9, 15, 16, 17, 1023, 1025, 3 * PART + 13]
 SPECIAL = [0.0, -0.0, float("nan"), -float("nan"), float("inf"), -float("inf"), -1e-30, 1e-30]
-
-
-@pytest.fixture(params=LEVELS)
-def simd(request: pytest.FixtureRequest) -> Iterator[str]:
-    znative.set_simd_level(request.param)
-    try:
-        yield request.param
-    finally:
-        znative.set_simd_level(None)
 
 
 def _data(n: int, seed: int, *, special: bool = True) -> torch.Tensor:

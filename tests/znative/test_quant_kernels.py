@@ -4,8 +4,6 @@ rounding; every SIMD level agrees; bad buffers raise typed errors."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 import torch
@@ -13,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import znative
+from tests.znative.simd_levels import LEVELS
 from zquant import native
 from zquant.quantizers import (
     QuantSpec,
@@ -20,18 +19,6 @@ from zquant.quantizers import (
     quantize_activation_tokenwise,
     quantize_weight,
 )
-
-_ORDER = ("scalar", "avx2", "avx512")
-LEVELS = _ORDER[: _ORDER.index(znative.detected_simd_level()) + 1]
-
-
-@pytest.fixture(params=LEVELS)
-def simd(request: pytest.FixtureRequest) -> Iterator[str]:
-    znative.set_simd_level(request.param)
-    try:
-        yield request.param
-    finally:
-        znative.set_simd_level(None)
 
 
 def _gen(seed: int) -> torch.Generator:

@@ -21,17 +21,7 @@ from zserve.model import native
 from zserve.model.attention import paged_attention_reference, plan_ragged_attention
 from zserve.model.llama import apply_rotary, rms_norm
 
-LEVELS = ["scalar", "avx2", "avx512"][
-    : ["scalar", "avx2", "avx512"].index(znative.detected_simd_level()) + 1
-]
 DTYPES = [torch.float32, torch.bfloat16]
-
-
-@pytest.fixture(params=LEVELS)
-def simd(request: pytest.FixtureRequest):
-    znative.set_simd_level(request.param)
-    yield request.param
-    znative.set_simd_level(None)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
