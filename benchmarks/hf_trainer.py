@@ -237,50 +237,13 @@ def run(
 def _tiny(out: Path) -> Path:
     """A 2-layer random LLaMA (for a quick run of the benchmark), written with safetensors
     alone: this process never imports transformers (only the ranks do)."""
-    import torch
     from safetensors.torch import save_file
 
-    vocab, hidden, inter, layers, heads, kv_heads = 256, 64, 128, 2, 4, 2
-    head_dim = hidden // heads
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "vocab_size": vocab,
-        "hidden_size": hidden,
-        "intermediate_size": inter,
-        "num_hidden_layers": layers,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "head_dim": head_dim,
-        "max_position_embeddings": 512,
-        "rms_norm_eps": 1e-6,
-        "hidden_act": "silu",
-        "tie_word_embeddings": False,
-        "torch_dtype": "float32",
-    }
-    g = torch.Generator().manual_seed(0)
+    from zcore.hf.random_llama import random_llama
 
-    def w(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=g) * 0.02
-
-    state = {
-        "model.embed_tokens.weight": w(vocab, hidden),
-        "lm_head.weight": w(vocab, hidden),
-        "model.norm.weight": torch.ones(hidden),
-    }
-    for i in range(layers):
-        p = f"model.layers.{i}."
-        state |= {
-            p + "self_attn.q_proj.weight": w(heads * head_dim, hidden),
-            p + "self_attn.k_proj.weight": w(kv_heads * head_dim, hidden),
-            p + "self_attn.v_proj.weight": w(kv_heads * head_dim, hidden),
-            p + "self_attn.o_proj.weight": w(hidden, heads * head_dim),
-            p + "mlp.gate_proj.weight": w(inter, hidden),
-            p + "mlp.up_proj.weight": w(inter, hidden),
-            p + "mlp.down_proj.weight": w(hidden, inter),
-            p + "input_layernorm.weight": torch.ones(hidden),
-            p + "post_attention_layernorm.weight": torch.ones(hidden),
-        }
+    config, state = random_llama(
+        vocab=256, hidden=64, inter=128, layers=2, heads=4, kv_heads=2, std=0.02, max_positions=512
+    )
     out.mkdir(parents=True)
     (out / "config.json").write_text(json.dumps(config))
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
