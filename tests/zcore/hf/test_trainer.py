@@ -9,8 +9,8 @@ losses rel 1e-6 against the uninterrupted one; the saved directory's logits agai
 run's model atol 1e-4 (a few steps of lr 3e-3 on fp32 rounding).
 
 Most of each call's time is every rank importing transformers (~3 s alone, ~7 s per rank
-when 2 ranks share 2 busy cores), so the default tests are one 2-rank call and one 1-rank
-call; the 20-step runs of issue 47's "Done when" and the resumes on 2 ranks and across world
+when 2 ranks share 2 busy cores), so the default tests are few short calls (2 ranks: the
+3-step equivalence, 2 steps of load_best_model_at_end; 1 rank: resume, bf16); the 20-step runs of issue 47's "Done when" and the resumes on 2 ranks and across world
 sizes are ``slow``.
 """
 
@@ -202,3 +202,44 @@ def test_bf16_in_training_arguments_fills_the_config_and_trains_in_bf16(tmp_path
     assert r["dtypes"] == {"torch.bfloat16"}
     ref = tc.plain_run(model_dir, tmp_path / "plain", steps * PER_EPOCH, num_train_epochs=1)
     assert r["history"]["loss"] == pytest.approx(ref["history"]["loss"], rel=3e-2)
+
+
+# -- load_best_model_at_end -------------------------------------------------------------------
+def _best_rank(rank: int, world: int, model_dir: str, tmp: str, steps: int) -> dict[str, Any]:
+    """Evaluate and save after every step, keep the checkpoint with the HIGHEST eval loss
+    (greater_is_better=True: an early one, so "best" is not simply the last weights)."""
+    ov = {
+        "num_train_epochs": 1,
+        "eval_strategy": "steps",
+        "eval_steps": 1,
+        "save_strategy": "steps",
+        "save_steps": 1,
+        "load_best_model_at_end": True,
+        "metric_for_best_model": "eval_loss",
+        "greater_is_better": True,
+    }
+    trainer = tc.zcore_trainer(world, model_dir, f"{tmp}/best", 3, steps * PER_EPOCH, **ov)
+    trainer.train()
+    after = trainer.evaluate()["eval_loss"]  # collective: the partitioned model, reloaded
+    return {
+        "history": tc.history(trainer),
+        "best_checkpoint": trainer.state.best_model_checkpoint,
+        "best_metric": trainer.state.best_metric,
+        "eval_after": after,
+    }
+
+
+def test_load_best_model_at_end_reloads_the_best_checkpoint_at_zero3(tmp_path: Path) -> None:
+    """After training, the partitioned model is the best checkpoint's: its eval loss is the
+    best metric recorded (rel 1e-6), not the last step's."""
+    model_dir = tc.write_model(tmp_path / "tiny")
+    steps = 2
+    results = run_ranks(_best_rank, tc.WORLD, args=(str(model_dir), str(tmp_path), steps))
+    for r in results:
+        evals = r["history"]["eval_loss"][:steps]  # one per step (the last one repeated after)
+        assert len(evals) == steps and max(evals) != evals[-1], evals
+        assert r["best_metric"] == pytest.approx(max(evals), rel=1e-6)
+        best_step = evals.index(max(evals)) + 1
+        assert r["best_checkpoint"].endswith(f"checkpoint-{best_step}"), r["best_checkpoint"]
+        assert r["eval_after"] == pytest.approx(r["best_metric"], rel=1e-6)
+        assert r["eval_after"] != pytest.approx(evals[-1], rel=1e-6)

@@ -222,3 +222,11 @@ def test_an_epoch_of_partial_accumulation_fails_before_training(tmp_path: Path) 
 def test_import_zcore_hf_does_not_import_transformers() -> None:
     code = "import sys, zcore.hf; assert 'transformers' not in sys.modules, 'imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_load_best_with_save_only_model_is_refused(tmp_path: Path) -> None:
+    ov = {"eval_strategy": "steps", "save_strategy": "steps", "load_best_model_at_end": True}
+    with pytest.raises(
+        TrainerConfigError, match=r"save_only_model=True.*set save_only_model=False"
+    ):
+        _trainer(tmp_path, {"zero_optimization": {"stage": 2}}, save_only_model=True, **ov)

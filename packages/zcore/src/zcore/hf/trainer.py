@@ -26,6 +26,8 @@ Where it hooks in, the places transformers' DeepSpeed integration uses
   for a PEFT model the adapter directory only (:mod:`zcore.hf.trainer_peft`).
 - ``_save_optimizer_and_scheduler``: ``engine.save_checkpoint(checkpoint-N, "global_stepN")``.
 - ``_load_from_checkpoint``: nothing; the engine checkpoint holds the weights.
+- ``_load_best_model`` (``load_best_model_at_end``): the engine checkpoint in the best
+  ``checkpoint-N`` folder, weights and optimizer state, as DeepSpeed's integration loads it.
 
 This module imports transformers (the only zcore module that does); ``import zcore.hf`` does
 not load it until ``zcore.hf.Trainer`` is used. Requires transformers 5.x (``pip install zcore[hf]``).
@@ -83,10 +85,11 @@ class Trainer(transformers.Trainer):
             )
         if args is None:
             args = transformers.TrainingArguments(output_dir="tmp_trainer")
-        if args.load_best_model_at_end:
+        if args.load_best_model_at_end and args.save_only_model:
             raise TrainerConfigError(
-                "load_best_model_at_end=True is not supported by zcore.hf.Trainer yet; set it "
-                "to False and load the best checkpoint-N folder's model directory afterwards"
+                "load_best_model_at_end=True with save_only_model=True: the best model is "
+                "loaded from the engine checkpoint in its checkpoint-N folder, which "
+                "save_only_model leaves out; set save_only_model=False (as for DeepSpeed)"
             )
         self.zero_config = fill_from_args(load_config(config), args)
         """The config after ``TrainingArguments`` filled its ``"auto"`` values."""
@@ -249,6 +252,11 @@ class Trainer(transformers.Trainer):
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
         """Nothing: the engine checkpoint (loaded once the engine exists) holds the weights."""
+
+    def _load_best_model(self) -> None:
+        """``load_best_model_at_end``: every rank loads its part of the engine checkpoint in
+        ``state.best_model_checkpoint`` (collective; any stage, partitioned at stage 3)."""
+        self.engine.load_checkpoint(self.state.best_model_checkpoint)
 
 
 def _check_whole_cycles(loader: Any, args: Any, max_steps: int) -> None:
