@@ -10,8 +10,9 @@ run's model atol 1e-4 (a few steps of lr 3e-3 on fp32 rounding).
 
 Most of each call's time is every rank importing transformers (~3 s alone, ~7 s per rank
 when 2 ranks share 2 busy cores), so the default tests are few short calls (2 ranks: the
-3-step equivalence, 2 steps of load_best_model_at_end; 1 rank: resume, bf16); the 20-step runs of issue 47's "Done when" and the resumes on 2 ranks and across world
-sizes are ``slow``.
+3-step equivalence, 2 steps of load_best_model_at_end; 1 rank: resume, bf16); the 20-step
+runs of issue 47's "Done when" and the resumes on 2 ranks and across world sizes are
+``slow``.
 """
 
 from __future__ import annotations
