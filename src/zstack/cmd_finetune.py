@@ -56,6 +56,15 @@ def finetune(
     save_every: int = typer.Option(
         0, "--save-every", min=0, help="Steps between `checkpoint-N` folders; 0: none."
     ),
+    eval_data: Path | None = typer.Option(
+        None, "--eval-data", help="JSONL like DATA: its mean loss at the end (and --eval-every)."
+    ),
+    eval_every: int = typer.Option(
+        0, "--eval-every", min=0, help="Steps between evaluations of --eval-data; 0: at the end."
+    ),
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue from OUT's latest checkpoint-N (any --nproc)."
+    ),
 ) -> None:
     """Fine-tune MODEL_DIR on DATA with zcore's ZeRO (full or LoRA); writes OUT/final."""
     from zcore.config import ConfigError
@@ -76,6 +85,9 @@ def finetune(
         lr=lr,
         seed=seed,
         save_every=save_every,
+        eval_data=eval_data,
+        eval_every=eval_every,
+        resume=resume,
     )
     under_launcher = "RANK" in os.environ
     world = int(os.environ.get("WORLD_SIZE", "1")) if under_launcher else nproc
@@ -97,6 +109,9 @@ def _rank_argv(ctx: typer.Context) -> list[str]:
     for p in ctx.command.params:
         value = ctx.params.get(p.name or "")
         if p.name in ("model_dir", "data", "nproc") or value is None or not p.opts:
+            continue
+        if isinstance(value, bool):  # a flag: given or not
+            argv += [p.opts[0]] if value else []
             continue
         argv += [p.opts[0], str(value)]
     return argv

@@ -167,6 +167,57 @@ def test_bad_input_is_named_before_training(tmp_path: Path) -> None:
         plan_finetune(FinetuneOptions(model, data, base_bits=4), 1)
     with pytest.raises(FinetuneError, match="4 examples, fewer than one optimizer step of 8"):
         plan_finetune(FinetuneOptions(model, data, micro_batch=4), 2)
+    with pytest.raises(FinetuneError, match="--eval-every 2 needs --eval-data"):
+        plan_finetune(FinetuneOptions(model, data, eval_every=2), 1)
+    small = write_data(tmp_path / "small.jsonl", LINES[:1])
+    with pytest.raises(FinetuneError, match="1 examples, fewer than one evaluation batch of 2"):
+        plan_finetune(FinetuneOptions(model, data, eval_data=small), 2)
+    with pytest.raises(FinetuneError, match=r"--resume: no checkpoint-N folder in .*--save-every"):
+        plan_finetune(FinetuneOptions(model, data, out=tmp_path / "new", resume=True), 1)
+
+
+def _records(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _eval_and_resume_rank(rank: int, world: int, model: Path, data: Path, tmp: Path) -> None:
+    """A 4-step run evaluating and saving every 2 steps; then a copy of its directory without
+    its last checkpoint (as if it stopped after step 2), resumed."""
+    import shutil
+
+    from ztrain.finetune import run
+
+    common = dict(seq_len=24, lr=1e-3, eval_data=data, eval_every=2, save_every=2)
+    run(plan_finetune(FinetuneOptions(model, data, out=tmp / "a", **common), 1), lambda s: None)
+    shutil.copytree(tmp / "a", tmp / "b", symlinks=True)
+    shutil.rmtree(tmp / "b" / "checkpoints" / "checkpoint-4")
+    plan = plan_finetune(FinetuneOptions(model, data, out=tmp / "b", resume=True, **common), 1)
+    assert plan.resume_from == tmp / "b" / "checkpoints" / "checkpoint-2"
+    run(plan, lambda s: None)
+
+
+def test_eval_data_and_resume_give_the_uninterrupted_run(tmp_path: Path) -> None:
+    """--eval-data records eval_loss every --eval-every steps and at the end; --resume from
+    checkpoint-2 gives the uninterrupted run's losses (rel 1e-6) and final weights (atol
+    1e-6), and metrics.jsonl holds each step once."""
+    from safetensors.torch import load_file
+
+    model, data = _setup(tmp_path)
+    run_ranks(_eval_and_resume_rank, 1, args=(model, data, tmp_path), timeout=180)
+    full, resumed = _records(tmp_path / "a"), _records(tmp_path / "b")
+    assert [r["step"] for r in full] == [1, 2, 2, 3, 4, 4, 4]  # evals at 2, 4 and the end
+    assert [r["step"] for r in resumed] == [r["step"] for r in full]
+    for a, b in zip(full, resumed, strict=True):
+        key = "loss" if "loss" in a else "eval_loss"
+        assert b[key] == pytest.approx(a[key], rel=1e-6), (a, b)
+    evals = [r["eval_loss"] for r in full if "eval_loss" in r]
+    assert evals[1] == pytest.approx(evals[2], rel=1e-6) and evals[0] != evals[1]
+    x, y = (
+        load_file(str(tmp_path / "a/final/model.safetensors")),
+        load_file(str(tmp_path / "b/final/model.safetensors")),
+    )
+    for k in x:
+        torch.testing.assert_close(y[k], x[k], rtol=0, atol=1e-6)
 
 
 @pytest.mark.slow(reason="QLoRA through z finetune's run; test_finetune_qlora checks its math")
@@ -180,19 +231,40 @@ def test_lora_over_an_int4_base_merges_into_the_full_precision_model(tmp_path: P
     assert changed and all("q_proj" in k or "v_proj" in k for k in changed), changed
 
 
-@pytest.mark.slow(reason="`z finetune --nproc 2`: two fresh ranks through z launch (~60 s)")
+@pytest.mark.slow(
+    reason="`z finetune --nproc 2` (two fresh ranks through z launch), resumed on 1 rank (~90 s)"
+)
 def test_cli_on_two_ranks_at_zero3_writes_a_model_that_generates(tmp_path: Path) -> None:
+    """Two ranks at ZeRO-3 with --eval-data and a checkpoint per step; the run's directory
+    without its last checkpoint, resumed with --resume on ONE rank, gives the step-2 loss and
+    the eval loss of the two-rank run (rel 1e-5: another reduction order)."""
+    import shutil
+
     from tests.utils.cli import run_z
 
     model, data = _setup(tmp_path)
     config = write_json(tmp_path / "ds.json", {"zero_optimization": {"stage": 3}})
     out = tmp_path / "run"
-    args = ["--config", str(config), "--nproc", "2", "--out", str(out), "--seq-len", "24"]
-    done = run_z("finetune", str(model), str(data), *args, "--lr", "1e-3", timeout=600)
+    args = ["--config", str(config), "--seq-len", "24", "--lr", "1e-3", "--eval-data", str(data)]
+    args += ["--save-every", "1"]
+    two = ["--nproc", "2", "--micro-batch", "1", "--out", str(out)]
+    done = run_z("finetune", str(model), str(data), *args, *two, timeout=600)
     assert "2 rank(s), ZeRO stage 3" in done.stdout and "done: 2 steps" in done.stdout
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [len(r["rank_rss_mib"]) for r in records] == [2, 2]
+    assert "eval loss" in done.stdout
+    records = _records(out)
+    assert [len(r["rank_rss_mib"]) for r in records if "loss" in r] == [2, 2]
     assert _changed(model, out / "final")
+    again = tmp_path / "again"
+    shutil.copytree(out, again, symlinks=True)
+    shutil.rmtree(again / "checkpoints" / "checkpoint-2")
+    one = ["--micro-batch", "2", "--resume", "--out", str(again)]  # the same rows per step
+    done = run_z("finetune", str(model), str(data), *args, *one, timeout=600)
+    assert "1 rank(s)" in done.stdout and "resuming after step 1" in done.stdout, done.stdout
+    resumed = _records(again)
+    assert [r["step"] for r in resumed] == [r["step"] for r in records]
+    for a, b in zip(records, resumed, strict=True):
+        key = "loss" if "loss" in a else "eval_loss"
+        assert b[key] == pytest.approx(a[key], rel=1e-5), (a, b)
 
 
 def test_the_cli_names_a_bad_line_and_exits_2(tmp_path: Path) -> None:

@@ -16,6 +16,12 @@ rank 0 then loads the base from `MODEL_DIR` in plain transformers, merges the ad
 (`merge_and_unload`) and writes `final/`, so `final/` is one self-contained model either way.
 With `--base-bits 8|4` as well, the frozen base trains stored as packed INT8/INT4
 (`ztrain.finetune_qlora`); the adapter is still merged into the full-precision base.
+
+`--eval-data FILE` is evaluated (mean loss over whole batches of every rank) every
+`--eval-every` steps and once after training; `--resume` continues from the latest
+`checkpoint-N` in `checkpoints/` (the Trainer's resume: weights, optimizer, schedule, data
+position and RNG; any world size with the same rows per step), keeping the metrics records
+up to that step.
 """
 
 from __future__ import annotations
@@ -39,9 +45,11 @@ def training_arguments(plan: FinetunePlan) -> TrainingArguments:
     """The Trainer's arguments: the plan's numbers, one log record per step."""
     a, o = plan.args, plan.options
     save = dict(save_strategy="steps", save_steps=o.save_every) if o.save_every else {}
+    evaluate = dict(eval_strategy="steps", eval_steps=o.eval_every) if o.eval_every else {}
     return TrainingArguments(
         output_dir=str(plan.out / "checkpoints"),
         per_device_train_batch_size=a.per_device_train_batch_size,
+        per_device_eval_batch_size=a.per_device_train_batch_size,
         gradient_accumulation_steps=a.gradient_accumulation_steps,
         learning_rate=a.learning_rate,
         max_grad_norm=a.max_grad_norm,
@@ -58,6 +66,8 @@ def training_arguments(plan: FinetunePlan) -> TrainingArguments:
         logging_steps=1,
         save_strategy=save.get("save_strategy", "no"),
         save_steps=save.get("save_steps", 500),
+        eval_strategy=evaluate.get("eval_strategy", "no"),
+        eval_steps=evaluate.get("eval_steps"),
         report_to=[],
         use_cpu=not torch.cuda.is_available(),
         dataloader_drop_last=True,
@@ -135,11 +145,17 @@ def run(plan: FinetunePlan, echo: Callable[[str], None] = print) -> int:
         for p in model.parameters()
         if p.requires_grad
     )
-    log = FinetuneLog(plan.metrics, rank0=rank0)
+    eval_rows = None
+    if o.eval_data is not None:
+        eval_rows = to_rows(read_examples(o.eval_data), tokenizer, o.seq_len).rows
+        eval_rows = eval_rows[: plan.eval_examples]
+    resumed_at = int(plan.resume_from.name.split("-", 1)[1]) if plan.resume_from else 0
+    log = FinetuneLog(plan.metrics, rank0=rank0, keep_through=resumed_at)
     trainer = zcore.hf.Trainer(
         model=model,
         args=args,
         train_dataset=rows.rows[:whole],
+        eval_dataset=eval_rows,
         processing_class=tokenizer,
         config=plan.config,
         callbacks=[log],
@@ -157,9 +173,12 @@ def run(plan: FinetunePlan, echo: Callable[[str], None] = print) -> int:
             f"fine-tuning {o.model_dir.name} ({what}) on {whole} examples of `{o.data}` "
             f"({rows.tokens:,} tokens), {args.world_size} rank(s), ZeRO stage {plan.stage}: "
             f"{total_steps(plan)} steps of {plan.step_rows} x {o.seq_len} tokens"
+            + (f", resuming after step {resumed_at} (`{plan.resume_from}`)" if resumed_at else "")
         )
+    resume = str(plan.resume_from) if plan.resume_from else None
     try:
-        trainer.train()
+        trainer.train(resume_from_checkpoint=resume)
+        eval_loss = trainer.evaluate()["eval_loss"] if eval_rows else None  # collective
     finally:
         log.close()
     if o.lora:
@@ -174,9 +193,10 @@ def run(plan: FinetunePlan, echo: Callable[[str], None] = print) -> int:
         png = plot_loss_curve(plan.metrics, plan.out / "loss.png", f"{o.model_dir.name} fine-tune")
         last = f"{log.last_loss:.4f}" if log.last_loss is not None else "-"
         adapter = f"  adapter     {plan.adapter}\n" if o.lora else ""
+        held = f", eval loss {eval_loss:.4f}" if eval_loss is not None else ""
         echo(
             f"done: {trainer.state.global_step} steps in {time.perf_counter() - t_start:.0f} s, "
-            f"final loss {last}\n  metrics     {plan.metrics}\n  loss curve  {png}\n"
+            f"final loss {last}{held}\n  metrics     {plan.metrics}\n  loss curve  {png}\n"
             f"{adapter}  model       {plan.final}"
             + (" (the adapter merged into the base)" if o.lora else "")
             + f"\nnext: `z serve {plan.final}`"

@@ -5,10 +5,14 @@ one record per optimizer step on rank 0 with `step`, `loss` (the step's mean ove
 and micro-step, as the Trainer logs it), `lr`, `grad_norm`, `tokens` (non-padding tokens seen
 by all ranks), `tokens_per_s`, `rank_rss_mib` (each rank's resident memory) and `elapsed_s`.
 Each rank's memory is gathered at every step's end, a collective the loop reaches on every rank.
+An evaluation adds a record with `step` and `eval_loss` (and the progress line shows it). A
+fresh run starts `metrics.jsonl` anew; a resumed one keeps the records up to the step it
+resumes after (`keep_through`) and appends.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -35,9 +39,10 @@ def gather_rss_mib() -> list[float]:
 class FinetuneLog(TrainerCallback):
     """Writes `metrics` (JSON Lines) and shows the progress line; both on rank 0 only."""
 
-    def __init__(self, metrics: Path, *, rank0: bool) -> None:
+    def __init__(self, metrics: Path, *, rank0: bool, keep_through: int = 0) -> None:
         self.metrics = metrics
         self.rank0 = rank0
+        self.keep_through = keep_through
         self._writer: JsonlWriter | None = None
         self._progress: TrainProgress | None = None
         self._start = self._step_start = 0.0
@@ -50,6 +55,7 @@ class FinetuneLog(TrainerCallback):
         self._start = time.perf_counter()
         self._tokens_at_log = int(state.num_input_tokens_seen)
         if self.rank0:
+            self._keep_earlier_records()
             self._writer = JsonlWriter(self.metrics)
             self._progress = TrainProgress(state.max_steps, description="finetune").__enter__()
 
@@ -60,9 +66,20 @@ class FinetuneLog(TrainerCallback):
         self._step_s += time.perf_counter() - self._step_start
         self._rss = gather_rss_mib()
 
+    def _keep_earlier_records(self) -> None:
+        """Leave in `metrics` only the records of steps up to `keep_through` (none when 0)."""
+        kept: list[str] = []
+        if self.keep_through and self.metrics.is_file():
+            lines = self.metrics.read_text().splitlines()
+            kept = [ln for ln in lines if ln and json.loads(ln)["step"] <= self.keep_through]
+        self.metrics.parent.mkdir(parents=True, exist_ok=True)
+        self.metrics.write_text("".join(line + "\n" for line in kept))
+
     def on_log(
         self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any
     ) -> None:
+        if logs and "eval_loss" in logs:
+            self._eval(state.global_step, float(logs["eval_loss"]))
         if not logs or "loss" not in logs:
             return
         tokens = int(state.num_input_tokens_seen)
@@ -90,14 +107,24 @@ class FinetuneLog(TrainerCallback):
             rank_rss_mib=self._rss,
         )
 
-    def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        self.close()
+    def _eval(self, step: int, loss: float) -> None:
+        if self._writer is not None:
+            self._writer.write({"step": step, "eval_loss": loss})
+        if self._progress is not None:
+            self._progress.update(step=step, val_loss=loss)
 
-    def close(self) -> None:
-        """End the progress line and close the metrics file (also after a failed run)."""
+    def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        """End the progress line; the metrics file stays open for a last evaluation."""
+        self._end_progress()
+
+    def _end_progress(self) -> None:
         if self._progress is not None:
             self._progress.__exit__(None, None, None)
             self._progress = None
+
+    def close(self) -> None:
+        """End the progress line and close the metrics file (also after a failed run)."""
+        self._end_progress()
         if self._writer is not None:
             self._writer.close()
             self._writer = None

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,12 @@ class FinetuneOptions:
     lr: float | None = None
     seed: int = 0
     save_every: int = 0
+    eval_data: Path | None = None
+    """A JSONL file like `data`, evaluated (mean loss) every `eval_every` steps and at the end."""
+    eval_every: int = 0
+    """Steps between evaluations of `eval_data`; 0: at the end only."""
+    resume: bool = False
+    """Continue from the latest `checkpoint-N` folder in `out/checkpoints` (any world size)."""
 
 
 @dataclass
@@ -79,6 +85,9 @@ class FinetunePlan:
     """-1: `epochs` epochs of the data."""
     examples: int
     notes: list[str] = field(default_factory=list)
+    eval_examples: int = 0
+    resume_from: Path | None = None
+    """With `resume`: the `checkpoint-N` folder the run continues from."""
 
     @property
     def out(self) -> Path:
@@ -97,6 +106,11 @@ class FinetunePlan:
     def adapter(self) -> Path:
         """With LoRA: the adapter directory `PeftModel.from_pretrained` loads."""
         return self.options.out / "adapter"
+
+    @property
+    def checkpoints(self) -> Path:
+        """The Trainer's `checkpoint-N` folders (written with `save_every`)."""
+        return self.options.out / "checkpoints"
 
     @property
     def stage(self) -> int:
@@ -204,6 +218,12 @@ def plan_finetune(opts: FinetuneOptions, world_size: int) -> FinetunePlan:
             f"LoRA at ZeRO stage {plan.stage}: only the adapter trains; stage 2 or 3 also "
             "shards its optimizer state"
         )
+    if opts.eval_every and opts.eval_data is None:
+        raise FinetuneError(f"--eval-every {opts.eval_every} needs --eval-data FILE (JSONL)")
+    if opts.eval_data is not None:
+        plan = replace(plan, eval_examples=_eval_examples(plan))
+    if opts.resume:
+        plan = replace(plan, resume_from=latest_checkpoint(plan.checkpoints))
     if opts.base_bits and plan.stage == 3:
         plan.notes.append(
             f"--base-bits {opts.base_bits} at ZeRO-3: each rank builds the model whole to "
@@ -211,6 +231,42 @@ def plan_finetune(opts: FinetuneOptions, world_size: int) -> FinetunePlan:
             "parameters are partitioned)"
         )
     return plan
+
+
+def _eval_examples(plan: FinetunePlan) -> int:
+    """The examples of `eval_data` evaluated (whole batches of every rank); every line is
+    checked, and a file without one batch is an error."""
+    o, a = plan.options, plan.args
+    assert o.eval_data is not None
+    n = len(read_examples(o.eval_data))
+    batch = a.per_device_train_batch_size * a.world_size
+    if n < batch:
+        raise FinetuneError(
+            f"--eval-data `{o.eval_data}` has {n} examples, fewer than one evaluation batch of "
+            f"{batch} (micro-batch {a.per_device_train_batch_size} x {a.world_size} rank(s)); "
+            "add examples or lower --micro-batch or --nproc"
+        )
+    if n % batch:
+        plan.notes.append(
+            f"{n % batch} of {n} evaluation examples are left out (whole batches of {batch})"
+        )
+    return n // batch * batch
+
+
+def latest_checkpoint(checkpoints: Path) -> Path:
+    """The `checkpoint-N` folder with the largest N under `checkpoints` (a
+    :class:`FinetuneError` when there is none)."""
+    found = [
+        p
+        for p in checkpoints.glob("checkpoint-*")
+        if p.is_dir() and p.name.split("-", 1)[1].isdigit()
+    ]
+    if not found:
+        raise FinetuneError(
+            f"--resume: no checkpoint-N folder in `{checkpoints}`; a run writes them with "
+            "--save-every N (same --out), or drop --resume to start afresh"
+        )
+    return max(found, key=lambda p: int(p.name.split("-", 1)[1]))
 
 
 def steps_per_epoch(plan: FinetunePlan) -> int:
