@@ -3,8 +3,10 @@ RSS is its own: ``python _serve_offload_child.py JSON`` prints one JSON line.
 
 Contenders: ``zserve`` (resident, or under a weight budget from ``cpu`` / ``nvme``: its
 peak RSS), ``interleaved`` (both zserve engines in one process taking turns batch by batch:
-their speeds under the same load) and ``accelerate`` (transformers with
-``device_map="auto"``, ``max_memory`` and an ``offload_folder``). Each serves batches of same-length prompts (no padding on either side)
+their speeds under the same load), ``accelerate`` (transformers with
+``device_map="auto"``, ``max_memory`` and an ``offload_folder``) and ``llama.cpp``
+(llama-cpp-python on an F32 GGUF with ``use_mmap``, inside a memory cgroup whose limit is
+its own runtime RSS + the weight bytes + a stated headroom). Each serves batches of same-length prompts (no padding on either side)
 greedily; the decode steps after every prompt's first token are timed one by one.
 """
 
@@ -191,11 +193,82 @@ def run_accelerate(a: dict[str, Any]) -> dict[str, Any]:
     return {"load_s": load_s, "runs": results, "runtime_rss": runtime, "devices": devices, **rss()}
 
 
+def _read_bytes() -> int:
+    """Bytes this process has caused to be read from storage (``/proc/self/io``)."""
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("read_bytes:"))
+
+
+def run_llamacpp(a: dict[str, Any]) -> dict[str, Any]:
+    """llama.cpp inside the memory cgroup ``a["cgroup"]``: the limit is set here, after the
+    runtime is loaded, to its RSS + ``max_memory`` + ``headroom``; the GGUF's cached pages
+    are dropped first so that its pages are read (and charged) inside the group."""
+    import os
+    from pathlib import Path
+
+    from zcore.bench import load
+
+    here = Path(__file__).resolve().parent
+    lcpp, memcg = load("_llamacpp", here), load("_memcg", here)
+    import llama_cpp
+
+    runtime = rss()["vmrss"]
+    group = Path(a["cgroup"])
+    limit = runtime + a["max_memory"] + a["headroom"]
+    memcg.set_limit(group, limit)
+    memcg.join(group)
+    fd = os.open(a["gguf"], os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    n_ctx = a["prompt_len"] + a["max_tokens"] + 8
+    t0 = time.perf_counter()
+    peer = lcpp.LlamaCppPeer(
+        Path(a["gguf"]), threads=a["threads"], n_ctx=n_ctx, n_batch=max(32, a["prompt_len"])
+    )
+    load_s = time.perf_counter() - t0
+    peer.generate(a["prompts"][0], 3)  # warm-up
+    results = []
+    for b in a["batches"]:
+        # One sequence at a time (what `Llama` serves): its rate is the same at any batch, so
+        # at most `peer_requests` of the batch's requests are timed (re-reading the model
+        # for every token, 16 of them would take many minutes).
+        served = a["prompts"][: min(b, a.get("peer_requests", 2))]
+        read0, steps, tokens = _read_bytes(), 0.0, 0
+        for prompt in served:
+            r = peer.generate(prompt, a["max_tokens"] + 1)
+            steps += r["last"] - r["first"]
+            tokens += int(r["tokens"]) - 1
+        results.append(
+            {
+                "batch": b,
+                "requests_timed": len(served),
+                "decode_tokens": tokens,
+                "tokens_per_s": tokens / steps,
+                "read_bytes_per_token": (_read_bytes() - read0) / max(1, tokens),
+                "served": "one request after another (llama_cpp.Llama holds one sequence)",
+            }
+        )
+    return {
+        "load_s": load_s,
+        "runs": results,
+        "runtime_rss": runtime,
+        "limit_bytes": limit,
+        "headroom_bytes": a["headroom"],
+        "gguf": a["gguf"],
+        "gguf_bytes": os.path.getsize(a["gguf"]),
+        "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
+        **rss(),
+    }
+
+
 if __name__ == "__main__":
     args = json.loads(sys.argv[1])
     fn = {
         "zserve": run_zserve,
         "interleaved": run_interleaved,
         "accelerate": run_accelerate,
+        "llama.cpp": run_llamacpp,
     }[args["who"]]
     print(json.dumps(fn(args)))

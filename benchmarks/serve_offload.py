@@ -22,8 +22,12 @@ overhead.
 
 Peers in the same run when installed beside: transformers + accelerate with
 ``device_map="auto"``, ``max_memory`` of the same weight bytes (budget + embedding/head) and
-an ``offload_folder``; llama-cpp-python with ``use_mmap`` in a memory cgroup of the budget.
-A peer that cannot run here says why in ``peers``.
+an ``offload_folder``; llama-cpp-python on the F32 GGUF with ``use_mmap``, inside a memory
+cgroup (made under this process's own and removed by the run, `_memcg.py`) limited to its
+runtime RSS + the same weight bytes + ``LLAMACPP_HEADROOM``, the GGUF's cached pages dropped
+first; it serves one request after another (``Llama`` holds one sequence), and its
+``read_bytes_per_token`` shows what it re-reads. A peer that cannot run here says why in
+``peers``.
 
 Run: ``z bench serve-offload [--budget 1/4|SIZE] [--offload nvme|cpu] [--offload-dir DIR]``.
 """
@@ -141,17 +145,45 @@ def _child(args: dict[str, Any], timeout: float) -> dict[str, Any]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _llama_cpp_status() -> dict[str, Any]:
+LLAMACPP_HEADROOM = 64 << 20
+"""What llama.cpp may hold above its runtime and the weight bytes: its KV cache and compute
+buffers at these context sizes (a few MiB) with room to spare."""
+
+
+def _llama_cpp(base: dict[str, Any], weights: int, timeout_s: float) -> dict[str, Any]:
+    """llama.cpp on the F32 GGUF with ``use_mmap`` in a memory cgroup of the same weight
+    bytes as the others (budget + embedding/head), made and removed here."""
     from zcore.bench import load
 
-    status = load("_llamacpp", Path(__file__).resolve().parent).status()
+    here = Path(__file__).resolve().parent
+    lcpp, memcg = load("_llamacpp", here), load("_memcg", here)
+    status = lcpp.status()
     if not status["available"]:
         return {"ran": False, "why": status["install"]}
+    cache = Path.home() / ".cache" / "zstack" / "gguf"
+    ggufs, made = lcpp.gguf_files(cache, ["F32"], base["threads"])
+    group, why = memcg.make()
+    if group is None:
+        return {"ran": False, "why": why}
+    try:
+        args = {
+            **base,
+            "who": "llama.cpp",
+            "gguf": str(ggufs["F32"]),
+            "cgroup": str(group),
+            "max_memory": weights,
+            "headroom": LLAMACPP_HEADROOM,
+        }
+        out = _child(args, timeout_s)
+        cgroup = memcg.stats(group)
+    finally:
+        memcg.remove(group)
     return {
-        "ran": False,
-        "why": "use_mmap under a memory cgroup of the budget needs a cgroup this run may "
-        "create; the only writable one here is the sandbox's own (cgroup v1 "
-        "memory:/process_api/...), which this benchmark leaves alone",
+        "ran": "error" not in out,
+        "version": status["version"],
+        "made_s": made,
+        **out,
+        "cgroup": cgroup,
     }
 
 
@@ -236,7 +268,7 @@ def run(
             )
             result_peers["accelerate"] = {"ran": "error" not in acc, **acc}
         if "llama.cpp" in wanted:
-            result_peers["llama.cpp"] = _llama_cpp_status()
+            result_peers["llama.cpp"] = _llama_cpp(base, budget_bytes + other_bytes, timeout_s)
     finally:
         if own_dir:
             shutil.rmtree(work, ignore_errors=True)
