@@ -104,6 +104,10 @@ class LlamaModel:
         else:
             self.lm_head = load("lm_head.weight", c.vocab_size, h)
         self.norm = load("model.norm.weight", h)
+        self.reduce: Callable[[torch.Tensor], object] | None = None
+        """Sums a row-parallel projection's partial output ``(T, hidden)`` across the
+        tensor-parallel ranks in place (:mod:`zserve.tp`), after o and after the MLP; None:
+        the whole model is here."""
         self.stream: LayerStream | None = None
         """The decoder layers beyond ``offload``'s weight budget, streamed through slots
         (:mod:`zserve.offload`); None: every layer resident."""
@@ -133,7 +137,7 @@ class LlamaModel:
         for layer in self.layers:
             if isinstance(layer.mlp, DenseMLP):
                 layer.mlp.project = self.project
-        if self.native and isinstance(checkpoint, SafetensorsCheckpoint):
+        if self.native and not isinstance(checkpoint, TensorCheckpoint):
             self._pack_weights()  # handed-over weights (zchat's hybrid engine) stay shared
         self._kernel_rows = self._rows_on_kernels()
         self.host_views = native.HostViews()
@@ -315,8 +319,14 @@ class LlamaModel:
                 kv_cache.write(i, plan.slots, k, v)
             o = attention(q, k, v, k_cache, v_cache, plan, self.scale, **extra)
             # in place: x is this forward's own (index_select's output), the sums as x + y's
-            x += self.project(o.reshape(t, c.q_size), w.o, w.o_bias)
-            x += w.mlp(norm(x, post_norm, c.rms_norm_eps))
+            y = self.project(o.reshape(t, c.q_size), w.o, w.o_bias)
+            if self.reduce is not None:
+                self.reduce(y)
+            x += y
+            y = w.mlp(norm(x, post_norm, c.rms_norm_eps))
+            if self.reduce is not None:
+                self.reduce(y)
+            x += y
             if stream is not None:
                 stream.release(i)
         return x

@@ -176,7 +176,7 @@ class DecodeProgram:
             znative.rotary_kv_write,
             znative.paged_decode_attention,
         )
-        stream = m.stream
+        stream, reduce = m.stream, m.reduce
         for i, w in enumerate(self.layers):
             if stream is not None:
                 stream.acquire(i)
@@ -201,6 +201,8 @@ class DecodeProgram:
             attend(b.q_np, k_np, v_np, blocks, lens, b.o_np, scale=scale)
             kernel, args, kw = w.o
             kernel(b.o_rows_np, *args, tmp_np, **kw)
+            if reduce is not None:  # tensor parallel: the heads' partial sums
+                reduce(tmp)
             x += tmp
             rms(x_np, w.post_norm, h_np, eps=eps)
             kernel, args, kw = w.gate_up
@@ -208,6 +210,8 @@ class DecodeProgram:
             torch.mul(F.silu(b.gate), b.up, out=b.act)
             kernel, args, kw = w.down
             kernel(b.act_np, *args, tmp_np, **kw)
+            if reduce is not None:
+                reduce(tmp)
             x += tmp
             if stream is not None:
                 stream.release(i)
