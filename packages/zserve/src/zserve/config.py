@@ -102,6 +102,15 @@ class EngineConfig(BaseModel):
     prefetch_layers: int = Field(default=1, ge=1, le=8)
     """Streamed layers fetched ahead of the one computing."""
 
+    tp: int = Field(default=1, ge=1, le=512)
+    """Tensor-parallel ranks (:mod:`zserve.tp`): this process is rank 0 (scheduler,
+    sampling, HTTP) and starts ranks ``1 .. tp-1``; each holds its heads, MLP columns, LM-head
+    rows and its KV heads' cache. Any head count up to ``num_attention_heads``."""
+
+    tp_timeout_s: float = Field(default=120.0, gt=0)
+    """Seconds a step's collective waits for a tensor-parallel rank before the engine stops
+    with an error naming it."""
+
     @model_validator(mode="before")
     @classmethod
     def _vllm_speculative_config(cls, data: object) -> object:
@@ -170,6 +179,18 @@ class EngineConfig(BaseModel):
                 f"weights_budget serves with policy 'splitfuse' or 'prefill-first' and no "
                 f"speculative decoding; got policy {self.policy!r}, speculative "
                 f"{self.speculative!r}"
+            )
+        if self.tp > 1 and (
+            self.speculative is not None
+            or self.policy == "static"
+            or self.weights_budget is not None
+            or self.device != "cpu"
+        ):
+            raise ValueError(
+                f"tp {self.tp} serves with policy 'splitfuse' or 'prefill-first' on device "
+                "'cpu', without speculative decoding or weights_budget; got policy "
+                f"{self.policy!r}, device {self.device!r}, speculative {self.speculative!r}, "
+                f"weights_budget {self.weights_budget!r}"
             )
         if self.num_blocks is not None and self.kv_cache_bytes is not None:
             raise ValueError(

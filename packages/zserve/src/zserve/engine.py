@@ -105,8 +105,7 @@ class Engine:
                 "policy 'static' is transformers `generate`, not this engine; use "
                 "`zserve.engine.make_engine` or `zserve.pipeline(..., policy='static')`"
             )
-        runner = ModelRunner(
-            model_dir,
+        options: dict[str, Any] = dict(
             num_blocks=config.num_blocks,
             block_size=config.block_size,
             dtype=config.torch_dtype,
@@ -115,6 +114,13 @@ class Engine:
             max_model_len=config.max_model_len,
             offload=config.offload_spec(),
         )
+        runner: Runner
+        if config.tp > 1:  # this process is rank 0 of `tp` (zserve.tp)
+            from zserve.tp.runner import TPRunner
+
+            runner = TPRunner(model_dir, config.tp, timeout_s=config.tp_timeout_s, **options)
+        else:
+            runner = ModelRunner(model_dir, **options)
         self._setup(runner, Tokenizer(model_dir), config, Path(model_dir).name)
         self.tokenizer_json = Path(model_dir) / "tokenizer.json"
 
@@ -421,6 +427,12 @@ class Engine:
             completion_tokens=len(seq.output_token_ids),
             error=seq.error,
         )
+
+    def close(self) -> None:
+        """Stop what the runner started (a tensor-parallel runner's worker ranks)."""
+        close = getattr(self.runner, "close", None)
+        if close is not None:
+            close()
 
     def stats(self) -> dict[str, int | float]:
         """Allocator, queue and prefix-cache counters (for /metrics and tests)."""

@@ -73,8 +73,21 @@ class Pipeline:
                 self.engine.abort(rid)
         return [done[rid] for rid in ids]
 
+    def close(self) -> None:
+        """Stop the engine's worker processes (tensor-parallel ranks); idempotent."""
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 def pipeline(model_dir: str | Path, **config: Any) -> Pipeline:
     """Load `model_dir` into an engine configured by `config` (`EngineConfig` fields)
-    and return a callable `pipe(prompts, **sampling) -> list[Completion]`."""
+    and return a callable `pipe(prompts, **sampling) -> list[Completion]`. With ``tp=N``
+    this process is rank 0 of N tensor-parallel ranks (`pipe.close()` stops the others)."""
     return Pipeline(model_dir, **config)

@@ -29,6 +29,8 @@ from zserve.model.config import LlamaConfig
 from zserve.model.llama import AttentionFn, LlamaModel
 from zserve.model.native import ragged_paged_attention_native
 from zserve.offload import OffloadSpec
+from zserve.tp.checkpoint import ShardedCheckpoint, cut_lm_head
+from zserve.tp.plan import RankShard
 
 
 @dataclass
@@ -66,6 +68,10 @@ class ModelRunner:
             safetensors of ``model_dir``, whose ``config.json`` is read either way.
         offload: a weight budget (:mod:`zserve.offload`): the decoder layers beyond it
             stream from host memory or disk each forward; None: every layer resident.
+        tp: this process's shard of a tensor-parallel model (:mod:`zserve.tp`): it holds
+            its heads, MLP columns and LM-head rows, caches its KV heads (as many blocks as
+            the whole model would get), and :meth:`forward` returns its columns of the
+            logits; None: the whole model.
     """
 
     def __init__(
@@ -80,6 +86,7 @@ class ModelRunner:
         max_model_len: int | None = None,
         weights: dict[str, torch.Tensor] | None = None,
         offload: OffloadSpec | None = None,
+        tp: RankShard | None = None,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.config = LlamaConfig.from_dir(self.model_dir)
@@ -124,21 +131,28 @@ class ModelRunner:
         elif num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1; got {num_blocks}")
         self.num_blocks = num_blocks
-        self.model = LlamaModel(
-            c,
+        checkpoint: SafetensorsCheckpoint | TensorCheckpoint | ShardedCheckpoint = (
             SafetensorsCheckpoint(self.model_dir)
             if weights is None
-            else TensorCheckpoint(weights, self.model_dir),
+            else TensorCheckpoint(weights, self.model_dir)
+        )
+        if tp is not None:
+            checkpoint = ShardedCheckpoint(checkpoint, tp, c)
+        self.model = LlamaModel(
+            c if tp is None else tp.config,
+            checkpoint,  # type: ignore[arg-type]
             dtype=dtype,
             device=self.device,
             max_positions=max_model_len,
             offload=offload,
         )
+        if tp is not None:
+            cut_lm_head(self.model, tp)
         self.kv_cache = KVCache(
             num_layers=c.num_hidden_layers,
             num_blocks=num_blocks,
             block_size=block_size,
-            num_kv_heads=c.num_key_value_heads,
+            num_kv_heads=self.model.config.num_key_value_heads,
             head_dim=c.head_dim,
             dtype=dtype,
             device=self.device,

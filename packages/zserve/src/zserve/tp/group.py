@@ -1,0 +1,127 @@
+"""The tensor-parallel process group of a served model: torch.distributed (gloo on CPU,
+NCCL on GPU) over loopback, built with torch's ``init_device_mesh``.
+
+Two groups over the same ranks:
+
+* ``compute`` — the mesh's ``tp`` group: the layers' all-reduces and the logits' gather.
+  Bounded by ``timeout_s``: a rank that dies or stops answering fails the collective (gloo
+  raises on a closed connection at once, on a silent peer at the timeout), never a hang.
+* the default group (the rendezvous) — only the ready barrier after loading, bounded by
+  :data:`STARTUP`;
+* ``control`` — rank 0's broadcast of each step's batch. Workers wait on it between
+  requests, for as long as the server is idle, so its timeout is long; rank 0 posts it
+  asynchronously and the step's compute collectives are what notice a missing rank.
+
+Every collective error on rank 0 becomes a :class:`TPRankError` naming the op, the step and
+the rank (by its process's exit code when it died, else every rank still alive is named as
+possibly stuck).
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+IDLE_TIMEOUT = timedelta(days=30)
+"""How long a worker waits for rank 0's next step (the server may sit idle)."""
+STARTUP = timedelta(minutes=15)
+"""How long the rendezvous and the ready barrier wait for every rank to load its shard."""
+
+
+class TPRankError(RuntimeError):
+    """A tensor-parallel rank died or stopped answering: the engine cannot step again and
+    the server stops (the message names the rank, the op and the step)."""
+
+    fatal = True
+    """The server's engine thread stops on it instead of failing only the step's requests."""
+
+
+def free_port() -> int:
+    """A loopback port free now (the kernel's pick) for the group's rendezvous."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class TPGroup:
+    """This process's place in the tensor-parallel group and its two process groups."""
+
+    rank: int
+    size: int
+    compute: dist.ProcessGroup
+    control: dist.ProcessGroup
+    timeout_s: float
+    step: int = 0
+    """Steps run so far (named in errors)."""
+    _ops: int = 0
+    describe_failure: Callable[[str, BaseException], BaseException] | None = field(
+        default=None, repr=False
+    )
+    """Rank 0's: turns a failed collective into a :class:`TPRankError` naming the rank."""
+
+    @classmethod
+    def join(cls, rank: int, size: int, port: int, timeout_s: float) -> TPGroup:
+        """Join the ``size``-rank group whose rank 0 listens on loopback ``port`` (the
+        rendezvous waits up to :data:`STARTUP` for every rank's process to come up)."""
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=size,
+            timeout=STARTUP,
+        )
+        bounded = dist.ProcessGroupGloo._Options()
+        bounded._timeout = timedelta(seconds=timeout_s)
+        mesh = init_device_mesh(
+            "cpu", (size,), mesh_dim_names=("tp",), backend_override={"tp": ("gloo", bounded)}
+        )
+        control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+        return cls(rank, size, mesh.get_group("tp"), control, timeout_s)
+
+    def begin_step(self) -> None:
+        self.step += 1
+        self._ops = 0
+
+    def _failed(self, op: str, exc: BaseException) -> BaseException:
+        what = f"{op} of step {self.step}"
+        if self.describe_failure is not None:
+            return self.describe_failure(what, exc)
+        return TPRankError(f"tensor-parallel rank {self.rank}: {what} failed: {exc}")
+
+    def all_reduce(self, t: torch.Tensor) -> None:
+        """Sum ``t`` over the ranks in place (the k-th call of a step: layer k // 2's o
+        projection for even k, its MLP for odd k)."""
+        k = self._ops
+        self._ops += 1
+        try:
+            dist.all_reduce(t, group=self.compute)
+        except RuntimeError as exc:
+            part = "attention" if k % 2 == 0 else "mlp"
+            raise self._failed(f"all_reduce after layer {k // 2} ({part})", exc) from exc
+
+    def gather_columns(self, local: torch.Tensor, widths: list[int]) -> torch.Tensor | None:
+        """Rank 0: every rank's ``(n, widths[r])`` columns side by side ``(n, sum)``; other
+        ranks send theirs and get None."""
+        wide = max(widths)
+        if local.shape[1] < wide:
+            local = torch.nn.functional.pad(local, (0, wide - local.shape[1]))
+        local = local.contiguous()
+        parts = [torch.empty_like(local) for _ in widths] if self.rank == 0 else None
+        try:
+            dist.gather(local, parts, dst=0, group=self.compute)
+        except RuntimeError as exc:
+            raise self._failed("gather of the logits", exc) from exc
+        if parts is None:
+            return None
+        return torch.cat([p[:, :w] for p, w in zip(parts, widths, strict=True)], dim=1)
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

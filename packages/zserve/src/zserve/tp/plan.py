@@ -1,0 +1,141 @@
+"""How a LLaMA-family model is cut over ``tp`` tensor-parallel ranks, chosen from its config.
+
+Per decoder layer (Megatron's cut, for serving):
+
+* q/k/v and gate/up are split by output rows (column-parallel): each rank holds whole query
+  heads, the whole KV heads those query heads read, and a slice of the MLP width;
+* o and down are split by input columns (row-parallel): each rank's output is a partial sum
+  over its heads / its MLP slice, summed by one all-reduce each (:attr:`RankShard` says
+  which columns);
+* the KV cache follows the KV heads: a rank caches only its own KV heads, so one block
+  table (the scheduler's) addresses the same block on every rank;
+* the embedding stays whole on every rank (a lookup reads a few rows; cutting it by vocab
+  would add an all-reduce to every step for no bandwidth), the LM head is cut by vocab rows
+  (the largest matrix a decode step reads: SmolLM2's 49152 x 576 is a fifth of the model)
+  and rank 0 gathers the logits, where it samples.
+
+Any head count is served, never refused for divisibility. With ``tp <= num_key_value_heads``
+the KV heads are dealt out as evenly as whole heads allow, each with its whole query group,
+the extra heads to the last ranks (rank 0 also schedules and samples): SmolLM2's 9 query / 3
+KV heads at tp=2 are KV 1/2, query 3/6. With ``num_key_value_heads <
+tp <= num_attention_heads`` each rank holds one KV head, replicated on the ranks that split
+its query group (its keys are cached on each of them). Only ``tp > num_attention_heads`` is
+refused: a rank would hold no query head. The MLP width is not split evenly but so that every
+rank reads about the same number of weight elements per layer (decode reads every weight once:
+the slowest rank sets the step), in multiples of :data:`MLP_ALIGN` columns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass
+
+from zserve.model.config import LlamaConfig
+
+MLP_ALIGN = 16
+"""The MLP width of a rank is a multiple of this (SIMD-friendly rows), except the last's."""
+
+
+class TPPlanError(ValueError):
+    """The model cannot be cut over the requested ``tp`` (the message names the numbers)."""
+
+
+@dataclass(frozen=True)
+class RankShard:
+    """What one tensor-parallel rank holds of every layer (ranges are ``[start, stop)``)."""
+
+    rank: int
+    tp: int
+    q_heads: tuple[int, int]
+    """Query heads."""
+    kv_heads: tuple[int, int]
+    """Key/value heads (read by exactly those query heads)."""
+    mlp: tuple[int, int]
+    """Columns of the MLP width (rows of gate/up, columns of down)."""
+    vocab: tuple[int, int]
+    """Rows of the LM head (columns of the logits)."""
+    config: LlamaConfig
+    """The model as this rank sees it: its heads and MLP width, the whole vocabulary."""
+
+    @property
+    def head_dim(self) -> int:
+        return self.config.head_dim
+
+
+def _even(n: int, parts: int) -> list[tuple[int, int]]:
+    """``[0, n)`` in ``parts`` contiguous ranges whose sizes differ by at most one."""
+    bounds = [n * i // parts for i in range(parts + 1)]
+    return [(bounds[i], bounds[i + 1]) for i in range(parts)]
+
+
+def head_ranges(
+    heads: int, kv_heads: int, tp: int
+) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """Each rank's (query heads, KV heads); see the module docstring."""
+    if tp > heads:
+        raise TPPlanError(
+            f"tp {tp} > num_attention_heads {heads}: every rank needs at least one query head; "
+            f"serve with --tp {heads} or fewer"
+        )
+    group = heads // kv_heads
+    if tp <= kv_heads:
+        kv = _even(kv_heads, tp)
+        return [((a * group, b * group), (a, b)) for a, b in kv]
+    out = []
+    for j, (first, last) in enumerate(_even(tp, kv_heads)):  # ranks of KV head j
+        for a, b in _even(group, last - first):
+            out.append(((j * group + a, j * group + b), (j, j + 1)))
+    return out
+
+
+def _mlp_ranges(
+    attention: list[int], per_column: int, width: int, tp: int
+) -> list[tuple[int, int]]:
+    """Split ``width`` MLP columns so every rank's ``attention[r] + per_column * width_r``
+    weight elements are as equal as multiples of :data:`MLP_ALIGN` make them."""
+    target = (sum(attention) + per_column * width) / tp
+    bounds, acc = [0], 0.0
+    for r in range(tp - 1):
+        acc += max(0.0, (target - attention[r]) / per_column)
+        b = round(acc / MLP_ALIGN) * MLP_ALIGN
+        bounds.append(min(max(b, bounds[-1]), width))
+    bounds.append(width)
+    if any(b - a < MLP_ALIGN for a, b in itertools.pairwise(bounds)):
+        return _even(width, tp)  # a lopsided balance would leave a rank (almost) no MLP
+    return [(bounds[i], bounds[i + 1]) for i in range(tp)]
+
+
+def plan(config: LlamaConfig, tp: int) -> list[RankShard]:
+    """Every rank's shard of ``config``'s model at ``tp`` ranks.
+
+    Raises:
+        TPPlanError: ``tp < 1``, ``tp > num_attention_heads``, or a model family with no
+            tensor-parallel plan (Mixtral's experts).
+    """
+    if tp < 1:
+        raise TPPlanError(f"tp must be >= 1; got {tp}")
+    c = config
+    if c.num_local_experts:
+        raise TPPlanError(
+            f"tensor-parallel serving has no plan for {c.model_type} (sparse experts); "
+            "serve it with --tp 1"
+        )
+    if tp > c.intermediate_size:
+        raise TPPlanError(f"tp {tp} > intermediate_size {c.intermediate_size}; lower --tp")
+    heads = head_ranges(c.num_attention_heads, c.num_key_value_heads, tp)
+    h, d = c.hidden_size, c.head_dim
+    attention = [((q1 - q0) * 2 + (k1 - k0) * 2) * d * h for (q0, q1), (k0, k1) in heads]
+    mlp = _mlp_ranges(attention, 3 * h, c.intermediate_size, tp)
+    vocab = _even(c.vocab_size, tp)
+    shards = []
+    for r, (((q0, q1), (k0, k1)), m) in enumerate(zip(heads, mlp, strict=True)):
+        local = dataclasses.replace(
+            c,
+            num_attention_heads=q1 - q0,
+            num_key_value_heads=k1 - k0,
+            intermediate_size=m[1] - m[0],
+            head_dim=d,
+        )
+        shards.append(RankShard(r, tp, (q0, q1), (k0, k1), m, vocab[r], local))
+    return shards

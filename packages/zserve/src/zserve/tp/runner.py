@@ -1,0 +1,313 @@
+"""Tensor-parallel serving: rank 0's runner, which the engine drives, and the workers' loop.
+
+The engine's process is rank 0: it runs the scheduler (and the HTTP server), and its
+:class:`TPRunner` is the engine's runner. It spawns ranks ``1 .. tp-1``
+(``torch.multiprocessing``, spawn), each building the same :class:`~zserve.runner.ModelRunner`
+over its :class:`~zserve.tp.plan.RankShard`. Each step rank 0 broadcasts the batch (token
+ids, positions, block tables: :mod:`zserve.tp.wire`), every rank runs the forward on its
+shard (an all-reduce after each o and each MLP), and rank 0 gathers the logits' columns and
+samples. One scheduler and one block manager drive every rank: a request's blocks are
+allocated, shared and freed once, and each rank's cache follows the same block ids.
+
+A rank that dies or stops answering ends the engine with a :class:`~zserve.tp.group.TPRankError`
+naming it (see :mod:`zserve.tp.group`); the workers exit with rank 0 (their next broadcast
+fails, and each also watches its parent).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from zserve.model.config import LlamaConfig
+from zserve.model.quantized import is_zquant_dir
+from zserve.runner import ModelRunner, SeqChunk
+from zserve.tp import wire
+from zserve.tp.group import TPGroup, TPRankError, free_port
+from zserve.tp.plan import RankShard, TPPlanError, plan
+
+log = logging.getLogger(__name__)
+
+STOP, STEP = 0, 1
+
+
+def _shards(model_dir: str | Path, tp: int) -> list[RankShard]:
+    if is_zquant_dir(model_dir):
+        raise TPPlanError(
+            f"`{model_dir}` is a zquant directory: tensor-parallel serving cuts plain "
+            "checkpoints only for now; serve it with --tp 1 (or `--replicas N`)"
+        )
+    return plan(LlamaConfig.from_dir(model_dir), tp)
+
+
+class TPRunner:
+    """The engine's runner over ``tp`` ranks (this process is rank 0).
+
+    This process's torch threads are shared out: every rank, this one included, runs
+    ``torch.get_num_threads() // tp`` of them (at least one; znative's pool the same where
+    ``ZNATIVE_NUM_THREADS`` is unset and the pool not yet started).
+
+    Args:
+        model_dir: HF model directory (plain safetensors).
+        tp: ranks, ``2 <= tp <= num_attention_heads`` (:func:`zserve.tp.plan.plan`).
+        timeout_s: how long a collective of a step waits for a rank before the engine stops.
+        runner_kwargs: :class:`~zserve.runner.ModelRunner`'s keyword arguments, the same on
+            every rank.
+    """
+
+    def __init__(
+        self, model_dir: str | Path, tp: int, *, timeout_s: float = 120.0, **runner_kwargs: Any
+    ) -> None:
+        shards = _shards(model_dir, tp)  # a bad --tp fails here, before any process starts
+        if dist.is_initialized():
+            raise RuntimeError(
+                "tensor-parallel serving starts its own process group, but this process "
+                f"already has one (world {dist.get_world_size()}); serve from a plain process"
+            )
+        self.tp = tp
+        self.widths = [s.vocab[1] - s.vocab[0] for s in shards]
+        self.failure: TPRankError | None = None
+        self._closed = False
+        # this process's threads are shared out: each rank (this one too) runs its share
+        threads = max(1, torch.get_num_threads() // tp)
+        torch.set_num_threads(threads)
+        os.environ.setdefault("ZNATIVE_NUM_THREADS", str(threads))  # if its pool is not up yet
+        # rank 0's shard first: a bad option fails here, before any process starts
+        self.local = ModelRunner(model_dir, tp=shards[0], **runner_kwargs)
+        port = free_port()
+        ctx = mp.get_context("spawn")
+        self.procs = {
+            r: ctx.Process(
+                target=worker_main,
+                args=(r, tp, port, str(model_dir), runner_kwargs, timeout_s, threads),
+                name=f"zserve-tp{r}",
+                daemon=True,
+            )
+            for r in range(1, tp)
+        }
+        for p in self.procs.values():
+            p.start()
+        self._finalizer = weakref.finalize(self, _stop_procs, list(self.procs.values()))
+        try:
+            self.group = self._join(port, timeout_s)
+            self.group.describe_failure = self._describe
+            self.local.model.reduce = self.group.all_reduce
+            self._wait_ready()
+        except BaseException as exc:
+            failure = None
+            if isinstance(exc, RuntimeError) and not isinstance(exc, TPRankError):
+                failure = self._describe("start-up", exc)  # before the ranks are stopped
+            _stop_procs(list(self.procs.values()))
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            if failure is not None:
+                raise failure from exc
+            raise
+
+    # -- what the engine reads ------------------------------------------------------------
+    @property
+    def model(self) -> Any:
+        """Rank 0's shard of the model (the engine takes its ``step_threads``)."""
+        return self.local.model
+
+    @property
+    def config(self) -> LlamaConfig:
+        return self.local.config
+
+    @property
+    def num_blocks(self) -> int:
+        return self.local.num_blocks
+
+    @property
+    def block_size(self) -> int:
+        return self.local.block_size
+
+    @property
+    def max_model_len(self) -> int:
+        return self.local.max_model_len
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        return self.local.eos_token_ids
+
+    @property
+    def vocab_size(self) -> int:
+        return self.local.vocab_size
+
+    # -- the step ---------------------------------------------------------------------------
+    def forward(self, chunks: list[SeqChunk]) -> torch.Tensor:
+        """:meth:`ModelRunner.forward` over every rank: fp32 logits ``(n, vocab)``.
+
+        Raises:
+            ValueError: a bad chunk (checked before any rank sees the batch).
+            TPRankError: a rank died or stopped answering (now, or at an earlier step).
+        """
+        if self.failure is not None:
+            raise self.failure
+        if not chunks:
+            return self.local.forward(chunks)
+        for c in chunks:
+            self.local._validate(c)
+        g = self.group
+        g.begin_step()
+        payload = wire.encode(chunks)
+        header = torch.tensor([STEP, payload.numel()], dtype=torch.int64)
+        sent = [dist.broadcast(t, 0, group=g.control, async_op=True) for t in (header, payload)]
+        try:
+            local = self.local.forward(chunks)
+            if not local.shape[0]:
+                logits = torch.empty((0, self.vocab_size), dtype=torch.float32)
+            else:
+                logits = g.gather_columns(local, self.widths)
+                assert logits is not None
+            for w in sent:
+                w.wait()
+        except BaseException as exc:
+            failure = exc if isinstance(exc, TPRankError) else self._describe("forward", exc)
+            self.failure = failure  # type: ignore[assignment]
+            self.close()
+            if failure is exc:
+                raise
+            raise failure from exc
+        return logits
+
+    # -- failures and shutdown ----------------------------------------------------------
+    def _describe(self, what: str, exc: BaseException) -> TPRankError:
+        """A :class:`TPRankError` for ``what`` failing with ``exc``, naming the dead rank."""
+        deadline = time.monotonic() + 2.0  # a rank whose socket closed exits just after
+        while time.monotonic() < deadline and all(p.is_alive() for p in self.procs.values()):
+            time.sleep(0.05)
+        dead = {r: p.exitcode for r, p in self.procs.items() if p.exitcode is not None}
+        step = getattr(getattr(self, "group", None), "step", 0)
+        where = what if " of step " in what or not step else f"{what} of step {step}"
+        if dead:
+            ranks = ", ".join(f"rank {r} (exit code {code})" for r, code in sorted(dead.items()))
+            msg = f"tensor-parallel {ranks} died during {where}"
+        else:
+            msg = (
+                f"tensor-parallel {where} failed with every rank alive: a rank did not "
+                f"answer within the collective timeout ({exc})"
+            )
+        return TPRankError(
+            f"{msg}; the engine stops (a rank's own error is in its log): restart the server"
+        )
+
+    def _check_alive(self, what: str) -> None:
+        dead = {r: p.exitcode for r, p in self.procs.items() if not p.is_alive()}
+        if dead:
+            raise TPRankError(
+                f"tensor-parallel rank(s) {sorted(dead)} exited (exit codes "
+                f"{list(dead.values())}) while {what}; see their error above"
+            )
+
+    def _join(self, port: int, timeout_s: float) -> TPGroup:
+        """Rank 0's rendezvous, in a thread polled so that a rank that dies before joining
+        is named at once instead of waited for."""
+        joined: list[TPGroup | BaseException] = []
+
+        def join() -> None:
+            try:
+                joined.append(TPGroup.join(0, self.tp, port, timeout_s))
+            except BaseException as exc:  # handed to the caller
+                joined.append(exc)
+
+        thread = threading.Thread(target=join, name="zserve-tp-join", daemon=True)
+        thread.start()
+        while thread.is_alive():
+            self._check_alive("starting")
+            thread.join(0.05)
+        if isinstance(joined[0], BaseException):
+            raise joined[0]
+        return joined[0]
+
+    def _wait_ready(self) -> None:
+        """Every rank loaded its shard (a barrier polled, so a rank that dies while loading
+        is named at once)."""
+        work = dist.barrier(async_op=True)  # the default group: bounded by STARTUP
+        while not work.is_completed():
+            self._check_alive("loading the model")
+            time.sleep(0.01)
+        work.wait()
+
+    def close(self) -> None:
+        """Stop the workers and leave the process group (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.failure is None:
+            try:
+                stop = torch.tensor([STOP, 0], dtype=torch.int64)
+                dist.broadcast(stop, 0, group=self.group.control, async_op=True)
+            except RuntimeError:
+                pass
+        _stop_procs(list(self.procs.values()), grace_s=5.0 if self.failure is None else 0.5)
+        self.group.close()
+
+
+def _stop_procs(procs: list[Any], grace_s: float = 2.0) -> None:
+    """Join ``procs``, terminating (then killing) those still running after ``grace_s``."""
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+            p.join(2.0)
+        if p.is_alive():
+            p.kill()
+            p.join(2.0)
+
+
+def _exit_with_parent(parent: int) -> None:
+    """A worker's watchdog: exit when rank 0's process is gone (even by SIGKILL)."""
+    while True:
+        if os.getppid() != parent:
+            os._exit(3)
+        time.sleep(0.5)
+
+
+def worker_main(
+    rank: int,
+    tp: int,
+    port: int,
+    model_dir: str,
+    runner_kwargs: dict[str, Any],
+    timeout_s: float,
+    threads: int,
+) -> None:
+    """Rank ``rank`` (>= 1): load the shard, then run each step rank 0 broadcasts."""
+    os.environ["ZNATIVE_NUM_THREADS"] = str(threads)  # before the first kernel starts the pool
+    torch.set_num_threads(threads)
+    parent = os.getppid()
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
+    group = TPGroup.join(rank, tp, port, timeout_s)
+    shards = _shards(model_dir, tp)
+    runner = ModelRunner(model_dir, tp=shards[rank], **runner_kwargs)
+    runner.model.reduce = group.all_reduce
+    widths = [s.vocab[1] - s.vocab[0] for s in shards]
+    dist.barrier()  # ready (the default group, bounded by the start-up timeout)
+    header = torch.empty(2, dtype=torch.int64)
+    while True:
+        dist.broadcast(header, 0, group=group.control)
+        if int(header[0]) == STOP:
+            break
+        payload = torch.empty(int(header[1]), dtype=torch.int64)
+        dist.broadcast(payload, 0, group=group.control)
+        chunks = wire.decode(payload)
+        group.begin_step()
+        tokens = sum(len(c.token_ids) for c in chunks)
+        rows = wire.logit_rows(chunks)
+        with runner.model.step_threads(tokens, rows):
+            local = runner.forward(chunks)
+        if rows:
+            group.gather_columns(local, widths)
+    group.close()

@@ -1,0 +1,64 @@
+"""`zserve.pipeline(..., tp=N)` on the real SmolLM2-135M-Instruct (9 query / 3 KV heads) against
+the single-process pipeline: the logits of whole prompts, and greedy outputs token for token.
+
+tp=2 cuts the heads unevenly (KV 1/2, query 3/6), tp=3 gives each rank one KV head, tp=4
+replicates a KV head on two ranks (query heads 1/2 of its group).
+
+Tolerance: fp32, max |logit difference| <= 1e-3 (the single-process runner's own tolerance
+against transformers; tensor parallelism only reorders the o and down projections' sums).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import zserve
+from tests.utils.models import smollm2_dir
+from tests.utils.tiny_lm import write_tiny_lm
+from tests.zserve.server.conftest import shakespeare_prompts
+from zserve.runner import ModelRunner, SeqChunk
+
+ATOL = 1e-3
+OPTIONS = dict(max_model_len=256, num_blocks=64)
+
+
+def _prompt_logits(runner: object, prompts: list[list[int]]) -> torch.Tensor:
+    chunks, block = [], 0
+    for i, ids in enumerate(prompts):
+        n = -(-len(ids) // 16)
+        chunks.append(SeqChunk(i, ids, 0, list(range(block, block + n)), all_logits=True))
+        block += n
+    return runner.forward(chunks)  # type: ignore[attr-defined]
+
+
+@pytest.mark.slow(reason="SmolLM2 twice, ~40 s at tp=2; the tiny model below is the fast check")
+@pytest.mark.parametrize("tp", [2, 3, 4])
+def test_tp_logits_and_greedy_equal_one_process(tp: int) -> None:
+    texts = shakespeare_prompts(4, start=11)
+    with zserve.pipeline(smollm2_dir(), **OPTIONS) as one:
+        ids = [one.engine.tokenizer.encode(t) for t in texts]
+        want = one(texts, max_tokens=16, temperature=0)
+        whole = _prompt_logits(one.engine.runner, ids)
+    with zserve.pipeline(smollm2_dir(), tp=tp, **OPTIONS) as many:
+        got = many(texts, max_tokens=16, temperature=0)
+        cut = _prompt_logits(many.engine.runner, ids)
+    assert [c.token_ids for c in got] == [c.token_ids for c in want]
+    assert cut.shape == whole.shape
+    diff = (cut - whole).abs().max().item()
+    assert diff <= ATOL, f"tp={tp}: max |logit diff| {diff}"
+    assert isinstance(one.engine.runner, ModelRunner)
+
+
+def test_tiny_pipeline_tp2_greedy_equals_tp1(tmp_path: Path) -> None:
+    """The fast check of the same: the tiny random LLaMA with SmolLM2's tokenizer."""
+    model = write_tiny_lm(tmp_path / "lm")
+    texts = shakespeare_prompts(3, start=5)
+    with zserve.pipeline(model, max_model_len=128, num_blocks=32) as one:
+        want = one(texts, max_tokens=8, temperature=0)
+    with zserve.pipeline(model, tp=2, max_model_len=128, num_blocks=32) as two:
+        got = two(texts, max_tokens=8, temperature=0)
+        assert two.engine.runner.local.kv_cache.num_kv_heads == 1  # 2 KV heads over 2 ranks
+    assert [c.token_ids for c in got] == [c.token_ids for c in want]

@@ -1,0 +1,84 @@
+"""zserve.tp.plan: every head count is cut (uneven splits, replicated KV heads), each rank's
+share of the weights is balanced, and only tp > query heads is refused, naming the numbers."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from zserve.model.config import LlamaConfig
+from zserve.tp.plan import MLP_ALIGN, TPPlanError, head_ranges, plan
+
+# SmolLM2-135M's shape: 9 query heads, 3 KV heads, head_dim 64
+SMOL = LlamaConfig(
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    max_position_embeddings=8192,
+)
+
+
+def _weights(c: LlamaConfig) -> int:
+    h, d = c.hidden_size, c.head_dim
+    return (2 * c.num_attention_heads + 2 * c.num_key_value_heads) * d * h + 3 * h * (
+        c.intermediate_size
+    )
+
+
+def test_smollm2_tp2_splits_kv_heads_1_2_with_their_query_groups() -> None:
+    a, b = plan(SMOL, 2)  # the extra head goes to rank 1: rank 0 also schedules and samples
+    assert (a.kv_heads, a.q_heads) == ((0, 1), (0, 3))
+    assert (b.kv_heads, b.q_heads) == ((1, 3), (3, 9))
+    assert (a.config.num_attention_heads, a.config.num_key_value_heads) == (3, 1)
+    assert (b.config.num_attention_heads, b.config.num_key_value_heads) == (6, 2)
+    # the MLP makes up for rank 1's extra heads: per-layer weights within one MLP_ALIGN step
+    assert a.mlp[1] == b.mlp[0] and a.mlp[0] == 0 and b.mlp[1] == 1536
+    assert a.mlp[1] > 1536 // 2
+    wa, wb = _weights(a.config), _weights(b.config)
+    assert abs(wa - wb) <= 3 * SMOL.hidden_size * MLP_ALIGN, (wa, wb)
+    assert a.vocab == (0, 24576) and b.vocab == (24576, 49152)
+    assert a.config.vocab_size == 49152  # the embedding stays whole
+
+
+@pytest.mark.parametrize("tp", [1, 2, 3, 4, 5, 6, 9])
+def test_every_head_and_column_is_held(tp: int) -> None:
+    shards = plan(SMOL, tp)
+    q = [h for s in shards for h in range(*s.q_heads)]
+    assert q == list(range(9))  # each query head on exactly one rank, in order
+    for s in shards:  # a rank's query heads read only its KV heads
+        group = 9 // 3
+        assert {h // group for h in range(*s.q_heads)} == set(range(*s.kv_heads))
+        c = s.config
+        assert c.num_attention_heads % c.num_key_value_heads == 0
+    cols = [m for s in shards for m in range(*s.mlp)]
+    assert cols == list(range(1536))
+    assert [v for s in shards for v in range(*s.vocab)] == list(range(49152))
+
+
+def test_more_ranks_than_kv_heads_replicate_them() -> None:
+    # tp 4 over 3 KV heads: KV head 2 on ranks 2 and 3 (query heads 6 and 7-8)
+    assert head_ranges(9, 3, 4) == [
+        ((0, 3), (0, 1)),
+        ((3, 6), (1, 2)),
+        ((6, 7), (2, 3)),
+        ((7, 9), (2, 3)),
+    ]
+    assert head_ranges(4, 1, 3) == [((0, 1), (0, 1)), ((1, 2), (0, 1)), ((2, 4), (0, 1))]
+
+
+def test_tp_beyond_query_heads_is_refused_naming_both() -> None:
+    with pytest.raises(TPPlanError, match=r"tp 10 > num_attention_heads 9.*--tp 9"):
+        plan(SMOL, 10)
+
+
+def test_mixtral_has_no_plan_yet() -> None:
+    moe = dataclasses.replace(
+        SMOL, num_local_experts=8, num_experts_per_tok=2, model_type="mixtral"
+    )
+    with pytest.raises(TPPlanError, match="sparse experts"):
+        plan(moe, 2)

@@ -1,0 +1,115 @@
+"""TPRunner over real gloo ranks (spawned processes) on a tiny random LLaMA with an uneven
+head split (6 query / 3 KV heads over 2 ranks: KV 1/2, query 2/4), against the
+single-process ModelRunner on the same ragged steps.
+
+Tolerance: fp32, max |logit difference| <= 1e-4 (tensor parallelism only changes the order
+the o and down projections' partial sums are added in; measured ~1e-6 here).
+
+A rank killed mid-request, or stopped (SIGSTOP) past the collective timeout, ends the
+runner with a TPRankError naming the rank and the op, within seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.zserve.tiny_llama import tiny_llama
+from zserve.runner import ModelRunner, SeqChunk
+from zserve.tp.group import TPRankError
+from zserve.tp.runner import TPRunner
+
+ATOL = 1e-4
+OPTIONS = dict(num_blocks=32, block_size=4)
+UNEVEN = dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=3, intermediate_size=160)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tiny_tp")
+    tiny_llama(out, **UNEVEN)
+    return out
+
+
+def _steps() -> list[list[SeqChunk]]:
+    """Two prompts, then their decodes beside a scored prompt chunk of one of them."""
+    return [
+        [
+            SeqChunk(0, [5, 17, 99, 3, 42, 7, 11], 0, [3, 9]),
+            SeqChunk(1, [1, 2, 3, 4, 5], 0, [1, 5]),
+        ],
+        [SeqChunk(0, [64], 7, [3, 9]), SeqChunk(1, [8, 9, 10], 5, [1, 5], all_logits=True)],
+        [SeqChunk(0, [100], 8, [3, 9, 12]), SeqChunk(1, [77], 8, [1, 5, 7])],
+        [SeqChunk(0, [101], 9, [3, 9, 12])],
+    ]
+
+
+def _run(runner: object) -> list[torch.Tensor]:
+    return [runner.forward(chunks).clone() for chunks in _steps()]  # type: ignore[attr-defined]
+
+
+@pytest.fixture()
+def tp_runner(tiny_dir: Path) -> Iterator[TPRunner]:
+    runner = TPRunner(tiny_dir, 2, timeout_s=3.0, **OPTIONS)
+    try:
+        yield runner
+    finally:
+        for p in runner.procs.values():  # a test may have stopped it
+            if p.pid is not None and p.is_alive():
+                os.kill(p.pid, signal.SIGCONT)
+        runner.close()
+
+
+def test_tp2_logits_equal_single_process(tiny_dir: Path, tp_runner: TPRunner) -> None:
+    whole = _run(ModelRunner(tiny_dir, **OPTIONS))
+    cut = _run(tp_runner)
+    for step, (a, b) in enumerate(zip(whole, cut, strict=True)):
+        assert a.shape == b.shape, step
+        diff = (a - b).abs().max().item()
+        assert diff <= ATOL, f"step {step}: max |logit diff| {diff}"
+    # rank 0 caches its own 1 of the 3 KV heads, in as many blocks as the whole model
+    assert tp_runner.local.kv_cache.num_kv_heads == 1
+    assert tp_runner.num_blocks == OPTIONS["num_blocks"]
+
+
+def test_killed_rank_ends_the_runner_naming_it(tp_runner: TPRunner) -> None:
+    tp_runner.forward(_steps()[0])
+    worker = tp_runner.procs[1]
+    os.kill(worker.pid, signal.SIGKILL)  # type: ignore[arg-type]
+    worker.join(5)
+    start = time.monotonic()
+    with pytest.raises(TPRankError, match=r"rank 1 \(exit code -9\) died during .* of step 2"):
+        tp_runner.forward(_steps()[1])
+    assert time.monotonic() - start < 10
+    with pytest.raises(TPRankError, match="rank 1"):  # and it stays down
+        tp_runner.forward(_steps()[1])
+
+
+def test_stuck_rank_times_out_naming_the_op(tp_runner: TPRunner) -> None:
+    tp_runner.forward(_steps()[0])
+    os.kill(tp_runner.procs[1].pid, signal.SIGSTOP)  # type: ignore[arg-type]
+    start = time.monotonic()
+    with pytest.raises(
+        TPRankError, match=r"all_reduce after layer 0 .* of step 2 .*every rank alive"
+    ):
+        tp_runner.forward(_steps()[1])
+    assert time.monotonic() - start < 15
+
+
+def test_bad_chunk_is_refused_before_any_rank_runs(tp_runner: TPRunner) -> None:
+    with pytest.raises(ValueError, match="out of range"):
+        tp_runner.forward([SeqChunk(0, [1, 2], 0, [40])])
+    assert tp_runner.forward(_steps()[0]).shape == (2, 128)  # the ranks are still in step
+
+
+def test_tp_beyond_the_heads_fails_before_starting_ranks(tiny_dir: Path) -> None:
+    from zserve.tp.plan import TPPlanError
+
+    with pytest.raises(TPPlanError, match=r"tp 7 > num_attention_heads 6"):
+        TPRunner(tiny_dir, 7, **OPTIONS)
