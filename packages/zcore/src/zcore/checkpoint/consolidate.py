@@ -7,19 +7,23 @@ from pathlib import Path
 import torch
 
 from zcore.checkpoint.files import CheckpointError, load_json, load_torch
-from zcore.checkpoint.rank_files import file_pieces, listed_files
+from zcore.checkpoint.rank_files import listed_files
+from zcore.checkpoint.reshard import MASTER, SavedParams
 from zcore.checkpoint.sharded import FORMAT, resolve_tag
-from zcore.tensor.cut import cut_from_json
-from zcore.zero.layout import GroupLayout, ParamShard
+from zcore.zero.layout import GroupLayout
 
 
 def consolidate(checkpoint_dir: str, tag: str | None = None) -> dict[str, torch.Tensor]:
     """Full fp32 parameters (from the master weights), frozen parameters and buffers.
 
-    Needs no process group and reads each rank file once. Tied parameters appear under
-    every name the model uses, so ``model.load_state_dict(sd)`` works with ``strict=True``.
-    Tensor-parallel shards (the manifest's ``"tp_cuts"``) are reassembled into the tensors
-    the model had before :func:`zcore.tensor.parallelize` cut it.
+    Works for a checkpoint of any layout, needs no process group and reads each rank file
+    once: one tensor per parameter name, as the model has it before any parallelism cuts
+    it. Tensor-parallel shards (the manifest's ``"params"``/``"tp_cuts"``) are reassembled
+    into the tensors the model had before :func:`zcore.tensor.parallelize` cut it; a
+    pipeline's parameters come from every stage under their layer names (``layers.<i>.…``,
+    one copy of a tied layer), so a ``PipelineModule`` of one stage loads them. Tied
+    parameters appear under every name the model uses, so ``model.load_state_dict(sd)``
+    works with ``strict=True``.
     """
     root = Path(checkpoint_dir)
     path = root / resolve_tag(root, tag)
@@ -29,34 +33,16 @@ def consolidate(checkpoint_dir: str, tag: str | None = None) -> dict[str, torch.
             f"`{path}` has format {manifest.get('format')!r}, expected {FORMAT!r}"
         )
     layouts = [GroupLayout.from_json(g) for g in manifest["groups"]]
-    cuts = manifest.get("tp_cuts") or {}
-    coords = manifest.get("files") or {}
-    # every slot of every parameter, from whichever rank file holds it; a tensor-parallel
-    # shard's slots by the tp coordinate of the file too
-    slots: dict[tuple[str, int], tuple[ParamShard, dict[int, torch.Tensor]]] = {}
-    for name in listed_files(manifest):
-        shard = load_torch(path / name)
-        tp = int(coords.get(name, {}).get("tp", 0))
-        for g, piece in enumerate(file_pieces(manifest, name, shard, layouts)):
-            if piece is None:
-                continue
-            layout, rank = piece
-            for s in layout.shards:
-                slot = shard["master"][g][s.offset : s.offset + s.shard_size]
-                key = (s.name, tp if s.name in cuts else 0)
-                slots.setdefault(key, (s, {}))[1][rank] = slot
+    # every slot of every parameter, from whichever rank file holds it: tensor-parallel
+    # shards by the tp coordinate of their file, the lowest pipeline stage's copy of a tie
+    saved = SavedParams(path, manifest, listed_files(manifest), layouts)
     out: dict[str, torch.Tensor] = {}
-    shards: dict[str, dict[int, torch.Tensor]] = {}
-    for (pname, tp), (s, held) in slots.items():
-        pieces = [held[r] for r in sorted(held)]
-        full = torch.cat(pieces)[: s.numel].view(s.shape).float().clone()
-        if pname in cuts:
-            shards.setdefault(pname, {})[tp] = full
-        else:
-            out[pname] = full
-    for pname, by_tp in shards.items():
-        out[pname] = cut_from_json(cuts[pname]).unshard([by_tp[r] for r in sorted(by_tp)])
+    for name in saved.pieces:
+        full = saved.full_tensor(name, MASTER)
+        out[name] = full.float().clone() if full.dtype != torch.float32 else full
     common = load_torch(path / "common.pt")
+    stages = saved.stage_model()  # later pipeline stages' frozen parameters and buffers
+    common = {k: {**stages[k], **common[k]} for k in stages}
     for name, value in common["frozen"].items():
         out[name] = value.float().clone() if value.is_floating_point() else value.clone()
     for name, value in common["buffers"].items():

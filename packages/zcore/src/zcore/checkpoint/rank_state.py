@@ -4,8 +4,9 @@ A communicating optimizer (1-bit Adam's worker and server errors, 0/1 Adam's mom
 accumulator) and compressed collectives (ZeRO++ LoCo) keep state that differs on every
 rank and is not part of any partition. DeepSpeed resets it on load; we save it, one file
 per global rank (``comm_rank_NNNNN.pt``), so that save, load, continue equals the
-uninterrupted run. Loaded on another world size it cannot be re-cut (each rank's error is
-its own): every rank then starts it afresh, as DeepSpeed always does, and says so.
+uninterrupted run. Loaded on another world size or another mesh layout it cannot be re-cut
+(each rank's error is its own): every rank then starts it afresh, as DeepSpeed always does,
+and says so.
 """
 
 from __future__ import annotations
@@ -37,14 +38,17 @@ def read_rank_state(place: RankPlace, path: Path, manifest: dict[str, Any]) -> d
     saved_world = manifest.get("comm_state_world")
     if saved_world is None:
         return None
-    if int(saved_world) != place.world:
+    saved_mesh = manifest.get("mesh")
+    if int(saved_world) != place.world or (saved_mesh is not None and saved_mesh != place.mesh):
         if place.rank == 0:
             log.warning(
-                "checkpoint `%s` keeps per-rank error feedback for %s ranks and this job has "
-                "%d: it starts from zero (as after a DeepSpeed load)",
+                "checkpoint `%s` keeps per-rank error feedback for %s ranks on mesh %s and "
+                "this job has %d on %s: it starts from zero (as after a DeepSpeed load)",
                 path,
                 saved_world,
+                saved_mesh,
                 place.world,
+                place.mesh,
             )
         return None
     file = path / comm_file(place.rank)

@@ -1,7 +1,13 @@
 """Load a sharded checkpoint into an engine: read and check everything, then commit.
 
+A checkpoint loads at any ``(pp, tp, dp)`` layout, whatever layout saved it: each rank
+reads the pieces of the parameters its pipeline stage now holds and re-cuts them for its
+``tp`` shard and ZeRO slot (:mod:`zcore.checkpoint.reshard`); the counters, the LR
+scheduler and the loss scaler are saved whole and load unchanged; per-rank error feedback
+loads only on the same mesh (:mod:`zcore.checkpoint.rank_state`).
+
 The engine changes only after every rank has read every file into new buffers and checked
-them against the engine: parameter names and shapes, the optimizer's kind, the files'
+them against the engine: parameter names and full shapes, the optimizer's kind, the files'
 contents. A problem on any rank raises :class:`CheckpointError` on every rank with the
 engine (master weights, optimizer state, model, counters) exactly as it was, so training
 can go on after catching it.
@@ -9,6 +15,7 @@ can go on after catching it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,13 +23,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from zcore.checkpoint.files import CheckpointError, load_json, load_torch
-from zcore.checkpoint.rank_files import file_pieces, listed_files
+from zcore.checkpoint.rank_files import listed_files
 from zcore.checkpoint.rank_state import read_rank_state
+from zcore.checkpoint.reshard import MASTER, SavedParams
 from zcore.checkpoint.sharded import FORMAT, resolve_tag
-from zcore.zero.layout import GroupLayout, ParamShard, copy_ranges
+from zcore.checkpoint.table import full_shape
+from zcore.tensor.cut import TPCut, cut_from_json
+from zcore.zero.layout import GroupLayout
 
 if TYPE_CHECKING:
-    from zcore.checkpoint.parts import CheckpointParts, ShardedPart
+    from zcore.checkpoint.parts import CheckpointParts
 
 #: Optimizer classes whose per-parameter states have the same keys, by that kind of state
 #: (zcore's CPU optimizers load torch.optim's state and the other way round).
@@ -62,7 +72,8 @@ def load(
     load_optimizer: bool,
     load_scheduler: bool,
 ) -> tuple[str, dict]:
-    """Load a checkpoint written on any world size into ``parts`` (collective).
+    """Load a checkpoint written at any layout (pipeline stages, tensor-parallel size,
+    data-parallel size) into ``parts`` (collective).
 
     Raises :class:`CheckpointError` on every rank, leaving the parts unchanged, when any
     rank cannot read a file or finds that the checkpoint does not fit them.
@@ -98,61 +109,53 @@ def _read(parts: CheckpointParts, root: Path, tag: str | None, load_optimizer: b
         )
     try:
         old_layouts = [GroupLayout.from_json(g) for g in manifest["groups"]]
-        shard_world = int(manifest["shard_world"])
         counters = {k: int(manifest[k]) for k in parts.counters.state_dict()}
     except (KeyError, TypeError, ValueError) as err:
         raise CheckpointError(
             f"`{path / 'manifest.json'}` lacks or mangles {err}; {_DAMAGED}"
         ) from err
     sharded = parts.sharded
-    axes = manifest.get("axes") or ["dp"] * len(old_layouts)
-    files = listed_files(manifest)
-    stages = int((manifest.get("mesh") or {}).get("pp", 1))
-    if stages > 1:  # each pipeline stage holds other parameters: read its own stage's files
-        files = _stage_files(path, manifest, files, stages, parts.place)
-        old_layouts = _first_layouts(path / files[0], old_layouts)
-    _check_layouts(path, old_layouts, sharded.layouts, shard_world, axes)
-    others = _other_tp(path, manifest, axes, parts.place)
     if load_optimizer:
         _check_optimizer(path, manifest.get("optimizer"), sharded.kind)
+    names = [s.name for layout in sharded.layouts for s in layout.shards]
+    files, stage_for = choose_files(manifest, parts.place, names)
+    saved = SavedParams(path, manifest, files, old_layouts, stage_for)
+    cuts = {n: cut_from_json(c) for n, c in (parts.info.get("tp_cuts") or {}).items()}
+    _check_fit(path, saved, sharded.layouts, cuts)
 
+    coord = int(parts.place.coords.get("tp", 0))
     targets = sharded.load_targets()
     masters = [_buffer_for(t, sharded.live()) for t in targets]
-    states: list[dict[str, Any]] = [{} for _ in targets]
-    copied = [0] * len(targets)
-    seen: list[dict[str, ParamShard]] = [{} for _ in targets]
-    for name in files:
-        got = _read_shard(
-            path / name,
-            manifest,
-            old_layouts,
-            sharded,
-            masters,
-            states if load_optimizer else None,
-            seen,
-            others.get(name, set()),
-        )
-        copied = [a + b for a, b in zip(copied, got, strict=True)]
     for g, new in enumerate(sharded.layouts):
-        if axes[g] != "dp":  # expert layouts differ per file: check against what they held
-            _check_names(path, GroupLayout(tuple(seen[g].values()), 0), new)
-        want = sum(hi - lo for lo, hi in (d.owned(sharded.group_rank(g)) for d in new.shards))
-        if copied[g] != want:
+        rank = sharded.group_rank(g)
+        copied = sum(
+            saved.fill(masters[g], d, rank, MASTER, cuts.get(d.name), coord) for d in new.shards
+        )
+        want = sum(hi - lo for lo, hi in (d.owned(rank) for d in new.shards))
+        if copied != want:
             raise CheckpointError(
-                f"the rank files of `{path}` hold {copied[g]} of the {want} values this rank "
+                f"the rank files of `{path}` hold {copied} of the {want} values this rank "
                 f"needs in parameter group {g}; {_DAMAGED}"
             )
     common = load_torch(path / "common.pt")
+    if isinstance(common, dict) and isinstance(common.get("frozen"), dict):
+        stages = saved.stage_model()  # later pipeline stages' frozen parameters and buffers
+        common = {**common, **{k: {**stages[k], **(common.get(k) or {})} for k in stages}}
     _check_common(path / "common.pt", common, parts, len(old_layouts))
 
     state = None
     if load_optimizer:
-        current = sharded.param_groups()
+        states = [
+            saved.group_state_for(new, sharded.group_rank(g), cuts, coord)
+            for g, new in enumerate(sharded.layouts)
+        ]
         state = {
             "state": {g: s for g, s in enumerate(states) if s},
             "param_groups": [
-                {**saved, "params": mine["params"]}
-                for saved, mine in zip(common["param_groups"], current, strict=True)
+                {**_saved_hyper(saved, new, g, common, mine), "params": mine["params"]}
+                for g, (new, mine) in enumerate(
+                    zip(sharded.layouts, sharded.param_groups(), strict=True)
+                )
             ],
         }
     per_rank = read_rank_state(parts.place, path, manifest) if load_optimizer else None
@@ -161,52 +164,49 @@ def _read(parts: CheckpointParts, root: Path, tag: str | None, load_optimizer: b
     )
 
 
-def _stage_files(
-    path: Path, manifest: dict[str, Any], files: list[str], stages: int, place: Any
-) -> list[str]:
-    """The rank files of this rank's pipeline stage (a checkpoint saved with ``stages``
-    pipeline stages loads at the same number of stages only)."""
+def choose_files(
+    manifest: dict[str, Any], place: Any, names: list[str]
+) -> tuple[list[str], Callable[[str], int | None]]:
+    """The rank files this rank reads, and which pipeline stage's copy of each parameter
+    it takes: its own stage's when the checkpoint has the same number of stages, else the
+    lowest stage holding one (a tied layer is held by several)."""
+    files = listed_files(manifest)
+    info = manifest.get("files") or {}
+    saved_pp = int((manifest.get("mesh") or {}).get("pp", 1))
+    same = saved_pp == int(place.mesh.get("pp", 1))
     mine = int(place.coords.get("pp", 0))
-    now = int(place.mesh.get("pp", 1))
-    if now != stages:
-        raise CheckpointError(
-            f"`{path}` was saved with pp {stages} pipeline stages, this engine has pp {now}; "
-            f"load it with a PipelineModule of num_stages={stages} (re-cutting a pipeline "
-            "checkpoint for another number of stages is not built)"
-        )
-    info = manifest.get("files") or {}
-    return [f for f in files if int(info.get(f, {}).get("pp", 0)) == mine]
+    table = manifest.get("params")
+
+    def stage_of(file: str) -> int:
+        return int(info.get(file, {}).get("pp", 0))
+
+    if isinstance(table, dict):
+
+        def stage_for(name: str) -> int | None:
+            row = table.get(name)
+            if row is None:
+                return None
+            stages = [int(s) for s in row.get("stages", [0])]
+            return mine if same and mine in stages else min(stages)
+
+        wanted = {stage_for(n) for n in names}
+        if None in wanted:  # a name the checkpoint lacks: read every file to say so
+            return files, stage_for
+        return [f for f in files if stage_of(f) in wanted], stage_for
+    if saved_pp > 1 and same:  # written before the table: this stage's files
+        return [f for f in files if stage_of(f) == mine], lambda name: mine
+    return files, lambda name: None
 
 
-def _other_tp(
-    path: Path, manifest: dict[str, Any], axes: list[str], place: Any
-) -> dict[str, set[int]]:
-    """Per rank file of another ``tp`` coordinate, the groups cut by ``tp`` it holds other
-    shards of (same names, other values: this rank skips them there). A checkpoint with such
-    groups loads at its own ``tp`` only."""
-    cut = {g for g, a in enumerate(axes) if a == "tp"}
-    saved = int((manifest.get("mesh") or {}).get("tp", 1))
-    now = int(place.mesh.get("tp", 1))
-    if cut and saved != now:
-        raise CheckpointError(
-            f"`{path}` holds tensor-parallel shards cut for tp {saved}, this engine has tp "
-            f"{now}; load it at tp {saved} (re-cutting tensor-parallel shards for another tp "
-            "is not built)"
-        )
-    mine = int(place.coords.get("tp", 0))
-    info = manifest.get("files") or {}
-    return {f: cut for f, c in info.items() if cut and int(c.get("tp", 0)) != mine}
-
-
-def _first_layouts(file: Path, layouts: list[GroupLayout]) -> list[GroupLayout]:
-    """The group layouts one rank file of a stage records (the manifest has stage 0's)."""
-    groups = load_torch(file).get("groups")
-    if not isinstance(groups, list) or len(groups) != len(layouts):
-        return layouts
-    return [
-        old if g is None else GroupLayout.from_json(g["layout"])
-        for old, g in zip(layouts, groups, strict=True)
-    ]
+def _saved_hyper(
+    saved: SavedParams, new: GroupLayout, g: int, common: dict[str, Any], mine: dict[str, Any]
+) -> dict[str, Any]:
+    """A new group's saved hyperparameters: those of the saved group holding its first
+    parameter (an empty group: the saved group of its index, else its own)."""
+    if new.shards:
+        return saved.hyper(saved.first(new.shards[0].name), common["param_groups"])
+    groups = common["param_groups"]
+    return groups[g] if g < len(groups) else {k: v for k, v in mine.items() if k != "params"}
 
 
 def _buffer_for(target: torch.Tensor, live: list[torch.Tensor]) -> torch.Tensor:
@@ -218,45 +218,26 @@ def _buffer_for(target: torch.Tensor, live: list[torch.Tensor]) -> torch.Tensor:
     return target
 
 
-def _check_layouts(
-    path: Path,
-    old_layouts: list[GroupLayout],
-    new_layouts: list[GroupLayout],
-    shard_world: int,
-    axes: list[str],
+def _check_fit(
+    path: Path, saved: SavedParams, layouts: list[GroupLayout], cuts: dict[str, TPCut]
 ) -> None:
-    """Every trainable parameter of the engine's dense groups is in the checkpoint, with the
-    same shape (expert groups: checked against the rank files once they are read)."""
-    if len(old_layouts) != len(new_layouts) or len(axes) != len(old_layouts):
-        raise CheckpointError(
-            f"`{path}` has {len(old_layouts)} parameter groups, the engine has "
-            f"{len(new_layouts)}; build the optimizer with the same param groups (and the "
-            "model with the same expert layers)"
-        )
-    for old, new, axis in zip(old_layouts, new_layouts, axes, strict=True):
-        if axis != "dp":
-            continue
-        if old.world != shard_world:
-            raise CheckpointError(
-                f"`{path / 'manifest.json'}` says {shard_world} rank files but cuts its "
-                f"groups for {old.world}; {_DAMAGED}"
-            )
-        _check_names(path, old, new)
-
-
-def _check_names(path: Path, old: GroupLayout, new: GroupLayout) -> None:
-    """Every parameter of ``new`` is in ``old``, with the same shape."""
-    saved = {s.name: s for s in old.shards}
-    missing = [d.name for d in new.shards if d.name not in saved]
+    """Every trainable parameter of the engine is in the checkpoint with the same full
+    shape (tensor-parallel shards compared as the tensors they are cut from)."""
+    wanted = [d for layout in layouts for d in layout.shards]
+    missing = [d.name for d in wanted if d.name not in saved.pieces]
     if missing:
+        held = sorted(saved.pieces)
         raise CheckpointError(
-            f"`{path}` has no values for {missing[:5]} (model changed since the save?); "
-            "load it into the model it was saved from"
+            f"`{path}` has no values for {len(missing)} of the model's parameters, "
+            f"{missing[:5]} (it holds {len(held)}, e.g. {held[:3]}): the model changed since "
+            "the save? Load it into the model it was saved from (same layers and names; "
+            "any pp/tp/dp layout), or pass it through `z checkpoint consolidate` and adapt "
+            "the names yourself"
         )
     changed = [
-        (d.name, saved[d.name].shape, d.shape)
-        for d in new.shards
-        if tuple(saved[d.name].shape) != tuple(d.shape)
+        (d.name, saved.full_shape(d.name), full_shape(d.shape, cuts.get(d.name)))
+        for d in wanted
+        if saved.full_shape(d.name) != full_shape(d.shape, cuts.get(d.name))
     ]
     if changed:
         _raise_shapes(path, "parameter", changed)
@@ -287,67 +268,6 @@ def _check_optimizer(path: Path, saved: str | None, current: str) -> None:
         f"or pass load_optimizer_states=False to load the weights only and start {current} "
         "afresh"
     )
-
-
-def _read_shard(
-    file: Path,
-    manifest: dict[str, Any],
-    old_layouts: list[GroupLayout],
-    sharded: ShardedPart,
-    masters: list[torch.Tensor],
-    states: list[dict[str, Any]] | None,
-    seen: list[dict[str, ParamShard]],
-    skip: set[int],
-) -> list[int]:
-    """Copy what this rank needs from rank file ``file`` into ``masters`` (and ``states``),
-    but nothing of the groups in ``skip``; returns how many master values each group got,
-    and adds the parameters the file holds to ``seen``."""
-    shard = load_torch(file)
-    saved_master = shard.get("master") if isinstance(shard, dict) else None
-    saved_state = shard.get("optimizer") if isinstance(shard, dict) else None
-    pieces = None
-    if isinstance(saved_master, list | tuple) and isinstance(saved_state, dict):
-        try:
-            pieces = file_pieces(manifest, file.name, shard, old_layouts)
-        except (KeyError, TypeError, ValueError):
-            pieces = None
-    if pieces is None or len(saved_master) != len(old_layouts) or len(pieces) != len(old_layouts):
-        raise CheckpointError(
-            f"`{file}` is not a rank file of this checkpoint (expected master values and "
-            f"optimizer state for {len(old_layouts)} parameter groups); {_DAMAGED}"
-        )
-    copied = []
-    for g, new in enumerate(sharded.layouts):
-        piece = pieces[g]
-        if piece is None or g in skip:
-            copied.append(0)
-            continue
-        old, src = piece
-        seen[g].update((s.name, s) for s in old.shards)
-        values = saved_master[g]
-        if not torch.is_tensor(values) or values.ndim != 1 or values.numel() != old.numel:
-            got = list(values.shape) if torch.is_tensor(values) else type(values).__name__
-            raise CheckpointError(
-                f"`{file}` holds master values of shape {got} for parameter group {g}, the "
-                f"manifest says [{old.numel}]; {_DAMAGED}"
-            )
-        try:
-            copied.append(copy_ranges(masters[g], new, sharded.group_rank(g), values, old, src))
-        except ValueError as err:  # a shape differs (dense groups are checked before)
-            raise CheckpointError(
-                f"`{file}`: {err}; load it into the model it was saved from"
-            ) from err
-        if states is None:
-            continue
-        for key, value in saved_state.get(g, {}).items():
-            if torch.is_tensor(value) and value.ndim == 1 and value.numel() == old.numel:
-                mine = states[g].get(key)
-                if mine is None:
-                    mine = states[g][key] = torch.zeros(new.numel, dtype=value.dtype)
-                copy_ranges(mine, new, sharded.group_rank(g), value, old, src)
-            elif key not in states[g]:  # per-group scalars (the step count): same everywhere
-                states[g][key] = value.clone() if torch.is_tensor(value) else value
-    return copied
 
 
 def _check_common(file: Path, common: Any, parts: CheckpointParts, groups: int) -> None:

@@ -1,4 +1,12 @@
-"""Save an engine's state as one file per rank plus a manifest (loading: :mod:`.restore`)."""
+"""Save an engine's state as one file per rank plus a manifest (loading: :mod:`.restore`).
+
+A rank file holds, for each parameter group this rank writes, its fp32 master slot and
+optimizer-state slots, the group's layout and slot (``"groups"``) and the inner
+optimizer's hyperparameters (``"param_groups"``). The manifest records the mesh, every
+rank file's full mesh coordinates (``"files"``) and every trained parameter's full shape,
+tensor-parallel cut and pipeline stages (``"params"``, :mod:`.table`): what a load at
+another layout needs to re-cut (:mod:`.reshard`).
+"""
 
 from __future__ import annotations
 
@@ -17,6 +25,7 @@ from zcore.checkpoint.files import (
     save_torch,
 )
 from zcore.checkpoint.rank_state import save_rank_state
+from zcore.checkpoint.table import Table, all_gather_json, local_table, merge
 
 if TYPE_CHECKING:
     from zcore.checkpoint.parts import CheckpointParts, ShardedPart
@@ -56,6 +65,7 @@ def save(
     model = parts.model.state_dict()  # collective at stage 3
     owned = [sharded.owns(g) for g in range(len(sharded.layouts))]
     files = _written_files(parts, any(owned))  # collective
+    table = _param_table(parts)  # collective
     mine = parts.per_rank.state_dict()
     try:
         save_rank_state(place.rank, mine, tmp)
@@ -66,7 +76,10 @@ def save(
                 "master": [m if own else m[:0] for m, own in zip(master, owned, strict=True)],
                 "optimizer": {g: s for g, s in opt.items() if owned[g]},
                 "groups": [_piece(sharded, g) if own else None for g, own in enumerate(owned)],
+                "param_groups": sharded.param_groups(),
             }
+            if _stage_writer(parts) and (model["frozen"] or model["buffers"]):
+                shard["model"] = model  # this pipeline stage's (common.pt holds stage 0's)
             save_torch(shard, tmp / rank_file(place.rank))
         if place.rank == 0:
             scheduler = parts.whole.get("lr_scheduler")
@@ -90,7 +103,7 @@ def save(
 
     if place.rank == 0:
         try:
-            manifest = _manifest(parts, tag, files, counters)
+            manifest = _manifest(parts, tag, files, counters, table)
             if mine is not None:  # every rank wrote one (the engine's kind decides, not data)
                 manifest["comm_state_world"] = place.world
             save_json(manifest, tmp / "manifest.json")
@@ -108,6 +121,13 @@ def save(
     if comm.max_flag(bool(failure), "all_reduce(checkpoint published)"):
         raise CheckpointError(failure or "rank 0 could not publish the checkpoint")
     return str(root / tag)
+
+
+def _stage_writer(parts: CheckpointParts) -> bool:
+    """Whether this rank writes its pipeline stage's frozen parameters and buffers into its
+    rank file: the first rank of every stage but the first (rank 0 writes ``common.pt``)."""
+    coords = parts.place.coords
+    return coords.get("pp", 0) > 0 and all(v == 0 for a, v in coords.items() if a != "pp")
 
 
 def _piece(sharded: ShardedPart, g: int) -> dict[str, Any]:
@@ -135,10 +155,24 @@ def _written_files(parts: CheckpointParts, writes: bool) -> dict[str, dict[str, 
     return files
 
 
+def _param_table(parts: CheckpointParts) -> Table:
+    """Every trained parameter of the job: full shape, tp cut, stages (collective)."""
+    place = parts.place
+    mine = local_table(
+        parts.sharded.layouts, parts.info.get("tp_cuts") or {}, place.coords.get("pp", 0)
+    )
+    return merge(all_gather_json(place.comm, mine, "checkpoint parameter table"))
+
+
 def _manifest(
-    parts: CheckpointParts, tag: str, files: dict[str, dict[str, int]], counters: dict[str, int]
+    parts: CheckpointParts,
+    tag: str,
+    files: dict[str, dict[str, int]],
+    counters: dict[str, int],
+    table: Table,
 ) -> dict[str, Any]:
     sharded, scaler = parts.sharded, parts.whole.get("loss_scaler")
+    cuts = {n: r["tp"] for n, r in table.items() if r.get("tp")}
     return {
         "format": FORMAT,
         "tag": tag,
@@ -156,8 +190,10 @@ def _manifest(
         **counters,
         "loss_scaler": scaler.state_dict() if scaler is not None else None,
         "config": parts.info.get("config"),
+        # every trained parameter: full shape, tp cut, pipeline stages (:mod:`.table`)
+        "params": table,
         # how each tensor-parallel shard makes its full tensor (absent: nothing cut by tp)
-        **({"tp_cuts": parts.info["tp_cuts"]} if parts.info.get("tp_cuts") else {}),
+        **({"tp_cuts": cuts} if cuts else {}),
     }
 
 
