@@ -115,6 +115,10 @@ class ZeroOptimizer:
         if stage3 is not None:
             stage3.on_repartition.append(self.refresh_master)
         self.last_grad_norm: float | None = None
+        self.norm_overlap: dict[str, float] = {}
+        """Per axis, the squares this rank's gradient partitions count that another rank's
+        count too (a pipeline tie's copies), as this rank's share before the sums across
+        ranks; :meth:`global_grad_norm` takes them off (its owner sets them each step)."""
         self.communicator: CommunicatingOptimizer | None = None
         """The inner optimizer when it averages across ranks itself (1-bit Adam; see
         :mod:`zcore.zero.communicating`): while it says so, gradients stay local."""
@@ -259,6 +263,7 @@ class ZeroOptimizer:
             ax = self.axes[axis]
             one = len(self.reducers) == 1
             sq = self.store.grad_sq_norm([g for g, a in enumerate(self.group_axis) if a == axis])
+            sq -= self.norm_overlap.get(axis, 0.0)
             if self.stage >= 1 and ax.shard.size > 1:
                 what = "gradient norm" if one else f"gradient norm over {axis}"
                 sq = ax.shard.sum_scalar(sq, f"all_reduce({what})")
