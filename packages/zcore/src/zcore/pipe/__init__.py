@@ -5,11 +5,14 @@ describes the model (:mod:`zcore.pipe.module`); ``zcore.initialize(model=..., co
 returns a :class:`~zcore.pipe.engine.PipelineEngine` whose ``train_batch(data_iter)`` runs
 the ``pipeline.schedule`` (GPipe, 1F1B, interleaved 1F1B, ZB-V) over
 ``gradient_accumulation_steps`` micro-batches and steps once, with ZeRO 0-2 over ``dp``.
+Layers with a ``tp_cut(comm)`` method are cut over ``tp`` by ``zcore.tensor.parallelize``
+(or ``tensor_parallel.autotp_size``): the ``pipe`` plan of :mod:`zcore.pipe.tensor`.
 """
 
 from __future__ import annotations
 
 from zcore.pipe.module import PipelineModule
 from zcore.pipe.spec import LayerSpec, TiedLayerSpec
+from zcore.pipe.tensor import PLAN as TENSOR_PLAN  # importing it registers the plan
 
-__all__ = ["LayerSpec", "PipelineModule", "TiedLayerSpec"]
+__all__ = ["TENSOR_PLAN", "LayerSpec", "PipelineModule", "TiedLayerSpec"]

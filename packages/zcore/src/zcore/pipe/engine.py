@@ -11,6 +11,13 @@ stage's ranks). The gradient norm and the fp16 overflow flag are summed over ``p
 ``disjoint`` axis (:mod:`zcore.zero.axes`). Stage shapes are static: the first batch's
 micro-batch shape is sent once along ``pp`` and every stage infers its activations on
 the ``meta`` device (:meth:`PipelineModule.stage_shapes`).
+
+With ``tp > 1`` (``tensor_parallel.autotp_size``, or a model ``zcore.tensor.parallelize``
+cut already) each stage's layers are cut over ``tp`` (:mod:`zcore.pipe.tensor`) and each
+``tp`` coordinate runs the schedule over its own ``pp`` group. The norm and the overflow
+flag are taken per group axis over ``dp``, ``pp`` and (for cut parameters) ``tp``, so every
+stage must hold the same group axes (checked at start); a tie's copies count once in the
+norm (:meth:`Ties.norm_overlap`), so clipping holds with ties across stages.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage
 
 from zcore.comm import MeshSpec
@@ -29,6 +37,7 @@ from zcore.engine import ZEngine
 from zcore.pipe.config import PipelineConfig
 from zcore.pipe.module import PipelineModule
 from zcore.pipe.schedules import check_layout
+from zcore.pipe.shared_json import gather_json
 from zcore.pipe.ties import Ties
 
 _DTYPES = [torch.int64, torch.int32, torch.float32, torch.bfloat16, torch.float16, torch.bool]
@@ -112,19 +121,43 @@ class PipelineEngine(ZEngine):
         self.kind = check_layout(
             self.pipe.schedule, model.virtual_stages, model.stage_order, self.pp.size, gas
         )
+        self._check_group_axes()
         self.ties = Ties(model, self.pp, self.dtype, device)
-        if self.ties.crosses_ranks and float(config.gradient_clipping) > 0:
-            raise ValueError(
-                f"gradient_clipping {config.gradient_clipping} with layers tied across "
-                f"pipeline ranks ({', '.join(self.ties.keys)}) is not built: each stage's copy "
-                "would count in the global norm; set gradient_clipping 0 or keep the tied "
-                "layers on one rank"
-            )
         for p in self.ties.sync_initial():
             self.zopt.refresh_master(p)
         self._schedule: Any = None
         self._shape: tuple[tuple[int, ...], torch.dtype] | None = None
         self._raw_losses: list[torch.Tensor] = []
+        self._all_cuts: dict[str, Any] | None = None
+
+    def _check_group_axes(self) -> None:
+        """Every pipeline rank reduces the same group axes: the norm and overflow collectives
+        run per axis over ``pp``, so a stage without tensor-parallel (or expert) parameters
+        beside stages with them would leave the others waiting; refused, naming the stages."""
+        kinds = ("tp", "edp")
+        have = torch.tensor([int(k in self.zopt.reducers) for k in kinds], dtype=torch.int64)
+        low, high = have.clone(), have.clone()
+        self.pp.all_reduce(low, "all_reduce(pipeline group axes, min)", dist.ReduceOp.MIN).wait()
+        self.pp.all_reduce(high, "all_reduce(pipeline group axes, max)", dist.ReduceOp.MAX).wait()
+        odd = [k for k, lo, hi in zip(kinds, low.tolist(), high.tolist(), strict=True) if lo != hi]
+        if odd:
+            mine = "has" if bool(have[kinds.index(odd[0])]) else "has no"
+            raise ValueError(
+                f"pipeline stage {self.pp.rank} {mine} {odd[0]}-axis parameters but another "
+                f"of the {self.pp.size} stages differs: with tensor parallelism every stage "
+                "needs at least one cut layer (give each stage a layer with `tp_cut`, e.g. "
+                "change partition_method), and with experts every stage an MoE layer"
+            )
+
+    def checkpoint_parts(self) -> Any:
+        """The engine's parts, with every stage's tensor-parallel cuts in ``tp_cuts`` (the
+        manifest is rank 0's, and rank 0 holds the first stage only)."""
+        parts = super().checkpoint_parts()
+        if self.mesh.spec.tp > 1 and self.pp.size > 1:
+            if self._all_cuts is None:
+                self._all_cuts = gather_json(self.pp, parts.info.get("tp_cuts") or {}, self.device)
+            parts.info["tp_cuts"] = self._all_cuts
+        return parts
 
     # -- what DeepSpeed's PipelineEngine refuses too --------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -253,6 +286,8 @@ class PipelineEngine(ZEngine):
         with self.no_sync():
             self._run(xs, ys, train=True)
         self.ties.reduce_grads()
+        if self.ties.crosses_ranks:  # each holder's copy counts once in the norm
+            self.zopt.norm_overlap = self.ties.norm_overlap([self.comm, self.replicas], self.stage)
         self.micro_steps += gas - 1
         self.global_samples += self.batch.micro_batch_size * self.world_size * (gas - 1)
         ZEngine.step(self)  # the boundary: reduce every gradient once, then step

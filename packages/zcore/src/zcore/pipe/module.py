@@ -81,6 +81,15 @@ class Stage(nn.Module):
             x = f(x)
         return x
 
+    def replace(self, new: dict[int, nn.Module]) -> None:
+        """Swap layers (and tied modules) for their replacements, keyed by the old module's
+        ``id`` (a tensor-parallel plan replacing a layer by its cut)."""
+        for f in self._calls:
+            if isinstance(f, _Tied) and id(f.module) in new:
+                f.module = new[id(f.module)]
+        self._calls = [new.get(id(f), f) for f in self._calls]
+        self.run = nn.ModuleList(m for m in self._calls if isinstance(m, nn.Module))
+
     def forward(self, x: Any) -> Any:
         if self.interval <= 0 or not torch.is_grad_enabled():
             return self._chunk(self._calls, x)

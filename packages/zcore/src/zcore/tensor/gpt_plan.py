@@ -125,6 +125,24 @@ def _sum_partial_grads(model: nn.Module) -> None:
             p.register_hook(hook)
 
 
+def cut_block(block: nn.Module, comm: Comm, name: str, sequence_parallel: bool = False) -> None:
+    """Cut one GPT block (``attn.c_attn``/``c_proj``, ``mlp.c_fc``/``c_proj``) over ``comm``
+    in place: Megatron's layout (module docstring). Its input and output stay whole (or,
+    with ``sequence_parallel``, this rank's ``T/tp`` positions)."""
+    sp = sequence_parallel
+    at, mlp = block.attn, block.mlp
+    c = at.c_attn.in_features
+    col, row = ColumnParallelLinear.from_linear, RowParallelLinear.from_linear
+    at.c_attn = col(
+        at.c_attn, comm, blocks=(c, c, c), name=f"{name}.attn.c_attn", sequence_parallel=sp
+    )
+    at.c_proj = row(at.c_proj, comm, name=f"{name}.attn.c_proj", sequence_parallel=sp)
+    mlp.c_fc = col(mlp.c_fc, comm, name=f"{name}.mlp.c_fc", sequence_parallel=sp)
+    mlp.c_proj = row(mlp.c_proj, comm, name=f"{name}.mlp.c_proj", sequence_parallel=sp)
+    at.n_head_local = at.n_head // comm.size
+    swap_forward(at, attention_forward)
+
+
 def _apply(model: nn.Module, comm: Comm, sequence_parallel: bool) -> None:
     sp = sequence_parallel
     tr = model.transformer
@@ -139,17 +157,7 @@ def _apply(model: nn.Module, comm: Comm, sequence_parallel: bool) -> None:
         sequence_parallel=sp,
     )
     for i, block in enumerate(tr.h):
-        at, mlp, name = block.attn, block.mlp, f"transformer.h.{i}"
-        c = at.c_attn.in_features
-        col, row = ColumnParallelLinear.from_linear, RowParallelLinear.from_linear
-        at.c_attn = col(
-            at.c_attn, comm, blocks=(c, c, c), name=f"{name}.attn.c_attn", sequence_parallel=sp
-        )
-        at.c_proj = row(at.c_proj, comm, name=f"{name}.attn.c_proj", sequence_parallel=sp)
-        mlp.c_fc = col(mlp.c_fc, comm, name=f"{name}.mlp.c_fc", sequence_parallel=sp)
-        mlp.c_proj = row(mlp.c_proj, comm, name=f"{name}.mlp.c_proj", sequence_parallel=sp)
-        at.n_head_local = at.n_head // comm.size
-        swap_forward(at, attention_forward)
+        cut_block(block, comm, f"transformer.h.{i}", sp)
     swap_forward(model, _gpt_forward)
     if sp and comm.size > 1:
         _sum_partial_grads(model)

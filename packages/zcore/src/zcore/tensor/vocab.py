@@ -10,6 +10,10 @@ are the same vocabulary slice), which is how a tied GPT stays tied.
 ``F.cross_entropy`` would on the gathered logits, with two all-reduces over ``tp`` (the row
 maximum, then the target logit and the exponent sum together) instead of gathering
 ``N x V`` logits; its backward needs no collective.
+
+:class:`VocabParallelLoss` is that loss as a module a ``PipelineModule`` takes as its
+``loss_fn`` (the engine hands it the mesh's ``tp`` comm), and :func:`tied_logits` the output
+head that reads a (vocabulary-parallel) embedding's weight.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import torch.nn.functional as F
 from zcore.comm import Comm
 from zcore.tensor.cut import TPCut, check_blocks, mark
 from zcore.tensor.layers import TensorParallel
-from zcore.tensor.regions import reduce_from, reduce_scatter_seq
+from zcore.tensor.regions import copy_to, reduce_from, reduce_scatter_seq
 
 
 class VocabParallelEmbedding(TensorParallel):
@@ -107,3 +111,32 @@ def vocab_parallel_cross_entropy(
     keep = target != ignore_index
     per_token = _VocabParallelCE.apply(logits, target.masked_fill(~keep, 0), comm)
     return (per_token * keep).sum() / keep.sum()
+
+
+class VocabParallelLoss(torch.nn.Module):
+    """``loss(logits (..., V/tp), target (...))``: the mean cross-entropy over the whole
+    vocabulary of logits cut over ``tp`` (:func:`vocab_parallel_cross_entropy`); with one
+    ``tp`` rank, ``F.cross_entropy``. The engine binds the mesh's ``tp`` comm
+    (``bind_mesh``); a ``PipelineModule`` registers its ``loss_fn`` module, so it is bound."""
+
+    def __init__(self, ignore_index: int = -100) -> None:
+        super().__init__()
+        self.ignore_index = ignore_index
+        self.comm = Comm(None, 0, 1, 0.0)
+
+    def bind_mesh(self, mesh: Any) -> None:
+        self.comm = mesh.comm("tp")
+
+    def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        flat = logits.float().reshape(-1, logits.shape[-1])  # (N, V/tp)
+        return vocab_parallel_cross_entropy(flat, target.reshape(-1), self.comm, self.ignore_index)
+
+
+def tied_logits(embedding: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """An output head reading ``embedding``'s weight: (..., d) -> (..., V/tp) (all of ``V``
+    on one rank). For a :class:`VocabParallelEmbedding` the input's gradient is summed over
+    ``tp`` (the head is column-parallel over the vocabulary)."""
+    comm = getattr(embedding, "comm", None)
+    if isinstance(comm, Comm):
+        x = copy_to(x, comm, "tied output head input")
+    return F.linear(x, embedding.weight)
