@@ -19,6 +19,9 @@ def serve(
     max_queue: int = typer.Option(
         256, "--max-queue", min=1, help="Requests in flight per engine; beyond it, HTTP 429."
     ),
+    tp: int = typer.Option(
+        1, "--tp", min=1, help="Tensor-parallel ranks per engine (processes, gloo)."
+    ),
     policy: str = typer.Option(
         "splitfuse", "--policy", help="Scheduler: `splitfuse`, `prefill-first` or `static`."
     ),
@@ -96,6 +99,7 @@ def serve(
         "weights_budget": weights_budget,
         "offload": offload,
         "offload_dir": offload_dir,
+        "tp": tp,
     }
     try:
         config = EngineConfig(**{k: v for k, v in options.items() if v is not None})
@@ -103,6 +107,7 @@ def serve(
         typer.echo(f"error: bad engine option: {exc}", err=True)
         raise typer.Exit(2) from exc
     from zserve.offload import OffloadDirError, WeightsBudgetError
+    from zserve.tp.plan import TPPlanError
 
     try:
         run_server(
@@ -114,7 +119,7 @@ def serve(
             config=config,
             log_level=log_level,
         )
-    except (WeightsBudgetError, OffloadDirError) as exc:  # bad --weights-budget / --offload-dir
+    except (WeightsBudgetError, OffloadDirError, TPPlanError) as exc:  # bad budget, dir, --tp
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
 
@@ -173,13 +178,34 @@ def bench_serve(
         help="--compare at `avx2` on any x86 host: znative, torch and its GEMM libraries forced"
         " to AVX2, llama.cpp from `make llama-cpp-avx2`.",
     ),
+    tp: int | None = typer.Option(
+        None,
+        "--tp",
+        min=2,
+        help="Instead of the workload: tp=N (one thread a rank) vs tp=1 (N threads), batch-1"
+        " decode and --concurrent tokens/s.",
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print only the JSON object."),
 ) -> None:
     """Open-loop serving workload per policy and rate: tokens/s, TTFT/ITL percentiles,
     SLA effective throughput; and prefix caching's effect on TTFT. With --compare llama.cpp:
-    zserve vs llama-cpp-python at matched precision, in the same run."""
+    zserve vs llama-cpp-python at matched precision, in the same run. With --tp N: tensor-
+    parallel serving against one process on the same cores."""
     from zstack.bench import run_benchmark
 
+    if tp is not None:
+        options = dict(prompt_tokens=prompt_tokens, decode_tokens=decode_tokens)
+        raise typer.Exit(
+            run_benchmark(
+                "serve_tp",
+                json_out,
+                model_dir=model_dir,
+                tp=tp,
+                concurrent=concurrent,
+                repeats=repeats,
+                **options,
+            )
+        )
     if compare is not None:
         raise typer.Exit(
             run_benchmark(

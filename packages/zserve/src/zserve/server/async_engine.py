@@ -106,6 +106,8 @@ class AsyncEngine:
         self._stopping = threading.Event()
         self._stats: dict[str, Any] = dict(engine.stats())
         self.step_errors = 0
+        self.fatal_error: BaseException | None = None
+        """The error that stopped the engine thread for good, if one did."""
 
     # -- what the HTTP layer reads ------------------------------------------------------
     @property
@@ -127,7 +129,7 @@ class AsyncEngine:
 
     @property
     def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._thread is not None and self._thread.is_alive() and self.fatal_error is None
 
     def stats(self) -> dict[str, Any]:
         """The engine's stats after its latest step, plus the server's queue depth."""
@@ -164,7 +166,8 @@ class AsyncEngine:
         rejects (too long a prompt, say).
         """
         if not self.alive:
-            raise EngineDeadError("the engine thread is not running; restart the server")
+            why = "" if self.fatal_error is None else f" ({self.fatal_error})"
+            raise EngineDeadError(f"the engine thread is not running{why}; restart the server")
         if len(self._streams) >= self.max_queue:
             raise QueueFullError(
                 f"server queue is full ({len(self._streams)} requests in flight, "
@@ -254,6 +257,9 @@ class AsyncEngine:
                     active.clear()
                     self._post(self._fail, failed, EngineStepError(f"engine step failed: {exc!r}"))
                     outputs = []
+                    if getattr(exc, "fatal", False):  # it cannot step again (a tp rank died)
+                        self._stop_fatal(exc)
+                        return
                 for out in outputs:
                     if out.finished:
                         active.discard(out.request_id)
@@ -261,6 +267,23 @@ class AsyncEngine:
                     self._post(self._deliver, outputs)
             if commands or stepped:  # stats can only change when the engine did something
                 self._stats = dict(engine.stats())
+
+    def _stop_fatal(self, exc: BaseException) -> None:
+        """End the engine thread after an error the engine cannot step past: every request
+        still in the server, and every later one, fails naming it (`alive` turns False)."""
+        self.fatal_error = exc  # from here `alive` is False: no submit queues another add
+        self._post(self._drain, EngineDeadError(f"the engine stopped: {exc}"))
+
+    def _drain(self, error: BaseException) -> None:
+        """On the event loop, after a fatal error: fail what the inbox and streams hold."""
+        while True:
+            try:
+                cmd = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if cmd[0] == "add":
+                self._resolve(cmd[4], error)
+        self._fail(list(self._streams), error)
 
     def _handle(self, cmd: tuple, active: set[str]) -> None:
         kind = cmd[0]

@@ -8,7 +8,10 @@ stays free of torch, FastAPI and uvicorn.
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 
@@ -32,8 +35,12 @@ def serve(
     engine processes behind a least-loaded router."""
     config = config or EngineConfig()
     if replicas == 1:
-        app = create_app(make_engine(model_dir, config), max_queue=max_queue)
-        uvicorn.run(app, host=host, port=port, log_level=log_level, ws="none")
+        engine = make_engine(model_dir, config)
+        try:
+            app = create_app(engine, max_queue=max_queue)
+            _run_until_fatal(app, host, port, log_level)
+        finally:
+            getattr(engine, "close", lambda: None)()  # tensor-parallel ranks
         return
     workers = spawn_replicas(model_dir, replicas, config.model_dump_json(), max_queue)
     try:
@@ -44,3 +51,25 @@ def serve(
         uvicorn.run(app, host=host, port=port, log_level=log_level, ws="none")
     finally:
         stop_replicas(workers)
+
+
+def _run_until_fatal(app: Any, host: str, port: int, log_level: str) -> None:
+    """uvicorn until interrupted, or until the engine stops for good (a tensor-parallel
+    rank died): then the server shuts down and the process exits naming the error."""
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=host, port=port, log_level=log_level, ws="none")
+    )
+    aengine = app.state.async_engine
+
+    def watch() -> None:
+        while not server.should_exit:
+            if aengine.fatal_error is not None:
+                time.sleep(1.0)  # the failed requests' responses go out first
+                server.should_exit = True
+                return
+            time.sleep(0.2)
+
+    threading.Thread(target=watch, name="zserve-fatal-watch", daemon=True).start()
+    server.run()
+    if aengine.fatal_error is not None:
+        raise SystemExit(f"zserve: the engine stopped: {aengine.fatal_error}")

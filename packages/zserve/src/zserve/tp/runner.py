@@ -244,12 +244,13 @@ class TPRunner:
             return
         self._closed = True
         if self.failure is None:
-            try:
+            try:  # the workers leave their loop and exit
                 stop = torch.tensor([STOP, 0], dtype=torch.int64)
-                dist.broadcast(stop, 0, group=self.group.control, async_op=True)
+                dist.broadcast(stop, 0, group=self.group.control, async_op=True).wait()
             except RuntimeError:
                 pass
-        _stop_procs(list(self.procs.values()), grace_s=5.0 if self.failure is None else 0.5)
+        # a worker past its loop has nothing left to do: no need to wait out its exit
+        _stop_procs(list(self.procs.values()), grace_s=0.5)
         self.group.close()
 
 

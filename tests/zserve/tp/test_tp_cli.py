@@ -1,0 +1,68 @@
+"""`z serve MODEL --tp N` as a user runs it (the tiny random LLaMA with SmolLM2's tokenizer, 4
+query / 2 KV heads): a --tp beyond the query heads fails at start naming the numbers, and a
+rank killed under a running server ends the `z serve` process with an error naming the rank."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.utils.cli import Z, run_z
+from tests.utils.tiny_lm import write_tiny_lm
+from zcore.process import free_port
+
+
+def test_tp_beyond_query_heads_fails_at_start(tmp_path: Path) -> None:
+    model = write_tiny_lm(tmp_path / "lm")
+    done = run_z("serve", str(model), "--tp", "5", ok=False, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "tp 5 > num_attention_heads 4" in done.stderr and "--tp 4" in done.stderr
+
+
+def _children(pid: int) -> list[int]:
+    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    return [int(c) for c in text.split()]
+
+
+@pytest.mark.slow(reason="a z serve process and its rank: ~15 s; test_tp_server is the fast check")
+def test_killed_rank_ends_z_serve_naming_it(tmp_path: Path) -> None:
+    model = write_tiny_lm(tmp_path / "lm")
+    port = free_port()
+    args = [str(Z), "serve", str(model), "--tp", "2", "--port", str(port), "--log-level", "warning"]
+    server = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert server.poll() is None and time.monotonic() < deadline, server.stderr
+            time.sleep(0.2)
+        # rank 1: the child started by multiprocessing's spawn (not its resource tracker)
+        (rank1,) = [c for c in _children(server.pid) if "spawn_main" in _cmdline(c)]
+        os.kill(rank1, signal.SIGKILL)
+        body = {"model": "lm", "prompt": "To be", "max_tokens": 8}
+        resp = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=30)
+        assert resp.status_code in (500, 503), resp.text
+        _, err = server.communicate(timeout=30)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.communicate()
+    assert server.returncode != 0
+    assert "rank 1 (exit code -9) died" in err, err[-2000:]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
+    except OSError:
+        return ""
