@@ -117,6 +117,11 @@ class ModelState:
                 first[id(p)] = name
         return aliases
 
+    def checkpoint_names(self) -> dict[str, str]:
+        """``module.checkpoint_names()`` when the model defines it (names in checkpoints)."""
+        names = getattr(self.module, "checkpoint_names", None)
+        return dict(names()) if callable(names) else {}
+
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         from zcore.zero import GatheredParameters
 

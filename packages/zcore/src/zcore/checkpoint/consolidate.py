@@ -16,7 +16,9 @@ from zcore.zero.layout import GroupLayout
 def consolidate(checkpoint_dir: str, tag: str | None = None) -> dict[str, torch.Tensor]:
     """Full fp32 parameters (from the master weights), frozen parameters and buffers.
 
-    Works for a checkpoint of any layout, needs no process group and reads each rank file
+    Names are those the checkpoint keys parameters by (:mod:`zcore.checkpoint.names`: the
+    model's own, or those its ``checkpoint_names()`` gives). Works for a checkpoint of any
+    layout, needs no process group and reads each rank file
     once: one tensor per parameter name, as the model has it before any parallelism cuts
     it. Tensor-parallel shards (the manifest's ``"params"``/``"tp_cuts"``) are reassembled
     into the tensors the model had before :func:`zcore.tensor.parallelize` cut it; a

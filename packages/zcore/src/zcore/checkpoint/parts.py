@@ -81,6 +81,12 @@ class ModelPart(Stateful, Protocol):
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model in its training dtype (collective: gathers stage-3 shards)."""
 
+    def checkpoint_names(self) -> dict[str, str]:
+        """The names checkpoints use for the parameters and buffers the model renames (the
+        model's own ``checkpoint_names()``, e.g. a pipelined model saving under its plain
+        model's names, so either loads the other's checkpoints); every other name is its
+        own."""
+
 
 class RankLocalPart(Protocol):
     """State that differs on every rank and belongs to no slot (error feedback)."""

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from zcore.checkpoint.files import CheckpointError, load_json, load_torch
+from zcore.checkpoint.names import Names
 from zcore.checkpoint.rank_files import listed_files
 from zcore.checkpoint.rank_state import read_rank_state
 from zcore.checkpoint.reshard import MASTER, SavedParams
@@ -117,16 +118,18 @@ def _read(parts: CheckpointParts, root: Path, tag: str | None, load_optimizer: b
     sharded = parts.sharded
     if load_optimizer:
         _check_optimizer(path, manifest.get("optimizer"), sharded.kind)
-    names = [s.name for layout in sharded.layouts for s in layout.shards]
-    files, stage_for = choose_files(manifest, parts.place, names)
+    names = Names(parts.model.checkpoint_names())
+    layouts = names.layouts(sharded.layouts)  # this rank's targets, by their saved names
+    wanted = [s.name for layout in layouts for s in layout.shards]
+    files, stage_for = choose_files(manifest, parts.place, wanted)
     saved = SavedParams(path, manifest, files, old_layouts, stage_for)
-    cuts = {n: cut_from_json(c) for n, c in (parts.info.get("tp_cuts") or {}).items()}
-    _check_fit(path, saved, sharded.layouts, cuts)
+    cuts = {names.saved(n): cut_from_json(c) for n, c in (parts.info.get("tp_cuts") or {}).items()}
+    _check_fit(path, saved, layouts, cuts)
 
     coord = int(parts.place.coords.get("tp", 0))
     targets = sharded.load_targets()
     masters = [_buffer_for(t, sharded.live()) for t in targets]
-    for g, new in enumerate(sharded.layouts):
+    for g, new in enumerate(layouts):
         rank = sharded.group_rank(g)
         copied = sum(
             saved.fill(masters[g], d, rank, MASTER, cuts.get(d.name), coord) for d in new.shards
@@ -140,22 +143,25 @@ def _read(parts: CheckpointParts, root: Path, tag: str | None, load_optimizer: b
     common = load_torch(path / "common.pt")
     if isinstance(common, dict) and isinstance(common.get("frozen"), dict):
         stages = saved.stage_model()  # later pipeline stages' frozen parameters and buffers
-        common = {**common, **{k: {**stages[k], **(common.get(k) or {})} for k in stages}}
+        common = {
+            **common,
+            **{
+                k: names.keys({**stages[k], **(common.get(k) or {})}, to_model=True) for k in stages
+            },
+        }
     _check_common(path / "common.pt", common, parts, len(old_layouts))
 
     state = None
     if load_optimizer:
         states = [
             saved.group_state_for(new, sharded.group_rank(g), cuts, coord)
-            for g, new in enumerate(sharded.layouts)
+            for g, new in enumerate(layouts)
         ]
         state = {
             "state": {g: s for g, s in enumerate(states) if s},
             "param_groups": [
                 {**_saved_hyper(saved, new, g, common, mine), "params": mine["params"]}
-                for g, (new, mine) in enumerate(
-                    zip(sharded.layouts, sharded.param_groups(), strict=True)
-                )
+                for g, (new, mine) in enumerate(zip(layouts, sharded.param_groups(), strict=True))
             ],
         }
     per_rank = read_rank_state(parts.place, path, manifest) if load_optimizer else None

@@ -24,11 +24,13 @@ from zcore.checkpoint.files import (
     save_text,
     save_torch,
 )
+from zcore.checkpoint.names import Names
 from zcore.checkpoint.rank_state import save_rank_state
 from zcore.checkpoint.table import Table, all_gather_json, local_table, merge
 
 if TYPE_CHECKING:
     from zcore.checkpoint.parts import CheckpointParts, ShardedPart
+    from zcore.zero.layout import GroupLayout
 
 FORMAT = "zstack-zero-v1"
 
@@ -62,10 +64,12 @@ def save(
     if comm.max_flag(bool(failure), "all_reduce(checkpoint dir ready)"):
         raise CheckpointError(failure or f"rank 0 could not create `{tmp}`")
 
-    model = parts.model.state_dict()  # collective at stage 3
+    names = Names(parts.model.checkpoint_names())
+    layouts = names.layouts(sharded.layouts)
+    model = {k: names.keys(v) for k, v in parts.model.state_dict().items()}  # collective (3)
     owned = [sharded.owns(g) for g in range(len(sharded.layouts))]
     files = _written_files(parts, any(owned))  # collective
-    table = _param_table(parts)  # collective
+    table = _param_table(parts, layouts, names)  # collective
     mine = parts.per_rank.state_dict()
     try:
         save_rank_state(place.rank, mine, tmp)
@@ -75,7 +79,9 @@ def save(
             shard = {
                 "master": [m if own else m[:0] for m, own in zip(master, owned, strict=True)],
                 "optimizer": {g: s for g, s in opt.items() if owned[g]},
-                "groups": [_piece(sharded, g) if own else None for g, own in enumerate(owned)],
+                "groups": [
+                    _piece(sharded, layouts, g) if own else None for g, own in enumerate(owned)
+                ],
                 "param_groups": sharded.param_groups(),
             }
             if _stage_writer(parts) and (model["frozen"] or model["buffers"]):
@@ -103,7 +109,7 @@ def save(
 
     if place.rank == 0:
         try:
-            manifest = _manifest(parts, tag, files, counters, table)
+            manifest = _manifest(parts, tag, files, counters, table, layouts, names)
             if mine is not None:  # every rank wrote one (the engine's kind decides, not data)
                 manifest["comm_state_world"] = place.world
             save_json(manifest, tmp / "manifest.json")
@@ -130,10 +136,10 @@ def _stage_writer(parts: CheckpointParts) -> bool:
     return coords.get("pp", 0) > 0 and all(v == 0 for a, v in coords.items() if a != "pp")
 
 
-def _piece(sharded: ShardedPart, g: int) -> dict[str, Any]:
+def _piece(sharded: ShardedPart, layouts: list[GroupLayout], g: int) -> dict[str, Any]:
     """What a rank file says of its slot of group ``g`` (:mod:`.rank_files` reads it)."""
     return {
-        "layout": sharded.layouts[g].to_json(),
+        "layout": layouts[g].to_json(),
         "rank": sharded.group_rank(g),
         "axis": sharded.axes[g],
     }
@@ -155,11 +161,11 @@ def _written_files(parts: CheckpointParts, writes: bool) -> dict[str, dict[str, 
     return files
 
 
-def _param_table(parts: CheckpointParts) -> Table:
+def _param_table(parts: CheckpointParts, layouts: list[GroupLayout], names: Names) -> Table:
     """Every trained parameter of the job: full shape, tp cut, stages (collective)."""
     place = parts.place
     mine = local_table(
-        parts.sharded.layouts, parts.info.get("tp_cuts") or {}, place.coords.get("pp", 0)
+        layouts, names.keys(parts.info.get("tp_cuts") or {}), place.coords.get("pp", 0)
     )
     return merge(all_gather_json(place.comm, mine, "checkpoint parameter table"))
 
@@ -170,6 +176,8 @@ def _manifest(
     files: dict[str, dict[str, int]],
     counters: dict[str, int],
     table: Table,
+    layouts: list[GroupLayout],
+    names: Names,
 ) -> dict[str, Any]:
     sharded, scaler = parts.sharded, parts.whole.get("loss_scaler")
     cuts = {n: r["tp"] for n, r in table.items() if r.get("tp")}
@@ -185,8 +193,8 @@ def _manifest(
         "stage": parts.info.get("stage"),
         "dtype": parts.info.get("dtype"),
         "optimizer": sharded.kind,
-        "groups": [layout.to_json() for layout in sharded.layouts],
-        "aliases": parts.model.aliases(),
+        "groups": [layout.to_json() for layout in layouts],
+        "aliases": {names.saved(k): names.saved(v) for k, v in parts.model.aliases().items()},
         **counters,
         "loss_scaler": scaler.state_dict() if scaler is not None else None,
         "config": parts.info.get("config"),
