@@ -1,0 +1,31 @@
+"""`z bench serve --tp 2`: one tiny real run (the tiny random LLaMA), every contender in the
+JSON (timings not asserted: benchmarks measure, tests check the plumbing)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.utils.tiny_lm import write_tiny_lm
+from zstack.bench import load
+
+
+@pytest.mark.slow(reason="4 processes importing torch and zserve: ~30 s on 2 cores")
+def test_bench_serve_tp_tiny(tmp_path: Path) -> None:
+    bench = load("serve_tp")
+    model = write_tiny_lm(tmp_path / "lm")
+    result = bench.run(
+        model_dir=str(model),
+        prompt_tokens=8,
+        decode_tokens=3,
+        concurrent=2,
+        rounds=1,
+        repeats=1,
+        peers="",
+    )
+    assert "errors" not in result, result.get("errors")
+    assert set(result["batch1_tokens_per_s"]) == {"tp1", "tp2"}
+    assert result["batch1_ratio"] > 0 and result["concurrent_ratio"] > 0
+    assert result["same_tokens"] is True
+    assert "ratios: batch-1" in bench.report(result)
