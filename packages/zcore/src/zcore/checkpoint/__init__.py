@@ -1,11 +1,17 @@
-"""Sharded, atomic checkpoints that load on any data-parallel world size.
+"""Sharded, atomic checkpoints that load at any (pp, tp, dp) layout.
 
 Layout of ``save_dir``::
 
     latest                  the tag of the newest complete checkpoint
-    <tag>/manifest.json     world size, stage, dtype, parameter layout, counters, config
+    <tag>/manifest.json     mesh, stage, dtype, parameter layout and table, counters, config
     <tag>/common.pt         rank 0: frozen parameters, buffers, scheduler, client state
-    <tag>/rank_00000.pt     each rank: its fp32 master slots and optimizer-state slots
+    <tag>/rank_00000.pt     each writing rank: its fp32 master and optimizer-state slots
+
+A checkpoint saved with any number of pipeline stages, tensor-parallel size and
+data-parallel size loads directly at any other: each rank reads the pieces of the
+parameters it now holds and re-cuts them (:mod:`zcore.checkpoint.reshard`; the manifest's
+parameter table, :mod:`zcore.checkpoint.table`). ``consolidate`` gives one tensor per
+parameter name from any layout.
 
 A checkpoint is written into ``.tmp-<tag>/`` and renamed into place only when every rank
 has written and fsynced its file; ``latest`` is updated last. A crash or a full disk at any
