@@ -138,6 +138,14 @@ def gpt_state_dict(state: dict[str, torch.Tensor], config: GPTConfig) -> dict[st
     return out
 
 
+def as_gpt_state(state: dict[str, torch.Tensor], config: Any) -> dict[str, torch.Tensor]:
+    """`state` in `GPT`'s names: renamed when it is a pipelined GPT's (a `z train --pp`
+    checkpoint), else unchanged."""
+    if isinstance(config, GPTConfig) and any(k.startswith(("tied.", "layers.")) for k in state):
+        return gpt_state_dict(state, config)
+    return state
+
+
 def build_pipe_gpt(
     config: GPTConfig, stages: int, seed: int = 0, schedule: str = "1f1b", **kw: Any
 ) -> Any:

@@ -63,9 +63,11 @@ def run(plan: TrainPlan, echo: Callable[[str], None] = print, report: bool = Tru
         _restart_metrics(plan.metrics, first if plan.resume else None)
         name = model_name(t.model_config, plan.preset)
         moe = f"; {plan.moe.describe()}" if plan.moe else ""
+        lay = plan.layout
+        layout = f" ({lay.describe(ranks.world)})" if lay.pp > 1 or lay.tp > 1 else ""
         echo(
             f"training {name} ({t.model_config.num_params() / 1e6:.1f}M params{moe}) on "
-            f"{ranks.world} rank(s), ZeRO stage {engine.stage}, {t.precision}: steps {first} -> "
+            f"{ranks.world} rank(s){layout}, ZeRO stage {engine.stage}, {t.precision}: steps {first} -> "
             f"{plan.steps}, batch {b.world_size}x{b.micro_batch_size}x"
             f"{b.gradient_accumulation_steps} x {plan.seq_len} tokens"
         )

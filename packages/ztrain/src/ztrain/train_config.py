@@ -13,10 +13,19 @@ _BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_a
 _PRECISION_KEYS = ("fp16", "bf16", "bfloat16")
 
 
-def default_config(opts: TrainOptions, scheduler_start: int = 0) -> dict[str, Any]:
-    """The DeepSpeed config the flags describe; the scheduler resumes at `scheduler_start`."""
+def default_config(
+    opts: TrainOptions, scheduler_start: int = 0, layout: Any = None
+) -> dict[str, Any]:
+    """The DeepSpeed config the flags describe; the scheduler resumes at `scheduler_start`;
+    `layout` (a `train_parallel.Layout`) adds the `pipeline` and `tensor_parallel` blocks."""
     warmup = max(1, min(100, opts.steps // 20))
+    blocks: dict[str, Any] = {}
+    if layout is not None and layout.pp > 1:
+        blocks["pipeline"] = {"schedule": layout.schedule}
+    if layout is not None and layout.tp > 1:
+        blocks["tensor_parallel"] = {"autotp_size": layout.tp}
     return {
+        **blocks,
         "train_micro_batch_size_per_gpu": opts.micro_batch,
         "gradient_accumulation_steps": opts.grad_accum,
         "gradient_clipping": 1.0,
@@ -72,11 +81,16 @@ class RunConfig:
     """The schedule is `default_config`'s (rebuilt for `--steps` on resume, not loaded)."""
 
 
-def build_config(opts: TrainOptions, world_size: int, scheduler_start: int = 0) -> RunConfig:
-    """The flags' config, or the `--config` file over it; raises ConfigError."""
+def build_config(
+    opts: TrainOptions, world_size: int, scheduler_start: int = 0, layout: Any = None
+) -> RunConfig:
+    """The flags' config, or the `--config` file over it; raises ConfigError. The batch
+    arithmetic counts the data-parallel ranks: `world_size / (pp x tp)` under `layout`."""
     from zcore.config import ConfigError, ZConfig
 
-    ours = default_config(opts, scheduler_start)
+    if layout is not None:
+        world_size //= layout.pp * layout.tp
+    ours = default_config(opts, scheduler_start, layout)
     if opts.config is None:
         cfg = ZConfig.load(ours)
         cfg.batch_sizes(world_size)

@@ -56,6 +56,15 @@ class TrainOptions:
     dense_twin: bool = False
     """Train the MoE model's dense twin: the same architecture with one SwiGLU of `top-k x`
     the expert width per layer (the same active parameters)."""
+    pp: int = 1
+    """Pipeline stages (`zcore.pipe`): the GPT's blocks cut into `pp` stages."""
+    tp: int = 1
+    """Tensor-parallel ranks: each layer cut over `tp` ranks (`zcore.tensor`)."""
+    schedule: str = "1f1b"
+    """The pipeline schedule (`gpipe`, `1f1b`, `interleaved_1f1b`)."""
+    microbatches: int | None = None
+    """Micro-batches per step under `--pp` (`gradient_accumulation_steps`); None:
+    `--grad-accum` when given, else 2 x pp."""
     explicit: frozenset[str] = field(default_factory=frozenset)
     """Option names given on the command line (only those are reported as overridden)."""
 

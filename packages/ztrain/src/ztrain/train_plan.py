@@ -8,13 +8,14 @@ the same files), and everything after (`Trainer`, the loop) reads only the `Trai
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ztrain.moe_plan import MoESpec, plan_moe
 from ztrain.resume import find_resume_point
 from ztrain.train_config import RunConfig, build_config
 from ztrain.train_options import TrainError, TrainOptions
+from ztrain.train_parallel import Layout, plan_layout
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,9 @@ class TrainPlan:
     moe: MoESpec | None = None
     """The Mixtral-architecture model to train (`--moe`, `--dense-twin`); None: the GPT."""
     moe_notes: tuple[str, ...] = ()
+    layout: Layout = field(default_factory=Layout)
+    """Pipeline stages x tensor-parallel ranks x data-parallel ranks (`--pp`, `--tp`)."""
+    layout_notes: tuple[str, ...] = ()
 
     @property
     def resume(self) -> bool:
@@ -70,7 +74,7 @@ class TrainPlan:
     @property
     def notes(self) -> list[str]:
         """What to tell the user before the run starts (flags a `--config` overrides)."""
-        return [*self.config.notes, *self.moe_notes]
+        return [*self.config.notes, *self.moe_notes, *self.layout_notes]
 
 
 def plan_run(opts: TrainOptions, world_size: int) -> TrainPlan:
@@ -78,9 +82,10 @@ def plan_run(opts: TrainOptions, world_size: int) -> TrainPlan:
 
     Raises ConfigError (bad `--config`) or TrainError (the message says what to change).
     """
+    layout, opts, layout_notes = plan_layout(opts, world_size)
     point = find_resume_point(opts.checkpoints) if opts.resume else None
     start = point.step if point else 0
-    config = build_config(opts, world_size, start)
+    config = build_config(opts, world_size, start, layout)
     from ztrain.data import plays_dir
     from ztrain.gpt import PRESETS, default_seq_len
 
@@ -97,7 +102,7 @@ def plan_run(opts: TrainOptions, world_size: int) -> TrainPlan:
             f"`--seq-len {seq_len}` exceeds preset {opts.preset}'s block_size {block}; "
             f"pass `--seq-len {block}` or less (or leave it out: {default_seq_len(opts.preset)})"
         )
-    _check_curriculum(config, seq_len)
+    _check_curriculum(config, seq_len, layout)
     moe, moe_notes = plan_moe(opts, world_size, PRESETS[opts.preset]["n_layer"])
     if opts.resume:
         _check_resumable(opts, start, moe)
@@ -117,14 +122,23 @@ def plan_run(opts: TrainOptions, world_size: int) -> TrainPlan:
         warnings=(point.warning,) if point and point.warning else (),
         moe=moe,
         moe_notes=tuple(moe_notes),
+        layout=layout,
+        layout_notes=tuple(layout_notes),
     )
 
 
-def _check_curriculum(config: RunConfig, seq_len: int) -> None:
-    """A sequence-length curriculum ends at `seq_len` at most (the windows' length)."""
+def _check_curriculum(config: RunConfig, seq_len: int, layout: Layout) -> None:
+    """A sequence-length curriculum ends at `seq_len` at most (the windows' length), and
+    runs without pipeline stages (whose shapes are static)."""
     from zcore.data_efficiency.config import parse_blocks
 
     _, legacy = parse_blocks(config.config)
+    if legacy.enabled and layout.pipelined:
+        raise TrainError(
+            "a seqlen curriculum_learning block with `--pp`: pipeline stages have static "
+            "activation shapes, so every micro-batch must keep `--seq-len`; drop the block "
+            "or `--pp`"
+        )
     if legacy.enabled and legacy.max_difficulty is not None and legacy.max_difficulty > seq_len:
         raise TrainError(
             f"curriculum_learning.max_difficulty {legacy.max_difficulty} exceeds `--seq-len "

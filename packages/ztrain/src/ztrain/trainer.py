@@ -85,14 +85,6 @@ def _load_data(plan: TrainPlan) -> tuple[Any, Any]:
     return tokenizer, ShakespeareData.load(tokenizer, cache_dir(), plays)
 
 
-def _param_groups(model: Any) -> list[dict[str, Any]]:
-    """No weight decay on biases, LayerNorms (1-D) and position embeddings, as in nanoGPT."""
-    decay, plain = [], []
-    for name, p in model.named_parameters():
-        (decay if p.dim() >= 2 and "wpe" not in name else plain).append(p)
-    return [{"params": decay}, {"params": plain, "weight_decay": 0.0}]
-
-
 def _curriculum(plan: TrainPlan, ranks: Ranks, data: Any, vocab_size: int, batch: Any) -> Any:
     """The run's `CurriculumBatches` for the engine's batch sizes (`batch`, cut over the
     data-parallel ranks); rank 0 writes missing index files first."""
@@ -137,9 +129,9 @@ class Trainer:
         """Join the job, load the data, build the engine and (resuming) load the checkpoint."""
         import torch
 
-        import zcore
         from ztrain.moe_metrics import MoETally
-        from ztrain.moe_plan import build_model, model_config
+        from ztrain.moe_plan import model_config
+        from ztrain.train_parallel import build_engine
 
         torch.set_num_threads(_threads_per_rank())
         ranks = Ranks.join()
@@ -155,11 +147,9 @@ class Trainer:
         if ranks.rank != 0:
             tokenizer, data = _load_data(plan)
         config = model_config(plan.preset, tokenizer.vocab_size, plan.moe)
-        model = build_model(config, seed=plan.seed)
         rc = plan.config
-        engine, *_ = zcore.initialize(
-            model, model_parameters=_param_groups(model), config=rc.as_dict
-        )
+        engine = build_engine(plan, config, rc.as_dict)
+        model = engine.module
         curriculum = _curriculum(plan, ranks, data, tokenizer.vocab_size, engine.batch)
         if plan.resume:
             _, client_state = engine.load_checkpoint(
@@ -193,6 +183,10 @@ class Trainer:
         """Mean loss over the fixed validation windows, averaged over ranks (collective)."""
         import torch
 
+        if self.plan.layout.pipelined:
+            from ztrain.train_parallel import pipe_evaluate
+
+            return pipe_evaluate(self, VAL_BATCHES)
         val, b = self.data.stream("val", self.plan.seq_len, self.plan.seed), self.engine.batch
         self.engine.eval()
         with torch.no_grad():
@@ -210,6 +204,10 @@ class Trainer:
     def train_step(self, step: int) -> float:
         """One optimizer step on the global batch `step`; this rank's mean micro-batch
         cross-entropy (the MoE layers' statistics go to `self.moe`)."""
+        if self.plan.layout.pipelined:
+            from ztrain.train_parallel import pipe_train_step
+
+            return pipe_train_step(self, step)
         train, b = self.data.stream("train", self.plan.seq_len, self.plan.seed), self.engine.batch
         seq_len = self.curriculum.begin_step(step)
         self.last_tokens = int(b.train_batch_size * seq_len)
@@ -252,9 +250,11 @@ class Trainer:
         """Consolidate the latest checkpoint into `export/` (rank 0 only; not collective)."""
         from zcore.checkpoint import consolidate
         from ztrain.generate import export_dir
+        from ztrain.gpt_pipe import as_gpt_state
         from ztrain.moe_plan import drop_non_persistent
 
-        state = drop_non_persistent(consolidate(str(self.plan.checkpoints)), self.engine.module)
+        state = as_gpt_state(consolidate(str(self.plan.checkpoints)), self.model_config)
+        state = drop_non_persistent(state, self.engine.module)
         export_dir(state, self.model_config, self.tokenizer, self.plan.export)
         return self.plan.export
 
