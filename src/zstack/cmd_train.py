@@ -131,6 +131,16 @@ def train(
     dense_twin: bool = typer.Option(
         False, "--dense-twin", help="The MoE model's dense twin: same active parameters."
     ),
+    pp: int = typer.Option(
+        1, "--pp", min=1, help="Pipeline stages; NPROC = pp x tp x data-parallel ranks."
+    ),
+    tp: int = typer.Option(1, "--tp", min=1, help="Tensor-parallel ranks each layer is cut over."),
+    schedule: str = typer.Option(
+        "1f1b", "--schedule", help="Pipeline schedule: 1f1b, gpipe or interleaved_1f1b."
+    ),
+    microbatches: int | None = typer.Option(
+        None, "--microbatches", min=1, help="Micro-batches per step under --pp (default 2 x pp)."
+    ),
 ) -> None:
     """Train a GPT (or with `--moe` a Mixtral-style MoE) on Shakespeare with ZeRO on NPROC ranks."""
     from zcore.config import ConfigError
@@ -161,6 +171,10 @@ def train(
         moe_ep=moe_ep,
         moe_aux_coef=moe_aux_coef,
         dense_twin=dense_twin,
+        pp=pp,
+        tp=tp,
+        schedule=schedule,
+        microbatches=microbatches,
         explicit=explicit,
     )
     under_launcher = "RANK" in os.environ
@@ -208,6 +222,7 @@ def _load_model(path: Path) -> tuple[Any, Any]:
 
     from zcore.checkpoint import consolidate
     from ztrain.generate import MODEL_JSON, TOKENIZER_JSON, WEIGHTS, load_for_generation
+    from ztrain.gpt_pipe import as_gpt_state
     from ztrain.moe_plan import build_model, config_from_dict, drop_non_persistent
     from ztrain.tokenizer import Tokenizer
 
@@ -231,7 +246,8 @@ def _load_model(path: Path) -> tuple[Any, Any]:
             "pass the run directory or its `export/` instead"
         )
     model = build_model(config_from_dict(json.loads((root / MODEL_JSON).read_text()), ep_size=1))
-    model.load_state_dict(drop_non_persistent(consolidate(str(root), tag), model))
+    state = as_gpt_state(consolidate(str(root), tag), model.config)  # a `--pp` run's names
+    model.load_state_dict(drop_non_persistent(state, model))
     return model.eval(), Tokenizer.load(root / TOKENIZER_JSON)
 
 
