@@ -41,13 +41,20 @@ def mean_over_ranks(value: float) -> float:
     return float(t) / dist.get_world_size()
 
 
-def gpt_engine(world: int, tp: int, stage: int, seed: int, **shape: Any) -> Any:
-    """``z train``'s GPT at ``tp`` x (world / tp) data ranks."""
+FP16 = {"enabled": True, "initial_scale_power": 8, "loss_scale_window": 1}
+"""A dynamic loss scale that doubles every step without overflow: a resumed run that lost
+the scaler's state steps with another scale."""
+
+
+def gpt_engine(world: int, tp: int, stage: int, seed: int, fp16: bool = False, **shape: Any) -> Any:
+    """``z train``'s GPT at ``tp`` x (world / tp) data ranks (fp32, or fp16 with :data:`FP16`)."""
     spec = MeshSpec.resolve(world, tp=tp)
     model = GPT(GPTConfig(**{**GPT_SHAPE, **shape}), seed=seed)
     if tp > 1:
         model = parallelize(model, spec)
     cfg = config(stage, mb=GLOBAL * tp // world, gas=1, clip=0.05, scheduler=WARMUP)
+    if fp16:
+        cfg["fp16"] = FP16
     return zcore.initialize(model, config=cfg, mesh=spec)[0]
 
 
@@ -65,31 +72,44 @@ def gpt_steps(engine: Any, start: int, end: int) -> list[float]:
     return out
 
 
-def gpt_run(rank: int, world: int, save_tp: int, load_tp: int, stage: int, root: str) -> dict:
+def gpt_run(
+    rank: int, world: int, save_tp: int, load_tp: int, stage: int, root: str, fp16: bool = False
+) -> dict:
     """The uninterrupted GPT run at tp ``save_tp`` and the one resumed at ``load_tp``."""
-    first = gpt_engine(world, save_tp, stage, seed=0)
+    first = gpt_engine(world, save_tp, stage, seed=0, fp16=fp16)
     gpt_steps(first, 0, SAVE_AT)
     first.save_checkpoint(root, tag="a")
+    scale = first.loss_scale
     straight = gpt_steps(first, SAVE_AT, STEPS)
     ref = gather_full_state_dict(first.module)
     first.destroy()
-    again = gpt_engine(world, load_tp, stage, seed=7)
+    again = gpt_engine(world, load_tp, stage, seed=7, fp16=fp16)
     again.load_checkpoint(root, tag="a")
-    steps = again.global_steps
+    steps, scales = again.global_steps, (scale, again.loss_scale)
     resumed = gpt_steps(again, SAVE_AT, STEPS)
     got = gather_full_state_dict(again.module)
     again.destroy()
     worst = max(float((got[k] - v).abs().max()) for k, v in ref.items())
-    return {"straight": straight, "resumed": resumed, "steps": steps, "worst": worst}
+    return {
+        "straight": straight,
+        "resumed": resumed,
+        "steps": steps,
+        "worst": worst,
+        "scales": scales,
+    }
 
 
-def assert_resumed(out: dict[str, Any], what: str) -> None:
+def assert_resumed(
+    out: dict[str, Any], what: str, rtol: float = LOSS_RTOL, atol: float = PARAM_ATOL
+) -> None:
     assert out["steps"] == SAVE_AT, what
+    saved, loaded = out["scales"]
+    assert saved == loaded, (what, out["scales"])
     torch.testing.assert_close(
         torch.tensor(out["resumed"]),
         torch.tensor(out["straight"]),
-        rtol=LOSS_RTOL,
+        rtol=rtol,
         atol=0,
         msg=lambda m: f"{what}: {m}",
     )
-    assert out["worst"] <= PARAM_ATOL, (what, out["worst"])
+    assert out["worst"] <= atol, (what, out["worst"])
