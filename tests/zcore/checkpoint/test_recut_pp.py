@@ -90,3 +90,48 @@ def test_pipeline_checkpoint_loads_at_another_pp(
             assert got.keys() == ref.keys(), (rank, tag)
             for name, value in ref.items():
                 torch.testing.assert_close(got[name], value, rtol=0, atol=PARAM_ATOL, msg=name)
+
+
+class Tagged(torch.nn.Module):
+    """The identity, with a persistent buffer a load must bring back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("tag", torch.zeros(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def _tagged(stages: int) -> Any:
+    from tests.zcore.pipe.common import DIM, VOCAB, Block, loss_fn
+    from zcore.pipe import LayerSpec, PipelineModule
+
+    specs = [
+        LayerSpec(torch.nn.Embedding, VOCAB, DIM),
+        LayerSpec(Block),
+        LayerSpec(Tagged),  # uniform: layers 2-4 are the second stage
+        LayerSpec(torch.nn.LayerNorm, DIM),
+        LayerSpec(torch.nn.Linear, DIM, VOCAB),
+    ]
+    return PipelineModule(specs, stages, loss_fn=loss_fn, partition_method="uniform")
+
+
+def _save_tagged(rank: int, world: int, root: str) -> None:
+    engine = zcore.initialize(_tagged(2), config=config(1, mb=1, gas=2))[0]
+    for buf in engine.module.buffers():
+        buf.copy_(torch.tensor([7.0, 8.0, 9.0]))  # only the second stage holds one
+    engine.save_checkpoint(root, tag="t")
+    engine.destroy()
+
+
+def _load_tagged(rank: int, world: int, root: str) -> list[float]:
+    engine = zcore.initialize(_tagged(1), config=config(1, mb=1, gas=2))[0]
+    engine.load_checkpoint(root, tag="t")
+    return dict(engine.module.named_buffers())["layers.2.tag"].tolist()
+
+
+def test_a_later_stages_buffers_load_at_another_pp(tmp_path: Path) -> None:
+    run_ranks(_save_tagged, 2, args=(str(tmp_path),))
+    assert run_ranks(_load_tagged, 1, args=(str(tmp_path),)) == [[7.0, 8.0, 9.0]]
+    assert consolidate(str(tmp_path), "t")["layers.2.tag"].tolist() == [7.0, 8.0, 9.0]
