@@ -53,6 +53,9 @@ class SparseMoE:
     """``(E, hidden, I)``: each expert's ``w2``."""
     top_k: int
     """Experts per token."""
+    first: int = 0
+    """Router index of ``gate_up[0]``: a tensor-parallel rank holds experts ``first ..
+    first + len(gate_up)`` (:mod:`zserve.tp`) and returns their part of the sum."""
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """The block's output ``(T, hidden)`` for the normed tokens ``x (T, hidden)``."""
@@ -60,15 +63,21 @@ class SparseMoE:
         flat = experts.reshape(-1)  # (T * k,): slot s is token s // k's choice s % k
         order = flat.argsort(stable=True)  # slots grouped by expert, token order within
         counts = torch.bincount(flat, minlength=self.router.shape[0]).tolist()
+        held = counts[self.first : self.first + self.gate_up.shape[0]]
+        if len(held) != len(counts):  # only the held experts' slots
+            lo = sum(counts[: self.first])
+            order = order[lo : lo + sum(held)]
         tokens = order // self.top_k  # (T * k,) the token of each sorted slot
         xs = x.index_select(0, tokens)  # (T * k, hidden), contiguous per expert
         outs: list[torch.Tensor] = []
         start = 0
-        for e, n in enumerate(counts):
+        for e, n in enumerate(held):
             if n:
                 gate, up = F.linear(xs[start : start + n], self.gate_up[e]).chunk(2, dim=-1)
                 outs.append(F.linear(F.silu(gate) * up, self.down[e]))  # (n, hidden)
             start += n
+        if not outs:  # no token chose a held expert
+            return torch.zeros_like(x)
         # Scaled in fp32 and cast back before the sum, as transformers does.
         ys = (torch.cat(outs) * weights.reshape(-1, 1).index_select(0, order)).to(x.dtype)
         return torch.zeros_like(x).index_add_(0, tokens, ys)
@@ -79,16 +88,19 @@ class SparseMoE:
         from either weight layout."""
         c = config
         e, h, inter = c.num_local_experts, c.hidden_size, c.intermediate_size
+        # a tensor-parallel rank's checkpoint names the experts it holds (zserve.tp)
+        first, last = getattr(load.checkpoint, "experts", None) or (0, e)
         fused = prefix + "mlp.experts."
         if fused + "gate_up_proj" in load:
             return cls(
                 router=load(prefix + "mlp.gate.weight", e, h),
-                gate_up=load(fused + "gate_up_proj", e, 2 * inter, h),
-                down=load(fused + "down_proj", e, h, inter),
+                gate_up=load(fused + "gate_up_proj", e, 2 * inter, h)[first:last].contiguous(),
+                down=load(fused + "down_proj", e, h, inter)[first:last].contiguous(),
                 top_k=c.num_experts_per_tok,
+                first=first,
             )
         moe = prefix + "block_sparse_moe."
-        expert = [f"{moe}experts.{j}." for j in range(e)]
+        expert = [f"{moe}experts.{j}." for j in range(first, last)]
         return cls(
             router=load(moe + "gate.weight", e, h),
             gate_up=torch.stack(
@@ -96,4 +108,5 @@ class SparseMoE:
             ),
             down=torch.stack([load(p + "w2.weight", h, inter) for p in expert]),
             top_k=c.num_experts_per_tok,
+            first=first,
         )
