@@ -76,9 +76,12 @@ def test_tp_beyond_query_heads_is_refused_naming_both() -> None:
         plan(SMOL, 10)
 
 
-def test_mixtral_has_no_plan_yet() -> None:
+def test_mixtral_deals_whole_experts() -> None:
     moe = dataclasses.replace(
         SMOL, num_local_experts=8, num_experts_per_tok=2, model_type="mixtral"
     )
-    with pytest.raises(TPPlanError, match="sparse experts"):
-        plan(moe, 2)
+    shards = plan(moe, 3)
+    assert [s.experts for s in shards] == [(0, 2), (2, 5), (5, 8)]
+    assert all(s.mlp == (0, 1536) and s.config.num_local_experts == 8 for s in shards)
+    with pytest.raises(TPPlanError, match=r"tp 9 > num_local_experts 8.*--tp 8"):
+        plan(moe, 9)

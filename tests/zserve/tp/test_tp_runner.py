@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.zserve.tiny_llama import tiny_llama
+from tests.zserve.tiny_llama import tiny_llama, tiny_mixtral
 from zserve.runner import ModelRunner, SeqChunk
 from zserve.tp.group import TPRankError
 from zserve.tp.runner import TPRunner
@@ -110,3 +110,18 @@ def test_tp_beyond_the_heads_fails_before_starting_ranks(tiny_dir: Path) -> None
 
     with pytest.raises(TPPlanError, match=r"tp 7 > num_attention_heads 6"):
         TPRunner(tiny_dir, 7, **OPTIONS)
+
+
+def test_mixtral_tp2_logits_equal_single_process(tmp_path: Path) -> None:
+    """Experts dealt out whole (2 of 4 a rank), the MoE output summed like a dense MLP's."""
+    tiny_mixtral(tmp_path)
+    whole = _run(ModelRunner(tmp_path, **OPTIONS))
+    runner = TPRunner(tmp_path, 2, timeout_s=10.0, **OPTIONS)
+    try:
+        cut = _run(runner)
+        assert runner.local.model.layers[0].mlp.gate_up.shape[0] == 2
+    finally:
+        runner.close()
+    for step, (a, b) in enumerate(zip(whole, cut, strict=True)):
+        diff = (a - b).abs().max().item()
+        assert diff <= ATOL, f"step {step}: max |logit diff| {diff}"

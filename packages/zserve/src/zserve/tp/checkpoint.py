@@ -35,6 +35,8 @@ class ShardedCheckpoint:
         self.shard = shard
         self.full = full
         self.model_dir: Path = inner.model_dir
+        self.experts = shard.experts
+        """Mixtral: the experts this rank holds (read by :meth:`SparseMoE.load`)."""
 
     def __contains__(self, name: str) -> bool:
         return name in self.inner

@@ -20,7 +20,10 @@ the extra heads to the last ranks (rank 0 also schedules and samples): SmolLM2's
 KV heads at tp=2 are KV 1/2, query 3/6. With ``num_key_value_heads <
 tp <= num_attention_heads`` each rank holds one KV head, replicated on the ranks that split
 its query group (its keys are cached on each of them). Only ``tp > num_attention_heads`` is
-refused: a rank would hold no query head. The MLP width is not split evenly but so that every
+refused: a rank would hold no query head. Mixtral's experts are dealt out whole (expert
+parallelism inside the tensor-parallel group: the router is on every rank, each rank runs its
+experts' share of the tokens and the MoE output is summed by the same all-reduce as a dense
+MLP's). The dense MLP width is not split evenly but so that every
 rank reads about the same number of weight elements per layer (decode reads every weight once:
 the slowest rank sets the step), in multiples of :data:`MLP_ALIGN` columns.
 """
@@ -55,8 +58,11 @@ class RankShard:
     """Columns of the MLP width (rows of gate/up, columns of down)."""
     vocab: tuple[int, int]
     """Rows of the LM head (columns of the logits)."""
+    experts: tuple[int, int] | None
+    """Mixtral: the experts (whole) this rank holds; None for a dense MLP."""
     config: LlamaConfig
-    """The model as this rank sees it: its heads and MLP width, the whole vocabulary."""
+    """The model as this rank sees it: its heads and MLP width, the whole vocabulary (and
+    every expert's router logit)."""
 
     @property
     def head_dim(self) -> int:
@@ -110,23 +116,28 @@ def plan(config: LlamaConfig, tp: int) -> list[RankShard]:
     """Every rank's shard of ``config``'s model at ``tp`` ranks.
 
     Raises:
-        TPPlanError: ``tp < 1``, ``tp > num_attention_heads``, or a model family with no
-            tensor-parallel plan (Mixtral's experts).
+        TPPlanError: ``tp < 1``, ``tp > num_attention_heads``, or (Mixtral) ``tp >
+            num_local_experts``.
     """
     if tp < 1:
         raise TPPlanError(f"tp must be >= 1; got {tp}")
     c = config
-    if c.num_local_experts:
+    if c.num_local_experts and tp > c.num_local_experts:
         raise TPPlanError(
-            f"tensor-parallel serving has no plan for {c.model_type} (sparse experts); "
-            "serve it with --tp 1"
+            f"tp {tp} > num_local_experts {c.num_local_experts}: each rank holds whole experts; "
+            f"serve with --tp {c.num_local_experts} or fewer"
         )
     if tp > c.intermediate_size:
         raise TPPlanError(f"tp {tp} > intermediate_size {c.intermediate_size}; lower --tp")
     heads = head_ranges(c.num_attention_heads, c.num_key_value_heads, tp)
     h, d = c.hidden_size, c.head_dim
     attention = [((q1 - q0) * 2 + (k1 - k0) * 2) * d * h for (q0, q1), (k0, k1) in heads]
-    mlp = _mlp_ranges(attention, 3 * h, c.intermediate_size, tp)
+    experts: list[tuple[int, int] | None] = [None] * tp
+    if c.num_local_experts:  # Mixtral: whole experts over the ranks, each expert's MLP whole
+        experts = list(_even(c.num_local_experts, tp))
+        mlp = [(0, c.intermediate_size)] * tp
+    else:
+        mlp = _mlp_ranges(attention, 3 * h, c.intermediate_size, tp)
     vocab = _even(c.vocab_size, tp)
     shards = []
     for r, (((q0, q1), (k0, k1)), m) in enumerate(zip(heads, mlp, strict=True)):
@@ -137,5 +148,5 @@ def plan(config: LlamaConfig, tp: int) -> list[RankShard]:
             intermediate_size=m[1] - m[0],
             head_dim=d,
         )
-        shards.append(RankShard(r, tp, (q0, q1), (k0, k1), m, vocab[r], local))
+        shards.append(RankShard(r, tp, (q0, q1), (k0, k1), m, vocab[r], experts[r], local))
     return shards
