@@ -9,7 +9,7 @@ from torch import nn
 
 import zcore
 from tests.utils.distributed import run_ranks
-from tests.zcore.pipe.common import Block, config, make_pipe
+from tests.zcore.pipe.common import Block, config, loss_fn, make_pipe
 from zcore.config import ZConfig
 from zcore.config.errors import ConfigError
 from zcore.pipe import LayerSpec, PipelineModule
@@ -94,3 +94,16 @@ def test_bad_layouts_fail_at_start_on_every_rank() -> None:
         assert "virtual_stages=2, stage_order='v'" in zbv
         assert "ZeRO stage 3 with pipeline parallelism is not built" in stage3
         assert "pipeline.stages 4 != the model's num_stages 2" in stages
+
+
+class _Experts(nn.Linear):
+    """A layer asking the mesh for expert parallelism, as zmoe's MoE layer does."""
+
+    def mesh_axes(self) -> dict[str, int]:
+        return {"ep": 2}
+
+
+def test_expert_parallelism_inside_stages_is_refused_naming_why() -> None:
+    model = PipelineModule([_Experts(4, 4)], num_stages=1, loss_fn=loss_fn)
+    with pytest.raises(ValueError, match=r"ep_size 2\) inside pipeline stages is not built"):
+        zcore.initialize(model, config=config(1))

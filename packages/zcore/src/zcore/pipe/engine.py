@@ -39,6 +39,7 @@ from zcore.pipe.module import PipelineModule
 from zcore.pipe.schedules import check_layout
 from zcore.pipe.shared_json import gather_json
 from zcore.pipe.ties import Ties
+from zcore.zero.axes import mesh_request
 
 _DTYPES = [torch.int64, torch.int32, torch.float32, torch.bfloat16, torch.float16, torch.bool]
 
@@ -91,6 +92,15 @@ class PipelineEngine(ZEngine):
                 "stage's layers once per micro-batch, so stage 3 would gather every parameter "
                 "2 x gradient_accumulation_steps times per step; use stage 0, 1 or 2 (the "
                 "optimizer state and gradients stay partitioned over dp)"
+            )
+        ep = mesh_request(model).get("ep", 1)
+        if ep > 1:
+            raise ValueError(
+                f"expert parallelism (the model's MoE layers ask for ep_size {ep}) inside "
+                "pipeline stages is not built: no equivalence test covers the experts' "
+                "all-to-all inside the schedule's micro-batch slots; build the MoE layers "
+                "with ep_size 1 (experts replicated, ZeRO cuts them over dp) or train "
+                "without pipeline stages"
             )
         first = next(iter(model.parameters()), None)
         device = first.device if first is not None else torch.device("cpu")
