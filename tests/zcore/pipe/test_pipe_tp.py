@@ -33,7 +33,7 @@ def _run(rank: int, world: int, pp: int, tp: int, stage: int, kw: dict[str, Any]
     tie = kw.get("tie", True)
     schedule = kw.get("schedule", "1f1b")
     shape = GPTConfig(**GPT_SHAPE, tie_weights=tie)
-    model = build_pipe_gpt(shape, pp, seed=0, schedule=schedule)
+    model = build_pipe_gpt(shape, pp, seed=0, schedule=schedule, **kw.get("pipe", {}))
     extra = {"pipeline": {"schedule": schedule}, "tensor_parallel": {"autotp_size": tp}}
     extra.update(kw.get("config", {}))
     cfg = config(stage, mb=MB, gas=GAS, clip=kw.get("clip", 0.05), **extra)
@@ -101,6 +101,14 @@ def test_pp2_tp2_dp2_zero_stages(stage: int) -> None:
 def test_pp2_tp2_schedules(schedule: str) -> None:
     kw = {"schedule": schedule}
     _check(run_ranks(_run, 4, args=(2, 2, 0, kw), timeout=240), _baseline(1))
+
+
+@pytest.mark.slow(reason="4 ranks")
+def test_pp2_tp2_zbv_with_activation_checkpointing() -> None:
+    """ZB-V, ZeRO-2, every layer checkpointed: the recomputation runs each block's tp
+    collectives again, in the same order on every tp rank (fp32, the usual tolerances)."""
+    kw = {"schedule": "zbv", "pipe": {"activation_checkpoint_interval": 1}}
+    _check(run_ranks(_run, 4, args=(2, 2, 2, kw), timeout=240), _baseline(1))
 
 
 @pytest.mark.slow(reason="4 ranks")
