@@ -10,8 +10,10 @@ its pipeline stage now holds, for the fp32 master and for every per-element opti
 
 - names are the same on every layout (a ``PipelineModule``'s ``layers.<i>.…`` whatever
   stage now holds layer ``i``, and ``tied.<key>.…``; a tensor-parallel layer keeps the name
-  of the layer it replaced), so re-mapping layers to the new stages is reading the files of
-  the stage that held them (a tied layer held by several stages is read from one);
+  of the layer it replaced; a model may save under another model's names,
+  :mod:`zcore.checkpoint.names`), so re-mapping layers to the new stages is reading the
+  files of the stage that held them (a tied layer held by several stages is read from one;
+  the manifest's parameter table, :mod:`zcore.checkpoint.table`, says which stages);
 - the same ``tp`` cut (or none) at save and at load: each saved slot's element range is
   intersected with the target's, and only the overlapping elements are copied (the ZeRO
   re-cut across ``dp`` sizes);
@@ -22,8 +24,11 @@ its pipeline stage now holds, for the fp32 master and for every per-element opti
   holds the new group's first parameter: the groups themselves differ between layouts
   (tensor-parallel shards form groups of their own, a stage holds only its layers' groups).
 
-Rank files are memory-mapped, so a rank reads only the bytes it copies. Nothing here
-changes the engine: targets are new buffers, committed by :mod:`zcore.checkpoint.restore`.
+Rank files are memory-mapped, so a rank reads only the bytes it copies (at another ``tp``:
+the whole of each saved shard overlapping its new one). Nothing here changes the engine:
+targets are new buffers, committed by :mod:`zcore.checkpoint.restore`. Frozen parameters and
+buffers are saved whole per pipeline stage (``common.pt``: the first stage's; a rank file of
+each later stage's first rank: that stage's, :meth:`SavedParams.stage_model`).
 """
 
 from __future__ import annotations
