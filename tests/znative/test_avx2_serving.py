@@ -1,7 +1,8 @@
 """zserve's serving kernels at every SIMD level the CPU has (the AVX2 bodies among them),
 against their torch references: the INT8 linear bit-identical to the torch path for decode
 rows (1-3, the streamed body) and tiles (4+ rows, k with and without a 16-wide tail), the
-INT4 dequantize-GEMV within float32 rounding of the dequantized product, and ``linear_rows``
+INT4 dequantize-GEMV and the dequantize tile path (more rows; FP6) within float32 rounding of
+the dequantized product, and ``linear_rows``
 in float32 and bfloat16 for 1-64 rows; and zserve's routing of bfloat16 batches below AVX-512."""
 
 from __future__ import annotations
@@ -34,13 +35,17 @@ def test_int8_linear_bit_identical_to_torch_path(simd: str, m: int, k: int) -> N
     assert torch.equal(native.int8_linear(x, qw.data, qw.scale.reshape(-1)), want), simd
 
 
-@pytest.mark.parametrize("m", [1, 3, 5, 16])
-@pytest.mark.parametrize("symmetric", [True, False])
-def test_int4_gemv_matches_the_dequantized_product(simd: str, m: int, symmetric: bool) -> None:
+@pytest.mark.parametrize("m", [1, 3, 5, 9, 16, 70])
+@pytest.mark.parametrize("spec", ["int4", "int4-asym", "fp6"])
+def test_dequant_linear_matches_the_dequantized_product(simd: str, m: int, spec: str) -> None:
+    """The GEMV (INT4, few rows) and the tile path (more rows, FP6 at any)."""
     w = torch.randn(70, 576, generator=_gen(7))
     x = torch.randn(m, 576, generator=_gen(8))
-    spec = QuantSpec(4, symmetric=symmetric, granularity="group", group_size=32)
-    qw = quantize_weight(w, spec)
+    if spec == "fp6":
+        qspec = QuantSpec(6, fmt="fp6", granularity="channel")
+    else:
+        qspec = QuantSpec(4, symmetric=spec == "int4", granularity="group", group_size=32)
+    qw = quantize_weight(w, qspec)
     deq = dequantize_weight(qw)
     want = (x.double() @ deq.double().t()).float()
     got = native.dequant_linear(x, qw, None)

@@ -1,29 +1,98 @@
 //! GMAC/s of the serving linears (INT8 W8A8, INT4 dequant, bf16 and f32 rows) at the active
-//! SIMD level, SmolLM2-135M's shapes at 1-256 activation rows, best of 7 x 0.15 s:
-//! `ZNATIVE_NUM_THREADS=1 ZNATIVE_SIMD=avx2 cargo run --release --example kbench [int8|int4|bf16|f32]`
+//! SIMD level, SmolLM2-135M's shapes at 1-256 activation rows, best of 7 x 0.15 s of the calling
+//! thread's CPU time (on Linux; with one kernel thread that is all the work, and a loaded
+//! host's waits for a core are left out: wall time there measured the load), and at one
+//! row the weight bytes read per second beside the calling thread's read bandwidth
+//! (`bw`: a 256 MiB buffer summed front to back):
+//! `ZNATIVE_NUM_THREADS=1 ZNATIVE_SIMD=avx2 cargo run --release --example kbench [int8|int4|bf16|f32|bw|attn]`;
+//! `attn`: one decode step's paged attention of a SmolLM2 layer (9 query heads, 3 KV heads of
+//! 64, blocks of 16) at 96 cached tokens, microseconds a call.
 //! (`benchmarks/results/serve-avx2.md`).
-use std::time::Instant;
+/// Seconds of CPU time the calling thread has used (wall time where that clock is missing).
+#[cfg(target_os = "linux")]
+fn now() -> f64 {
+    #[repr(C)]
+    struct Timespec {
+        sec: i64,
+        nsec: i64,
+    }
+    extern "C" {
+        fn clock_gettime(clock: i32, tp: *mut Timespec) -> i32;
+    }
+    const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+    let mut t = Timespec { sec: 0, nsec: 0 };
+    // SAFETY: `t` is a valid timespec for the call to write.
+    unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    t.sec as f64 + t.nsec as f64 * 1e-9
+}
+
+#[cfg(not(target_os = "linux"))]
+fn now() -> f64 {
+    use std::sync::OnceLock;
+    use std::time::Instant;
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_secs_f64()
+}
 use zkernels::quant::{dequant_linear, int8_linear, PackedWeight, WeightFormat};
-use zkernels::serve::linear_rows;
+use zkernels::serve::{linear_rows, paged_decode_attention, AttnDims};
 
 fn best<F: FnMut()>(mut f: F, macs: usize) -> f64 {
     f();
     let mut best = f64::MAX;
     for _ in 0..7 {
-        let t = Instant::now();
+        let t = now();
         let mut reps = 0;
-        while t.elapsed().as_secs_f64() < 0.15 {
+        while now() - t < 0.15 {
             f();
             reps += 1;
         }
-        best = best.min(t.elapsed().as_secs_f64() / reps as f64);
+        best = best.min((now() - t) / reps as f64);
     }
     macs as f64 / best / 1e9
+}
+
+/// GB/s of one thread summing a 256 MiB buffer (never in cache) front to back.
+fn read_bandwidth() -> f64 {
+    let buf: Vec<u64> = (0..32usize << 20).map(|i| i as u64).collect();
+    let mut sink = 0u64;
+    let bytes = buf.len() * 8;
+    let gmacs = best(
+        || {
+            let mut lanes = [0u64; 8];
+            for c in buf.chunks_exact(8) {
+                for l in 0..8 {
+                    lanes[l] = lanes[l].wrapping_add(c[l]);
+                }
+            }
+            sink = sink.wrapping_add(lanes.iter().sum::<u64>());
+        },
+        bytes,
+    );
+    std::hint::black_box(sink);
+    gmacs
+}
+
+/// Weight GB/s of a one-row product at `gmacs` GMAC/s over `bytes` bytes of weight.
+fn gbs(m: usize, gmacs: f64, macs: usize, bytes: usize) -> String {
+    if m == 1 {
+        format!(
+            "  ({:.1} GB/s of weight)",
+            gmacs * bytes as f64 / macs as f64
+        )
+    } else {
+        String::new()
+    }
 }
 
 fn main() {
     let only = std::env::args().nth(1).unwrap_or_default();
     println!("level {}", zkernels::simd::active().name());
+    if only.is_empty() || only == "bw" {
+        println!("read  one thread, 256 MiB: {:7.2} GB/s", read_bandwidth());
+    }
+    if only.is_empty() || only == "attn" {
+        attention();
+    }
     for &(m, n, k) in &[
         (1, 49152, 576),
         (1, 1536, 576),
@@ -46,7 +115,8 @@ fn main() {
                 || int8_linear(&x, &w, &ws, None, &mut out, m, n, k).unwrap(),
                 macs,
             );
-            println!("int8  m={m:3} n={n:5} k={k}: {g:7.2} GMAC/s");
+            let wb = gbs(m, g, macs, n * k + 4 * n);
+            println!("int8  m={m:3} n={n:5} k={k}: {g:7.2} GMAC/s{wb}");
         }
         if only.is_empty() || only == "int4" {
             let data: Vec<u8> = (0..n * k / 2).map(|i| (i * 31) as u8).collect();
@@ -64,7 +134,8 @@ fn main() {
                 group: 32,
             };
             let g = best(|| dequant_linear(&x, &w, None, &mut out, m).unwrap(), macs);
-            println!("int4  m={m:3} n={n:5} k={k}: {g:7.2} GMAC/s");
+            let wb = gbs(m, g, macs, n * k / 2 + 8 * n * groups);
+            println!("int4  m={m:3} n={n:5} k={k}: {g:7.2} GMAC/s{wb}");
         }
         if (only.is_empty() || only == "bf16") && m <= 64 {
             let xb: Vec<u16> = x.iter().map(|v| zkernels::bf16::f32_to_bf16(*v)).collect();
@@ -73,14 +144,62 @@ fn main() {
                 .collect();
             let mut ob = vec![0u16; m * n];
             let g = best(|| linear_rows(&xb, &w, m, &mut ob).unwrap(), macs);
-            println!("bf16  m={m:3} n={n:5} k={k}: {g:7.2} GMAC/s");
+            let wb = gbs(m, g, macs, 2 * n * k);
+            println!("bf16  m={m:3} n={n:5} k={k}: {g:7.2} GMAC/s{wb}");
         }
         if (only.is_empty() || only == "f32") && m <= 64 {
             let w: Vec<f32> = (0..n * k)
                 .map(|i| ((i * 7 % 11) as f32 - 5.0) / 9.0)
                 .collect();
             let g = best(|| linear_rows(&x, &w, m, &mut out).unwrap(), macs);
-            println!("f32   m={m:3} n={n:5} k={k}: {g:7.2} GMAC/s");
+            let wb = gbs(m, g, macs, 4 * n * k);
+            println!("f32   m={m:3} n={n:5} k={k}: {g:7.2} GMAC/s{wb}");
         }
     }
+}
+
+/// Microseconds of one SmolLM2 layer's decode attention (one sequence, 96 keys), f32 and bf16.
+fn attention() {
+    let d = AttnDims {
+        num_seqs: 1,
+        num_heads: 9,
+        num_kv_heads: 3,
+        head_dim: 64,
+        num_blocks: 8,
+        block_size: 16,
+        max_blocks: 8,
+    };
+    let cache = d.num_blocks * d.block_size * d.num_kv_heads * d.head_dim;
+    let kc: Vec<f32> = (0..cache)
+        .map(|i| ((i * 13 % 17) as f32 - 8.0) / 9.0)
+        .collect();
+    let vc: Vec<f32> = (0..cache)
+        .map(|i| ((i * 7 % 11) as f32 - 5.0) / 4.0)
+        .collect();
+    let q: Vec<f32> = (0..9 * 64)
+        .map(|i| ((i * 5 % 9) as f32 - 4.0) / 3.0)
+        .collect();
+    let tables: Vec<i64> = (0..8).rev().collect();
+    let lens = [96i32];
+    let mut out = vec![0f32; q.len()];
+    // `best` reports units per second; one unit a call gives calls per second.
+    let calls = best(
+        || paged_decode_attention(&q, &kc, &vc, &tables, &lens, 0.125, d, &mut out).unwrap(),
+        1,
+    );
+    println!(
+        "attn  f32  9/3 heads x 64, 96 keys: {:7.2} us/call",
+        1e-3 / calls
+    );
+    let b = |v: &[f32]| -> Vec<u16> { v.iter().map(|x| zkernels::bf16::f32_to_bf16(*x)).collect() };
+    let (kb, vb, qb) = (b(&kc), b(&vc), b(&q));
+    let mut ob = vec![0u16; q.len()];
+    let calls = best(
+        || paged_decode_attention(&qb, &kb, &vb, &tables, &lens, 0.125, d, &mut ob).unwrap(),
+        1,
+    );
+    println!(
+        "attn  bf16 9/3 heads x 64, 96 keys: {:7.2} us/call",
+        1e-3 / calls
+    );
 }

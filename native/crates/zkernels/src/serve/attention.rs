@@ -115,20 +115,40 @@ pub fn paged_decode_attention<E: Elem>(
             bs,
             scale,
         };
+        #[cfg(target_arch = "x86_64")]
+        if crate::simd::active() >= crate::simd::SimdLevel::Avx2 && hd.is_multiple_of(8) {
+            // SAFETY: `active()` reports AVX2 or above only when the CPU has AVX2 and FMA;
+            // the block table and buffer sizes were checked above.
+            unsafe {
+                super::attention_avx2::attend(
+                    &q[heads],
+                    k_cache,
+                    v_cache,
+                    &p,
+                    &mut scores,
+                    &mut acc,
+                    o,
+                )
+            };
+            return;
+        }
         attend_auto(&q[heads], k_cache, v_cache, &p, &mut scores, &mut acc, o);
     });
     Ok(())
 }
 
 /// One (sequence, KV head) task's inputs besides the buffers.
-struct Task<'a> {
-    table: &'a [i64],
-    len: usize,
-    g: usize,
-    kv: usize,
-    hd: usize,
-    bs: usize,
-    scale: f32,
+pub(super) struct Task<'a> {
+    /// The sequence's block table.
+    pub(super) table: &'a [i64],
+    /// Keys attended to.
+    pub(super) len: usize,
+    /// The KV head.
+    pub(super) g: usize,
+    pub(super) kv: usize,
+    pub(super) hd: usize,
+    pub(super) bs: usize,
+    pub(super) scale: f32,
 }
 
 #[inline(always)]

@@ -14,6 +14,8 @@
 //! [`QuantError`]s, checked before anything is written.
 
 mod attention;
+#[cfg(target_arch = "x86_64")]
+mod attention_avx2;
 mod linear;
 #[cfg(target_arch = "x86_64")]
 mod linear_avx2;

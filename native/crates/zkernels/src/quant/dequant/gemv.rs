@@ -14,15 +14,21 @@
 //! ~11 cycles per run; at 16 rows the tile path's f32 tile ran at ~20 GFLOP/s.)
 //!
 //! Runs where AVX-512 or AVX2 is active (AVX2: [`super::gemv_avx2`], 16-column runs of
-//! 8 bytes), the weight is INT4 and whole 32-column runs tile each group
-//! (`group % 32 == 0`, `k % 32 == 0`); otherwise the tile path runs.
+//! 8 bytes, up to [`GEMV_MAX_ROWS_AVX2`] rows), the weight is INT4 and whole 32-column runs
+//! tile each group (`group % 32 == 0`, `k % 32 == 0`); otherwise the tile path runs.
 
 pub(super) use super::weight::{PackedWeight, WeightFormat};
 pub(super) use crate::quant::{for_blocks, SharedOut};
 
-/// Activation rows up to which [`super::dequant_linear`] takes this path (decode steps of
-/// up to 64 sequences; measured no slower than the tile path up to 64 rows, 3x faster at 16).
+/// Activation rows up to which [`super::dequant_linear`] takes this path where AVX-512 is
+/// active (decode steps of up to 64 sequences; measured no slower than the tile path up to
+/// 64 rows, 3x faster at 16).
 pub(super) const GEMV_MAX_ROWS: usize = 64;
+/// The same where AVX2 is the level: the AVX2 tile ([`super::tile_avx2`], two activation
+/// rows by four weight rows of FMAs) overtakes this path's 4-row passes between 4 and 16
+/// rows (SmolLM2's 1536 x 576, one thread: 19 against 12 GMAC/s at 4 rows, 19 against
+/// 24 at 16, 19 against 33 at 64).
+pub(super) const GEMV_MAX_ROWS_AVX2: usize = 8;
 /// Parallel tasks per thread of the team: few and long, so that each thread streams long
 /// contiguous runs of the weight, with a second one to even out a late thread. (SmolLM2's
 /// 120 decode products, 53 MB of codes packed in call order, two threads, noisy VM,
@@ -36,12 +42,17 @@ const MIN_ROWS: usize = 16;
 pub(super) fn applies(w: &PackedWeight<'_>, m: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
+        use crate::simd::SimdLevel;
+        let max_rows = match crate::simd::active() {
+            SimdLevel::Avx512 => GEMV_MAX_ROWS,
+            SimdLevel::Avx2 => GEMV_MAX_ROWS_AVX2,
+            SimdLevel::Scalar => 0,
+        };
         matches!(w.format, WeightFormat::Int4 { .. })
-            && (1..=GEMV_MAX_ROWS).contains(&m)
+            && (1..=max_rows).contains(&m)
             && w.group.is_multiple_of(32)
             && w.k.is_multiple_of(32)
             && w.k > 0
-            && crate::simd::active() >= crate::simd::SimdLevel::Avx2
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

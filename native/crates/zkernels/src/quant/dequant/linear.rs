@@ -41,12 +41,12 @@ fn dot4(x: &[f32], w: &[f32], k: usize) -> [f32; 4] {
 }
 
 /// The operands of one [`dequant_linear`] call, shared by its blocks.
-struct LinearJob<'a> {
-    x: &'a [f32],
-    w: &'a PackedWeight<'a>,
-    bias: Option<&'a [f32]>,
-    out: SharedOut<f32>,
-    m: usize,
+pub(super) struct LinearJob<'a> {
+    pub(super) x: &'a [f32],
+    pub(super) w: &'a PackedWeight<'a>,
+    pub(super) bias: Option<&'a [f32]>,
+    pub(super) out: SharedOut<f32>,
+    pub(super) m: usize,
 }
 
 #[inline(always)]
@@ -177,6 +177,12 @@ pub fn dequant_linear(
         if crate::simd::active() == crate::simd::SimdLevel::Avx512 {
             // SAFETY: `active()` only reports AVX-512 when the CPU has every enabled feature.
             unsafe { avx512::linear_block(&job, j0, j1, &mut tile) };
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if crate::simd::active() == crate::simd::SimdLevel::Avx2 {
+            // SAFETY: as above, for AVX2 and FMA; `tile` holds NB rows of k.
+            unsafe { super::tile_avx2::linear_block(&job, j0, j1, &mut tile) };
             return;
         }
         linear_block(&job, j0, j1, &mut tile);

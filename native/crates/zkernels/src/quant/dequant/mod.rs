@@ -17,6 +17,8 @@ mod gemv;
 #[cfg(target_arch = "x86_64")]
 mod gemv_avx2;
 mod linear;
+#[cfg(target_arch = "x86_64")]
+mod tile_avx2;
 mod weight;
 
 pub use linear::dequant_linear;

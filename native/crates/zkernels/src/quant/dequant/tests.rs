@@ -63,6 +63,33 @@ fn scalar_ref(
 
 #[test]
 fn int4_and_fp6_dequantize_and_linear_match_reference() {
+    check_linear_shapes(&[
+        (5, 7, 7, 3),
+        (33, 576, 128, 4),
+        (17, 100, 32, 1),
+        (4, 64, 3, 2),
+    ]);
+}
+
+/// The tile path (rows past the GEMV's, FP6 at any rows) at every SIMD level: an odd row
+/// count (the AVX2 tile's pairs and its lone last row), weight rows not a multiple of 4,
+/// k with and without an 8-wide tail.
+#[test]
+fn tile_path_matches_reference_at_every_level() {
+    use crate::simd::{detected, set_override, SimdLevel};
+    for level in [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512] {
+        if level > detected() {
+            continue;
+        }
+        set_override(Some(level)).unwrap();
+        check_linear_shapes(&[(17, 100, 32, 11), (33, 576, 32, 70), (6, 36, 12, 9)]);
+    }
+    set_override(None).unwrap();
+}
+
+/// `dequantize` and `dequant_linear` of random INT4 and FP6 weights `(n, k)` in groups of
+/// `group` against the definitions, at `m` activation rows, for each `(n, k, group, m)`.
+fn check_linear_shapes(shapes: &[(usize, usize, usize, usize)]) {
     let mut seed = 3u64;
     let mut next = move || {
         seed = seed
@@ -70,12 +97,7 @@ fn int4_and_fp6_dequantize_and_linear_match_reference() {
             .wrapping_add(1442695040888963407);
         (seed >> 33) as u32
     };
-    for &(n, k, group, m) in &[
-        (5usize, 7usize, 7usize, 3usize),
-        (33, 576, 128, 4),
-        (17, 100, 32, 1),
-        (4, 64, 3, 2),
-    ] {
+    for &(n, k, group, m) in shapes {
         let groups = k.div_ceil(group);
         let scale: Vec<f32> = (0..n * groups).map(|i| 0.01 + i as f32 * 1e-3).collect();
         let x: Vec<f32> = (0..m * k)
