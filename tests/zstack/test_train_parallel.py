@@ -100,3 +100,19 @@ def test_pp2_tp2_dp2_run(tmp_path: Path) -> None:
     out = tmp_path / "pp2tp2dp2"
     done = z_train(out, "--nproc", "8", "--pp", "2", "--tp", "2", "--microbatches", "2")
     _check_run(out, done, "(pp 2 x tp 2 x dp 2, 1f1b over 2 micro-batches)")
+
+
+@pytest.mark.slow(reason="a 4-rank launcher run, then one rank")
+def test_pp2_tp2_checkpoint_resumes_on_one_plain_rank(tmp_path: Path) -> None:
+    """The checkpoint keys parameters by the plain GPT's names, so one rank without
+    pipeline or tensor parallelism continues it (re-cut on load)."""
+    out = tmp_path / "pp2tp2"
+    done = z_train(out, "--nproc", "4", "--pp", "2", "--tp", "2", "--microbatches", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    code, text = invoke(
+        *TINY, "--nproc", "1", "--resume", "--steps", "3", "--grad-accum", "2", "--out", str(out)
+    )
+    assert code == 0, text
+    assert "steps 2 -> 3" in text
+    records = read_jsonl(out / "metrics.jsonl")
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3]

@@ -15,8 +15,10 @@ all the logits), each block is Megatron's (`zcore.tensor.gpt_plan.cut_block`), a
 head is column-parallel; position embeddings and LayerNorms stay whole on every `tp` rank.
 
 Weights start as `GPT(config, seed)`'s (`build_pipe_gpt` copies them by name), so a
-pipelined run starts where the plain one does; `gpt_state_dict` renames a consolidated
-pipeline checkpoint back to `GPT`'s names (`z train`'s export).
+pipelined run starts where the plain one does, and checkpoints key every parameter by its
+`GPT` name (`PipeGPT.checkpoint_names`), so a checkpoint of either loads into the other at
+any layout and consolidates to a `GPT` state dict; `as_gpt_state` renames the state of a
+checkpoint written under the pipeline's own names.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from zcore.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from ztrain.gpt import GPT, Block, GPTConfig
 
 
@@ -92,7 +95,6 @@ class LMHead(nn.Linear):
 
 def pipe_layers(config: GPTConfig) -> list[Any]:
     """The layer specs of `config`'s GPT (module docstring)."""
-    from zcore.pipe import LayerSpec, TiedLayerSpec
     from zcore.tensor.vocab import tied_logits
 
     c, v = config.n_embd, config.vocab_size
@@ -139,11 +141,31 @@ def gpt_state_dict(state: dict[str, torch.Tensor], config: GPTConfig) -> dict[st
 
 
 def as_gpt_state(state: dict[str, torch.Tensor], config: Any) -> dict[str, torch.Tensor]:
-    """`state` in `GPT`'s names: renamed when it is a pipelined GPT's (a `z train --pp`
-    checkpoint), else unchanged."""
-    if isinstance(config, GPTConfig) and any(k.startswith(("tied.", "layers.")) for k in state):
+    """`state` in `GPT`'s names: renamed when it is in a pipelined GPT's own names, and
+    with the tied head's second name (a pipelined checkpoint has the embedding only);
+    else unchanged."""
+    if not isinstance(config, GPTConfig):
+        return state
+    if any(k.startswith(("tied.", "layers.")) for k in state):
         return gpt_state_dict(state, config)
+    if config.tie_weights and "lm_head.weight" not in state and "transformer.wte.weight" in state:
+        return {**state, "lm_head.weight": state["transformer.wte.weight"]}
     return state
+
+
+class PipeGPT(PipelineModule):
+    """A `PipelineModule` of `pipe_layers(config)` whose checkpoints use `GPT`'s names."""
+
+    config: GPTConfig
+
+    def checkpoint_names(self) -> dict[str, str]:
+        """Every parameter of every stage (not only this rank's) -> its `GPT` name."""
+        names = {}
+        for idx, spec in enumerate(self.specs):
+            prefix = f"tied.{spec.key}." if isinstance(spec, TiedLayerSpec) else f"layers.{idx}."
+            for n, _ in spec.build_meta().named_parameters():
+                names[prefix + n] = gpt_name(prefix + n, self.config.n_layer)
+        return names
 
 
 def build_pipe_gpt(
@@ -152,19 +174,18 @@ def build_pipe_gpt(
     """`config`'s GPT cut into `stages` pipeline stages for `schedule` (`interleaved_1f1b`:
     two stages per rank in a loop; `zbv`: two in a V), starting from `GPT(config, seed)`'s
     weights. `kw` go to `PipelineModule` (e.g. `activation_checkpoint_interval`)."""
-    from zcore.pipe import PipelineModule
     from zcore.tensor.vocab import VocabParallelLoss
 
     layout = {
         "interleaved_1f1b": {"virtual_stages": 2},
         "zbv": {"virtual_stages": 2, "stage_order": "v"},
     }.get(schedule, {})
-    model = PipelineModule(
+    model = PipeGPT(
         pipe_layers(config), num_stages=stages, loss_fn=VocabParallelLoss(), **layout, **kw
     )
+    model.config = config  # what the run trains: `num_params`, the names, the export
     full = GPT(config, seed=seed).state_dict()
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(full[gpt_name(name, config.n_layer)])
-    model.config = config  # what the run trains, for `num_params` and the export
     return model

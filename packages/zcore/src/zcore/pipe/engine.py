@@ -37,7 +37,6 @@ from zcore.engine import ZEngine
 from zcore.pipe.config import PipelineConfig
 from zcore.pipe.module import PipelineModule
 from zcore.pipe.schedules import check_layout
-from zcore.pipe.shared_json import gather_json
 from zcore.pipe.ties import Ties
 from zcore.zero.axes import mesh_request
 
@@ -138,7 +137,6 @@ class PipelineEngine(ZEngine):
         self._schedule: Any = None
         self._shape: tuple[tuple[int, ...], torch.dtype] | None = None
         self._raw_losses: list[torch.Tensor] = []
-        self._all_cuts: dict[str, Any] | None = None
 
     def _check_group_axes(self) -> None:
         """Every pipeline rank reduces the same group axes: the norm and overflow collectives
@@ -158,16 +156,6 @@ class PipelineEngine(ZEngine):
                 "needs at least one cut layer (give each stage a layer with `tp_cut`, e.g. "
                 "change partition_method), and with experts every stage an MoE layer"
             )
-
-    def checkpoint_parts(self) -> Any:
-        """The engine's parts, with every stage's tensor-parallel cuts in ``tp_cuts`` (the
-        manifest is rank 0's, and rank 0 holds the first stage only)."""
-        parts = super().checkpoint_parts()
-        if self.mesh.spec.tp > 1 and self.pp.size > 1:
-            if self._all_cuts is None:
-                self._all_cuts = gather_json(self.pp, parts.info.get("tp_cuts") or {}, self.device)
-            parts.info["tp_cuts"] = self._all_cuts
-        return parts
 
     # -- what DeepSpeed's PipelineEngine refuses too --------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
