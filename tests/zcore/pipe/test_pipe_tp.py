@@ -125,6 +125,18 @@ def test_pp2_tp2_fp16_loss_scale_agreed() -> None:
     assert outs[0]["losses"][-1] < outs[0]["losses"][0]
 
 
+@pytest.mark.slow(reason="4 ranks")
+def test_pp2_tp2_bf16_tracks_fp32() -> None:
+    """bf16 activations cross the stages and the tp collectives; losses within 1% of the
+    fp32 single process's, the same on every rank."""
+    bf16 = {"bf16": {"enabled": True}}
+    outs = run_ranks(_run, 4, args=(2, 2, 1, {"config": bf16}), timeout=240)
+    ref = _baseline(1)
+    for out in outs:
+        assert out["losses"] == outs[0]["losses"]
+        assert out["losses"] == pytest.approx(ref["losses"], rel=1e-2)
+
+
 def test_pipe_plan_names_every_problem() -> None:
     """The ``pipe`` plan checks every layer (built on ``meta``) before any is cut."""
     model = build_pipe_gpt(GPTConfig(**GPT_SHAPE), 1)
