@@ -20,7 +20,7 @@ backward from a node-local secondary copy. The defaults gather every shard over 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -452,35 +452,41 @@ class _PreBackward(torch.autograd.Function):
 
 
 def _wrap_outputs(out: Any, fn: Callable[[], None]) -> Any:
-    """Route every grad-requiring tensor in ``out`` through one node that calls ``fn`` first."""
+    """Route every grad-requiring tensor in ``out`` through one node that calls ``fn`` first.
+
+    The walks are module-level functions, not nested ones: a nested function that calls
+    itself is a reference cycle holding its closure (the list of outputs), which would keep
+    every output alive until the garbage collector runs, including the activations that
+    activation checkpointing (ALST's tiles) frees and recomputes in backward.
+    """
     flat: list[torch.Tensor] = []
-
-    def collect(x: Any) -> None:
-        if isinstance(x, torch.Tensor) and x.requires_grad:
-            flat.append(x)
-        elif isinstance(x, (tuple, list)):
-            for y in x:
-                collect(y)
-        elif isinstance(x, dict):
-            for y in x.values():
-                collect(y)
-
-    collect(out)
+    _collect(out, flat)
     if not flat:
         return None
     wrapped = _PreBackward.apply(fn, *flat)
-    wrapped = wrapped if isinstance(wrapped, tuple) else (wrapped,)
-    it = iter(wrapped)
+    return _rebuild(out, iter(wrapped if isinstance(wrapped, tuple) else (wrapped,)))
 
-    def rebuild(x: Any) -> Any:
-        if isinstance(x, torch.Tensor) and x.requires_grad:
-            return next(it)
-        if isinstance(x, tuple) and hasattr(x, "_fields"):
-            return type(x)(*[rebuild(y) for y in x])
-        if isinstance(x, (tuple, list)):
-            return type(x)(rebuild(y) for y in x)
-        if isinstance(x, dict):
-            return type(x)((k, rebuild(v)) for k, v in x.items())
-        return x
 
-    return rebuild(out)
+def _collect(x: Any, flat: list[torch.Tensor]) -> None:
+    """Append the grad-requiring tensors in ``x`` (nested tuples, lists, dicts) to ``flat``."""
+    if isinstance(x, torch.Tensor) and x.requires_grad:
+        flat.append(x)
+    elif isinstance(x, (tuple, list)):
+        for y in x:
+            _collect(y, flat)
+    elif isinstance(x, dict):
+        for y in x.values():
+            _collect(y, flat)
+
+
+def _rebuild(x: Any, it: Iterator[torch.Tensor]) -> Any:
+    """``x`` with its grad-requiring tensors replaced, in :func:`_collect`'s order, from ``it``."""
+    if isinstance(x, torch.Tensor) and x.requires_grad:
+        return next(it)
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return type(x)(*[_rebuild(y, it) for y in x])
+    if isinstance(x, (tuple, list)):
+        return type(x)(_rebuild(y, it) for y in x)
+    if isinstance(x, dict):
+        return type(x)((k, _rebuild(v, it)) for k, v in x.items())
+    return x
