@@ -9,7 +9,8 @@ steps and trains 2 more; a plain ``TinyLM`` engine at dp 2 loads the checkpoint 
 the same 2 steps: losses within 1e-5 relative, and ``consolidate`` of both end checkpoints
 within 2e-5 absolute, under the plain model's names (``TinyLM.load_state_dict`` takes the
 plain run's, ``strict=True``). Back the other way, the pipeline at pp 2 loads the plain
-model's checkpoint and holds its values.
+model's checkpoint and holds its values; so does a plain model whose embedding is frozen
+now but was trained in the checkpoint (its value comes from the master weights).
 """
 
 from __future__ import annotations
@@ -69,7 +70,21 @@ def _run(rank: int, world: int, root: str) -> dict[str, Any]:
     back.load_checkpoint(root, tag="end-plain")
     held = {plain_name(n): p.detach().clone() for n, p in back.module.named_parameters()}
     back.destroy()
-    return {"straight": straight, "resumed": resumed, "steps": steps, "held": held}
+
+    torch.manual_seed(9)
+    frozen = TinyLM(BLOCKS)
+    frozen.emb.weight.requires_grad_(False)  # trained in the checkpoint, frozen now
+    engine, *_ = zcore.initialize(frozen, config=cfg)
+    engine.load_checkpoint(root, tag="end-plain")
+    held_frozen = frozen.emb.weight.detach().clone()
+    engine.destroy()
+    return {
+        "straight": straight,
+        "resumed": resumed,
+        "steps": steps,
+        "held": held,
+        "frozen": held_frozen,
+    }
 
 
 def test_a_pipeline_and_its_plain_model_share_checkpoints(tmp_path: Path) -> None:
@@ -87,3 +102,4 @@ def test_a_pipeline_and_its_plain_model_share_checkpoints(tmp_path: Path) -> Non
         )
         for name, value in out["held"].items():
             assert torch.equal(value, got[name]), name
+        assert torch.equal(out["frozen"], got["emb.weight"])

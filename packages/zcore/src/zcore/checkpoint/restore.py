@@ -121,7 +121,11 @@ def _read(parts: CheckpointParts, root: Path, tag: str | None, load_optimizer: b
     names = Names(parts.model.checkpoint_names())
     layouts = names.layouts(sharded.layouts)  # this rank's targets, by their saved names
     wanted = [s.name for layout in layouts for s in layout.shards]
-    files, stage_for = choose_files(manifest, parts.place, wanted)
+    # parameters the model freezes that the checkpoint trained: from its master weights
+    table = manifest.get("params") if isinstance(manifest.get("params"), dict) else {}
+    shapes = parts.model.shapes()[0]
+    thaw = [n for n in shapes if names.saved(n) in table and names.saved(n) not in set(wanted)]
+    files, stage_for = choose_files(manifest, parts.place, wanted + [names.saved(n) for n in thaw])
     saved = SavedParams(path, manifest, files, old_layouts, stage_for)
     cuts = {names.saved(n): cut_from_json(c) for n, c in (parts.info.get("tp_cuts") or {}).items()}
     _check_fit(path, saved, layouts, cuts)
@@ -150,6 +154,9 @@ def _read(parts: CheckpointParts, root: Path, tag: str | None, load_optimizer: b
             },
         }
     _check_common(path / "common.pt", common, parts, len(old_layouts))
+    if thaw:
+        frozen = _thawed(path, saved, names, shapes, thaw, cuts, coord)
+        common = {**common, "frozen": {**frozen, **common["frozen"]}}
 
     state = None
     if load_optimizer:
@@ -222,6 +229,30 @@ def _buffer_for(target: torch.Tensor, live: list[torch.Tensor]) -> torch.Tensor:
     if target.numel() and any(m.numel() and m.untyped_storage().data_ptr() == ptr for m in live):
         return torch.zeros(target.shape, dtype=target.dtype)
     return target
+
+
+def _thawed(
+    path: Path,
+    saved: SavedParams,
+    names: Names,
+    shapes: dict[str, tuple[int, ...]],
+    thaw: list[str],
+    cuts: dict[str, TPCut],
+    coord: int,
+) -> dict[str, torch.Tensor]:
+    """The values of the parameters the model freezes but the checkpoint trained (this
+    rank's ``tp`` shard of each, whole over ``dp``), by the model's names."""
+    out = {}
+    for name in thaw:
+        key = names.saved(name)
+        cut = cuts.get(key)
+        if saved.full_shape(key) != full_shape(shapes[name], cut):
+            _raise_shapes(
+                path, "parameter", [(key, saved.full_shape(key), full_shape(shapes[name], cut))]
+            )
+        full = saved.full_tensor(key, MASTER)
+        out[name] = cut.shard(full, coord) if cut is not None else full
+    return out
 
 
 def _check_fit(
