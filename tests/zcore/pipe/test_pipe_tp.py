@@ -16,13 +16,16 @@ from typing import Any
 
 import pytest
 import torch
+from torch import nn
 
 import zcore
 from tests.utils.distributed import run_ranks
 from tests.zcore.tensor.common import GPT_SHAPE, assert_same_run, global_batch, make_gpt, train
 from tests.zcore.zero.common import config
-from zcore.pipe import TENSOR_PLAN
-from zcore.tensor import gather_full_state_dict
+from zcore.comm import MeshSpec
+from zcore.pipe import TENSOR_PLAN, LayerSpec, PipelineModule
+from zcore.tensor import gather_full_state_dict, parallelize
+from zcore.tensor.vocab import VocabParallelLoss
 from ztrain.gpt import GPTConfig
 from ztrain.gpt_pipe import build_pipe_gpt, gpt_name
 
@@ -145,3 +148,35 @@ def test_pipe_plan_names_every_problem() -> None:
     assert "n_head 4 is not divisible by tp 5" in text
     assert f"vocab_size {GPT_SHAPE['vocab_size']} is not divisible by tp 5" in text
     assert len(problems) == 2, problems  # one line per problem, not one per block
+
+
+def test_sequence_parallelism_inside_stages_is_refused() -> None:
+    model = build_pipe_gpt(GPTConfig(**GPT_SHAPE), 1)
+    with pytest.raises(ValueError, match="sequence parallelism inside pipeline stages"):
+        parallelize(model, MeshSpec.resolve(1), sequence_parallel=True)
+
+
+def _uncut_stage(rank: int, world: int) -> str:
+    """Stage 0 holds the cut embedding; stage 1 only layers without ``tp_cut``."""
+    from ztrain.gpt_pipe import TokenEmbedding
+
+    shape = GPTConfig(**GPT_SHAPE)
+    layers = [LayerSpec(TokenEmbedding, shape.vocab_size, shape.n_embd)]
+    layers += [LayerSpec(nn.LayerNorm, shape.n_embd), LayerSpec(nn.Linear, shape.n_embd, 8)]
+    model = PipelineModule(
+        layers, num_stages=2, loss_fn=VocabParallelLoss(), partition_method="uniform"
+    )
+    extra = {"pipeline": {"schedule": "gpipe"}, "tensor_parallel": {"autotp_size": 2}}
+    try:
+        zcore.initialize(model, config=config(1, mb=MB, gas=GAS, **extra))
+    except ValueError as err:
+        return str(err)
+    return "no error"
+
+
+@pytest.mark.slow(reason="4 ranks")
+def test_a_stage_without_cut_layers_is_refused_on_every_rank() -> None:
+    """The norm's collectives run per group axis over pp: a stage without tp-cut layers
+    beside stages with them would leave the others waiting; every rank raises instead."""
+    for msg in run_ranks(_uncut_stage, 4, timeout=120):
+        assert "tp-axis parameters but another of the 2 stages differs" in msg, msg
