@@ -123,8 +123,8 @@ def _read(parts: CheckpointParts, root: Path, tag: str | None, load_optimizer: b
     wanted = [s.name for layout in layouts for s in layout.shards]
     # parameters the model freezes that the checkpoint trained: from its master weights
     table = manifest.get("params") if isinstance(manifest.get("params"), dict) else {}
-    shapes = parts.model.shapes()[0]
-    thaw = [n for n in shapes if names.saved(n) in table and names.saved(n) not in set(wanted)]
+    shapes, trained = parts.model.shapes()[0], set(wanted)
+    thaw = [n for n in shapes if names.saved(n) in table and names.saved(n) not in trained]
     files, stage_for = choose_files(manifest, parts.place, wanted + [names.saved(n) for n in thaw])
     saved = SavedParams(path, manifest, files, old_layouts, stage_for)
     cuts = {names.saved(n): cut_from_json(c) for n, c in (parts.info.get("tp_cuts") or {}).items()}
