@@ -3,7 +3,7 @@
 
 As ``z train`` runs it: at pp > 1 the pipelined GPT (:mod:`ztrain.gpt_pipe`, each stage's
 layers cut over tp by ``tensor_parallel.autotp_size``) whose ``checkpoint_names()`` are the
-plain GPT's (``gpt_name``); at pp 1 the plain GPT, cut over tp by
+plain GPT's (``PipeGPT``); at pp 1 the plain GPT, cut over tp by
 :func:`zcore.tensor.parallelize`. ZeRO-1, AdamW, a warm-up schedule still rising at the save,
 no clipping. Every step reads the same 4 sequences at every layout (2 micro-batches per data
 rank through the pipeline, one batch per data rank without), so the losses compare
@@ -37,7 +37,7 @@ from zcore.checkpoint import consolidate
 from zcore.comm import MeshSpec
 from zcore.tensor import parallelize
 from ztrain.gpt import GPT, GPTConfig
-from ztrain.gpt_pipe import build_pipe_gpt, gpt_name
+from ztrain.gpt_pipe import build_pipe_gpt
 
 ROWS, GAS = 4, 2
 SHAPE = GPTConfig(**GPT_SHAPE)
@@ -47,9 +47,7 @@ LOADS = [(1, 1, 4), (1, 2, 1), (2, 1, 2), (1, 1, 1)]
 
 def _engine(pp: int, tp: int, dp: int, seed: int) -> Any:
     if pp > 1:
-        model = build_pipe_gpt(SHAPE, pp, seed=seed)
-        named = [n for n, _ in model.named_parameters()]
-        model.checkpoint_names = lambda: {n: gpt_name(n, SHAPE.n_layer) for n in named}
+        model = build_pipe_gpt(SHAPE, pp, seed=seed)  # checkpoint_names(): GPT's names
         extra = {"pipeline": {"schedule": "1f1b"}, "tensor_parallel": {"autotp_size": tp}}
         cfg = config(1, mb=ROWS // (GAS * dp), gas=GAS, clip=0.0, scheduler=WARMUP, **extra)
         return zcore.initialize(model, config=cfg)[0]
