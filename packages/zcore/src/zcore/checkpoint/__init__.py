@@ -6,6 +6,8 @@ Layout of ``save_dir``::
     <tag>/manifest.json     mesh, stage, dtype, parameter layout and table, counters, config
     <tag>/common.pt         rank 0: frozen parameters, buffers, scheduler, client state
     <tag>/rank_00000.pt     each writing rank: its fp32 master and optimizer-state slots
+                            (the first rank of a later pipeline stage: its stage's frozen
+                            parameters and buffers too)
 
 A checkpoint saved with any number of pipeline stages, tensor-parallel size and
 data-parallel size loads directly at any other: each rank reads the pieces of the
