@@ -1,6 +1,7 @@
 """Tensor-parallel zserve against the single-process server on the same cores, same run.
 
-tp=N with one thread per rank (torch and znative) against tp=1 with N threads, on
+tp=N with one thread per rank (torch and znative) against tp=1 with N threads (and, for
+reference, tp=1 with one thread), on
 SmolLM2-135M by default (9 query / 3 KV heads: tp=2 cuts them unevenly, KV 2/1). Each
 contender runs in a process of its own (`_serve_tp_child.py`), the contenders alternating
 ``repeats`` times so a shared machine's load falls on both alike; each serves greedy
@@ -75,6 +76,7 @@ def _deepspeed(args: dict[str, Any], tp: int, timeout_s: float) -> dict[str, Any
     env = {**os.environ, "ZNATIVE_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
     env |= {"DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(DS_DIR), env.get("PYTHONPATH")]))
+    env["PATH"] = os.pathsep.join([str(DS_DIR / "bin"), env.get("PATH", "")])  # its ninja
     ranks = [
         subprocess.Popen(
             [sys.executable, str(DS_CHILD), json.dumps({**args, "threads": 1})],
@@ -145,7 +147,11 @@ def run(
         "dtype": dtype,
         "prompts": _prompts(mdir, concurrent + 1, prompt_tokens),
     }
-    contenders = {"tp1": {"tp": 1, "threads": tp}, f"tp{tp}": {"tp": tp, "threads": 1}}
+    contenders = {
+        "tp1": {"tp": 1, "threads": tp},
+        "tp1_1thread": {"tp": 1, "threads": 1},  # a reference: one process on one core
+        f"tp{tp}": {"tp": tp, "threads": 1},
+    }
     machine = _cpu()
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in contenders}
     t0 = time.perf_counter()
@@ -199,6 +205,10 @@ def run(
     result["concurrent_ratio"] = med(many, "concurrent_tokens_per_s") / med(
         one, "concurrent_tokens_per_s"
     )
+    result["vs_tp1_1thread"] = {
+        key: med(many, key) / med("tp1_1thread", key)
+        for key in ("batch1_tokens_per_s", "concurrent_tokens_per_s")
+    }
     result["targets"] = {
         "batch1_ratio >= 0.8": result["batch1_ratio"] >= 0.8,
         "concurrent_ratio >= 1.0": result["concurrent_ratio"] >= 1.0,

@@ -25,7 +25,7 @@ def test_bench_serve_tp_tiny(tmp_path: Path) -> None:
         peers="",
     )
     assert "errors" not in result, result.get("errors")
-    assert set(result["batch1_tokens_per_s"]) == {"tp1", "tp2"}
+    assert set(result["batch1_tokens_per_s"]) == {"tp1", "tp1_1thread", "tp2"}
     assert result["batch1_ratio"] > 0 and result["concurrent_ratio"] > 0
     assert result["same_tokens"] is True
     assert "ratios: batch-1" in bench.report(result)
