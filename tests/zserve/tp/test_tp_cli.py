@@ -66,3 +66,50 @@ def _cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
     except OSError:
         return ""
+
+
+@pytest.mark.slow(reason="two replicas of two ranks each: 4 processes, ~140 s on 2 loaded cores")
+def test_replicas_of_tp_engines_serve_greedy_equal(tmp_path: Path) -> None:
+    """`z serve --tp 2 --replicas 2`: each replica is rank 0 of its own two ranks; requests
+    spread over both give one process's greedy text."""
+    import zserve
+
+    model = write_tiny_lm(tmp_path / "lm")
+    prompts = ["To be, or not to be", "Once more unto the breach", "Friends, Romans", "O Romeo"]
+    with zserve.pipeline(model, max_model_len=128) as one:
+        want = [c.text for c in one(prompts, max_tokens=6, temperature=0)]
+    port = free_port()
+    args = [str(Z), "serve", str(model), "--tp", "2", "--replicas", "2", "--port", str(port)]
+    args += ["--max-model-len", "128", "--log-level", "warning"]
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as out:  # own session: teardown signals the front end and its ranks
+        server = subprocess.Popen(
+            args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert server.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.25)
+        got = []
+        for p in prompts * 2:
+            body = {"model": "lm", "prompt": p, "max_tokens": 6, "temperature": 0}
+            resp = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+            assert resp.status_code == 200, resp.text
+            got.append(resp.json()["choices"][0]["text"])
+        replicas = httpx.get(f"{url}/health", timeout=10).json()["replicas"]
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+    assert got == want * 2
+    assert all(r["routed"] > 0 for r in replicas), replicas
