@@ -64,7 +64,7 @@ def run(plan: TrainPlan, echo: Callable[[str], None] = print, report: bool = Tru
         name = model_name(t.model_config, plan.preset)
         moe = f"; {plan.moe.describe()}" if plan.moe else ""
         lay = plan.layout
-        layout = f" ({lay.describe(ranks.world)})" if lay.pp > 1 or lay.tp > 1 else ""
+        layout = f" ({lay.describe(ranks.world)})" if lay.parallel else ""
         echo(
             f"training {name} ({t.model_config.num_params() / 1e6:.1f}M params{moe}) on "
             f"{ranks.world} rank(s){layout}, ZeRO stage {engine.stage}, {t.precision}: steps {first} -> "

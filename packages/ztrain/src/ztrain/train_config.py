@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ztrain.train_options import TrainOptions
+from ztrain.train_options import TrainError, TrainOptions
 
 _BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 _PRECISION_KEYS = ("fp16", "bf16", "bfloat16")
@@ -24,6 +24,8 @@ def default_config(
         blocks["pipeline"] = {"schedule": layout.schedule}
     if layout is not None and layout.tp > 1:
         blocks["tensor_parallel"] = {"autotp_size": layout.tp}
+    if layout is not None and layout.cp > 1:
+        blocks["sequence_parallel_size"] = layout.cp
     return {
         **blocks,
         "train_micro_batch_size_per_gpu": opts.micro_batch,
@@ -85,11 +87,12 @@ def build_config(
     opts: TrainOptions, world_size: int, scheduler_start: int = 0, layout: Any = None
 ) -> RunConfig:
     """The flags' config, or the `--config` file over it; raises ConfigError. The batch
-    arithmetic counts the data-parallel ranks: `world_size / (pp x tp)` under `layout`."""
+    arithmetic counts the data-parallel ranks: `world_size / (pp x tp x cp)` under `layout`."""
     from zcore.config import ConfigError, ZConfig
 
+    cp = 1 if layout is None else layout.cp
     if layout is not None:
-        world_size //= layout.pp * layout.tp
+        world_size //= layout.pp * layout.tp * cp
     ours = default_config(opts, scheduler_start, layout)
     if opts.config is None:
         cfg = ZConfig.load(ours)
@@ -100,6 +103,12 @@ def build_config(
     merged = _merge(ours, theirs)
     try:
         cfg = ZConfig.load(merged)
+        if cfg.sequence_parallel_size != cp:
+            raise TrainError(
+                f"`{opts.config}` sets sequence_parallel_size {cfg.sequence_parallel_size} "
+                f"but the run has `--cp {cp}` (the model is split by the flag); pass "
+                f"`--cp {cfg.sequence_parallel_size}`"
+            )
         batch = cfg.batch_sizes(world_size)
     except ConfigError as err:
         raise ConfigError(err.problems, f"{opts.config} (with the `z train` flags)") from None

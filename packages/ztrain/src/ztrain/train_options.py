@@ -65,6 +65,9 @@ class TrainOptions:
     microbatches: int | None = None
     """Micro-batches per step under `--pp` (`gradient_accumulation_steps`); None:
     `--grad-accum` when given, else 2 x pp."""
+    cp: int = 1
+    """Ranks sharing each sequence, each training a consecutive slice (Ulysses sequence
+    parallelism, `sequence_parallel_size`; `ztrain.gpt_cp`)."""
     explicit: frozenset[str] = field(default_factory=frozenset)
     """Option names given on the command line (only those are reported as overridden)."""
 

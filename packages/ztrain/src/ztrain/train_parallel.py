@@ -32,13 +32,21 @@ class Layout:
     schedule: str = "1f1b"
     microbatches: int = 1
     """Micro-batches per optimizer step (`gradient_accumulation_steps`)."""
+    cp: int = 1
+    """Ranks sharing each sequence (`--cp`, `sequence_parallel_size`)."""
 
     @property
     def pipelined(self) -> bool:
         return self.pp > 1
 
+    @property
+    def parallel(self) -> bool:
+        """Anything but plain data parallelism."""
+        return self.pp > 1 or self.tp > 1 or self.cp > 1
+
     def describe(self, world: int) -> str:
-        text = f"pp {self.pp} x tp {self.tp} x dp {world // (self.pp * self.tp)}"
+        text = f"pp {self.pp} x tp {self.tp} x dp {world // (self.pp * self.tp * self.cp)}"
+        text += f" x cp {self.cp}" if self.cp > 1 else ""
         return (
             f"{text}, {self.schedule} over {self.microbatches} micro-batches"
             if self.pp > 1
@@ -54,12 +62,14 @@ def plan_layout(opts: TrainOptions, world: int) -> tuple[Layout, TrainOptions, l
     """The layout `opts` ask for on `world` ranks, the options as the run uses them (ZeRO
     stage, accumulation steps), and notes; raises `TrainError` naming the fix."""
     from ztrain.gpt import PRESETS
+    from ztrain.gpt_cp import plan_cp
 
     pp, tp, given = opts.pp, opts.tp, opts.explicit
+    cp = plan_cp(opts, world)
     if pp == 1 and tp == 1:
         if given & {"schedule", "microbatches"}:
             raise TrainError("`--schedule` and `--microbatches` are pipeline flags; add `--pp 2`")
-        return Layout(), opts, []
+        return Layout(cp=cp), opts, []
     if world % (pp * tp):
         fits = world - world % (pp * tp)
         raise TrainError(
@@ -181,6 +191,10 @@ def build_engine(plan: Any, model_config: Any, config: dict[str, Any]) -> Any:
 
     else:
         model = build_model(model_config, seed=plan.seed)
+    if lay.cp > 1:
+        from ztrain.gpt_cp import sequence_parallel
+
+        sequence_parallel(model)
     if lay.pp > 1 or lay.tp > 1:
         spec = MeshSpec.resolve(plan.world_size, pp=lay.pp, tp=lay.tp)
     if lay.tp > 1:

@@ -1,0 +1,168 @@
+"""The GPT at sequence parallelism (`z train --cp N`): DeepSpeed-Ulysses on the mesh's `cp` axis.
+
+The `cp` ranks of a sequence read the same batch (`engine.data_rank` counts them once).
+:func:`sequence_parallel` makes a :class:`~ztrain.gpt.GPT` train on this rank's consecutive
+slice of every sequence (`zcore.sequence.even_split`: lengths differ by at most one, so any
+length of at least `cp` tokens runs):
+
+* the model keeps this rank's slice of `idx` and of `targets` (already shifted, so the last
+  token of a slice predicts the first of the next) and gives the position embedding the
+  slice's own positions;
+* every block's attention runs through :class:`zcore.sequence.DistributedAttention` (one
+  all-to-all from slices to heads and one back; any head count, split as evenly as it goes),
+  causal over the whole sequence;
+* the loss whose gradient the engine takes is the slice's mean cross-entropy times
+  `cp x L_r / S`, so the engine's gradient average over `dp x cp` is the whole sequence's
+  mean; its value is the whole sequence's loss (one scalar all-reduce over `cp`).
+
+The returned logits are the slice's. Parameters and `state_dict` are the GPT's own, so a
+checkpoint loads at any `cp` and in `z generate`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from zcore.comm import Comm, Mesh
+from zcore.sequence import DistributedAttention, SequenceParallelError, even_split
+from ztrain.train_options import TrainError, TrainOptions
+
+
+def _causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
+    """`(B, S, h, hs)` causal attention over the whole sequence."""
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, h, S, hs)
+    y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+    return y.transpose(1, 2)
+
+
+class _Slices(nn.Module):
+    """Every rank's slice length of the sequence in flight and the `cp` comm (bound by the
+    engine); one per model, shared by its attention layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lens: list[int] = []
+        self.comm: Comm | None = None
+
+    def bind_mesh(self, mesh: Mesh) -> None:
+        self.comm = mesh.comm("cp")
+
+    def cut(self, total: int) -> tuple[int, int]:
+        """Split a `total`-token sequence; this rank's `[lo, hi)`."""
+        if self.comm is None:
+            raise SequenceParallelError(
+                "the sequence-parallel GPT has no cp collectives: build the engine "
+                "(zcore.initialize with sequence_parallel_size) before the first forward"
+            )
+        cp = self.comm.size
+        if total < cp:
+            raise SequenceParallelError(
+                f"a sequence of {total} tokens cannot be split over cp {cp}: every cp rank "
+                f"needs at least one token; use sequences of >= {cp} tokens or a smaller cp"
+            )
+        self.lens = even_split(total, cp)
+        lo = sum(self.lens[: self.comm.rank])
+        return lo, lo + self.lens[self.comm.rank]
+
+
+def _attention_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The GPT's causal attention on this rank's slice `x` `(B, L_r, C)`, every head seeing
+    the whole sequence through Ulysses."""
+    B, T, C = x.shape
+    q, k, v = self.c_attn(x).split(C, dim=2)
+    q, k, v = (t.view(B, T, self.n_head, C // self.n_head) for t in (q, k, v))  # (B, L_r, nh, hs)
+    p = self.dropout if self.training else 0.0
+    y = self.ulysses(q, k, v, p, seq_lens=self.slices.lens)  # (B, L_r, nh, hs)
+    return self.resid_dropout(self.c_proj(y.contiguous().view(B, T, C)))
+
+
+def _gpt_forward(
+    self: nn.Module, idx: torch.Tensor, targets: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """idx (B, S) of the whole sequences -> this rank's logits (B, L_r, vocab) and the
+    loss described in the module doc."""
+    B, S = idx.shape
+    if S > self.config.block_size:
+        raise ValueError(f"sequence length {S} > block_size {self.config.block_size}")
+    lo, hi = self.slices.cut(S)
+    pos = torch.arange(lo, hi, device=idx.device)  # (L_r,): the slice's own positions
+    x = self.transformer.drop(self.transformer.wte(idx[:, lo:hi]) + self.transformer.wpe(pos))
+    for block in self.transformer.h:
+        x = block(x)  # (B, L_r, C)
+    logits = self.lm_head(self.transformer.ln_f(x))  # (B, L_r, vocab)
+    if targets is None:
+        return logits, None
+    mine = F.cross_entropy(logits.view(B * (hi - lo), -1), targets[:, lo:hi].reshape(-1))
+    share = mine * ((hi - lo) / S)  # this slice's part of the whole sequence's mean
+    whole = share.detach().clone()
+    comm = self.slices.comm
+    assert comm is not None  # cut() refused a model without one
+    comm.all_reduce(whole, "cp loss").wait()
+    scaled = share * comm.size  # the engine averages gradients over cp: their sum is the mean's
+    return logits, scaled + (whole - scaled).detach()
+
+
+_CLASSES: dict[tuple[type, object], type] = {}
+
+
+def _subclass(module: nn.Module, forward: object) -> None:
+    """Give `module` `forward` through a subclass of its class (state untouched)."""
+    cls = type(module)
+    sub = _CLASSES.get((cls, forward))
+    if sub is None:
+        name = f"SequenceParallel{cls.__name__}"
+        sub = _CLASSES[(cls, forward)] = type(name, (cls,), {"forward": forward})
+    module.__class__ = sub
+
+
+def sequence_parallel(model: nn.Module) -> nn.Module:
+    """Make `model` (a `ztrain.gpt.GPT`, before `zcore.initialize`, whose config sets
+    `sequence_parallel_size`) train on this rank's slice of each sequence over the engine
+    mesh's `cp` axis; see the module doc. Returns `model`."""
+    slices = _Slices()
+    model.slices = slices
+    for block in model.transformer.h:
+        block.attn.ulysses = DistributedAttention(_causal)
+        block.attn.__dict__["slices"] = slices  # shared: registered once, on the model
+        _subclass(block.attn, _attention_forward)
+    _subclass(model, _gpt_forward)
+    return model
+
+
+def plan_cp(opts: TrainOptions, world: int) -> int:
+    """The `--cp` of `opts` checked against `world` ranks and the other flags (before any
+    rank starts); raises `TrainError` naming the numbers and the fix."""
+    from ztrain.gpt import PRESETS, default_seq_len
+
+    cp = opts.cp
+    if cp == 1:
+        return 1
+    if cp < 1:
+        raise TrainError(f"`--cp {cp}`: the ranks sharing each sequence, at least 1")
+    if opts.moe or opts.dense_twin:
+        raise TrainError(
+            "`--cp` with `--moe` is not built (the MoE LM's attention does not run through "
+            "DistributedAttention); drop `--cp` or `--moe`"
+        )
+    if opts.pp > 1 or opts.tp > 1:
+        raise TrainError(
+            f"`--cp` with `--pp`/`--tp` is not built (`--cp {cp}`, `--pp {opts.pp}`, "
+            f"`--tp {opts.tp}`: heads split over tp x cp are not planned yet); pass one of them"
+        )
+    if world % cp:
+        fits = world - world % cp
+        raise TrainError(
+            f"`--cp {cp}` does not divide `--nproc {world}`: each sequence takes cp ranks; "
+            f"pass `--nproc {cp}`" + (f" (or {fits})" if fits > cp else "") + ", or a `--cp` "
+            f"that divides {world}"
+        )
+    if opts.preset in PRESETS:
+        seq = default_seq_len(opts.preset) if opts.seq_len is None else opts.seq_len
+        if seq < cp:
+            raise TrainError(
+                f"`--seq-len {seq}` is shorter than `--cp {cp}`: every cp rank needs one token "
+                f"of each sequence at least; pass `--seq-len` of at least {cp}"
+            )
+    return cp
