@@ -141,6 +141,9 @@ def train(
     microbatches: int | None = typer.Option(
         None, "--microbatches", min=1, help="Micro-batches per step under --pp (default 2 x pp)."
     ),
+    cp: int = typer.Option(
+        1, "--cp", min=1, help="Ranks sharing each sequence (Ulysses sequence parallelism)."
+    ),
 ) -> None:
     """Train a GPT (or with `--moe` a Mixtral-style MoE) on Shakespeare with ZeRO on NPROC ranks."""
     from zcore.config import ConfigError
@@ -175,6 +178,7 @@ def train(
         tp=tp,
         schedule=schedule,
         microbatches=microbatches,
+        cp=cp,
         explicit=explicit,
     )
     under_launcher = "RANK" in os.environ
