@@ -125,3 +125,17 @@ def test_mixtral_tp2_logits_equal_single_process(tmp_path: Path) -> None:
     for step, (a, b) in enumerate(zip(whole, cut, strict=True)):
         diff = (a - b).abs().max().item()
         assert diff <= ATOL, f"step {step}: max |logit diff| {diff}"
+
+
+def test_quantized_directory_is_refused_before_starting_ranks(
+    tiny_dir: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    from zserve.tp.plan import TPPlanError
+
+    quant = tmp_path / "q"
+    shutil.copytree(tiny_dir, quant)
+    (quant / "zquant.json").write_text("{}")  # what `z quantize` writes beside the weights
+    with pytest.raises(TPPlanError, match=r"zquant directory.*--tp 1"):
+        TPRunner(quant, 2, **OPTIONS)

@@ -3,7 +3,8 @@
 A model runner for the LLaMA family and Mixtral over a blocked (paged) KV cache with
 ragged batching, the Dynamic SplitFuse and prefill-first schedulers, prefix caching,
 sampling, the non-persistent :func:`pipeline` API and an OpenAI-compatible HTTP server
-with replicas (``z serve``). It loads Hugging Face-format checkpoints (config.json + safetensors).
+with replicas (``z serve``), tensor-parallel over gloo ranks (``tp=N``, :mod:`zserve.tp`). It
+loads Hugging Face-format checkpoints (config.json + safetensors).
 
 ``import zserve`` stays light: the names below load their modules (and torch) on first use.
 """
