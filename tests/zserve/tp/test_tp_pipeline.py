@@ -52,13 +52,16 @@ def test_tp_logits_and_greedy_equal_one_process(tp: int) -> None:
     assert isinstance(one.engine.runner, ModelRunner)
 
 
-def test_tiny_pipeline_tp2_greedy_equals_tp1(tmp_path: Path) -> None:
-    """The fast check of the same: the tiny random LLaMA with SmolLM2's tokenizer."""
+@pytest.mark.parametrize("speculative", [None, "ngram"])
+def test_tiny_pipeline_tp2_greedy_equals_tp1(tmp_path: Path, speculative: str | None) -> None:
+    """The fast check of the same: the tiny random LLaMA with SmolLM2's tokenizer (and with
+    n-gram drafts verified in the tensor-parallel forward)."""
     model = write_tiny_lm(tmp_path / "lm")
     texts = shakespeare_prompts(3, start=5)
     with zserve.pipeline(model, max_model_len=128, num_blocks=32) as one:
         want = one(texts, max_tokens=8, temperature=0)
-    with zserve.pipeline(model, tp=2, max_model_len=128, num_blocks=32) as two:
+    options = dict(max_model_len=128, num_blocks=32, speculative=speculative)
+    with zserve.pipeline(model, tp=2, **options) as two:
         got = two(texts, max_tokens=8, temperature=0)
         assert two.engine.runner.local.kv_cache.num_kv_heads == 1  # 2 KV heads over 2 ranks
     assert [c.token_ids for c in got] == [c.token_ids for c in want]

@@ -181,14 +181,14 @@ class EngineConfig(BaseModel):
                 f"{self.speculative!r}"
             )
         if self.tp > 1 and (
-            self.speculative is not None
+            self.speculative == "self-draft"
             or self.policy == "static"
             or self.weights_budget is not None
             or self.device != "cpu"
         ):
             raise ValueError(
                 f"tp {self.tp} serves with policy 'splitfuse' or 'prefill-first' on device "
-                "'cpu', without speculative decoding or weights_budget; got policy "
+                "'cpu', without self-draft speculation or weights_budget; got policy "
                 f"{self.policy!r}, device {self.device!r}, speculative {self.speculative!r}, "
                 f"weights_budget {self.weights_budget!r}"
             )
