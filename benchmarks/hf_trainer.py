@@ -109,13 +109,19 @@ def _rank(spec: dict[str, Any]) -> None:
     data = [{"input_ids": r, "labels": r.clone()} for r in ids]
 
     times: list[float] = []
+    # resident memory (VmRSS) at each phase: where a peak RSS difference comes from
+    phases = {"model_loaded": _ranks.memory_mb().get("VmRSS", 0.0)}
 
     class StepTimer(TrainerCallback):
+        def on_train_begin(self, *a: Any, **kw: Any) -> None:  # the engine is built
+            phases["engine_built"] = _ranks.memory_mb().get("VmRSS", 0.0)
+
         def on_step_begin(self, *a: Any, **kw: Any) -> None:
             self.start = time.perf_counter()
 
         def on_step_end(self, *a: Any, **kw: Any) -> None:
             times.append(time.perf_counter() - self.start)
+            phases.setdefault("after_step_1", _ranks.memory_mb().get("VmRSS", 0.0))
 
     kwargs = dict(model=model, args=args, train_dataset=data, callbacks=[StepTimer()])
     if spec["engine"] == "zcore":
@@ -129,7 +135,11 @@ def _rank(spec: dict[str, Any]) -> None:
     trainer.train()
     _ranks.write_result(
         spec,
-        {"step_s": statistics.median(times[spec["warmup"] :]), "rss": _ranks.memory_mb()},
+        {
+            "step_s": statistics.median(times[spec["warmup"] :]),
+            "rss": _ranks.memory_mb(),
+            "rss_phases_mb": phases,
+        },
     )
 
 
@@ -153,6 +163,7 @@ def _measure(engine: str, mode: str, tmp: str, env: dict[str, str], opt: dict) -
     return {
         "step_s": ranks[0]["step_s"],
         "peak_rss_mb": max(r["rss"].get("VmHWM", 0.0) for r in ranks),
+        "rss_phases_mb": ranks[0].get("rss_phases_mb", {}),
     }
 
 

@@ -31,6 +31,11 @@ from zcore.zero.reducer import GradReducer
 from zcore.zero.stage3 import Stage3Params
 from zcore.zero.store import MemoryStore, OptimizerFactory, OptimizerStore
 
+CPU_GATHER_ELEMS = 1 << 24
+"""Elements per all-gather of updated CPU parameters at most (``allgather_bucket_size`` may
+ask for fewer). gloo, which carries CPU tensors, gathers through a temporary as large as its
+output: a model-sized gather would hold a second copy of the model at the step's peak."""
+
 
 class ZeroOptimizer:
     """Master weights, gradient partitions and the inner optimizer of one rank."""
@@ -343,20 +348,18 @@ class ZeroOptimizer:
                 p.data.copy_(self.gather_input([p])[: s.numel].view(s.shape))
             return
         start = 0
+        limit = self.allgather_bucket_elems
+        if params and params[0].device.type == "cpu":
+            limit = min(limit, CPU_GATHER_ELEMS)
         while start < len(params):
             end, elems = start, 0
-            while end < len(params) and (end == start or elems < self.allgather_bucket_elems):
+            while end < len(params) and (end == start or elems < limit):
                 elems += self.where[params[end]][1].shard_size * w
                 end += 1
             chunk = params[start:end]
             start = end
             inp = self.gather_input(chunk)
-            out = self._gather_out.get(inp.dtype)
-            if out is None or out.numel() < w * inp.numel():
-                out = self._gather_out[inp.dtype] = torch.empty(
-                    w * inp.numel(), dtype=inp.dtype, device=inp.device
-                )
-            out = out[: w * inp.numel()]
+            out = self._gather_buffer(inp, w * inp.numel())
             grid = out.view(w, -1)
             if self.local is not None and self.local.gather(comm, chunk, inp, grid, self._stepped):
                 pass
@@ -373,6 +376,21 @@ class ZeroOptimizer:
                 _, s = self.where[p]
                 p.data.copy_(from_slots(grid, col, s).view(s.shape))
                 col += s.shard_size
+
+    def _gather_buffer(self, inp: torch.Tensor, elems: int) -> torch.Tensor:
+        """``elems`` elements to all-gather ``inp`` into: an idle gradient bucket when one is
+        large enough (backward is over whenever parameters are gathered here, so the bucket
+        memory serves both, as DeepSpeed's flat buffers do), else a buffer kept for it."""
+        for reducer in self.reducers.values():
+            spare = reducer.spare(inp.dtype, elems)
+            if spare is not None and spare.device == inp.device:
+                return spare[:elems]
+        out = self._gather_out.get(inp.dtype)
+        if out is None or out.numel() < elems:
+            out = self._gather_out[inp.dtype] = torch.empty(
+                elems, dtype=inp.dtype, device=inp.device
+            )
+        return out[:elems]
 
     def gather_input(self, chunk: list[nn.Parameter]) -> torch.Tensor:
         """This rank's slots of ``chunk`` in the parameters' dtype, one flat tensor.

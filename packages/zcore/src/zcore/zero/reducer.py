@@ -112,6 +112,15 @@ class GradReducer:
         self._pooled[dtype] = self._pooled.get(dtype, 0) + 1
         return _Bucket(torch.empty(self.capacity, dtype=dtype, device=device), pooled=True)
 
+    def spare(self, dtype: torch.dtype, elems: int) -> torch.Tensor | None:
+        """An idle pooled bucket buffer of ``dtype`` with at least ``elems`` elements, lent to
+        the caller until this reducer's next ``add`` (between ``finish`` and the next
+        backward every pooled buffer is idle: the optimizer step gathers into one)."""
+        if self._pending or self._bucket is not None:
+            return None
+        fits = [b for b in self._free.get(dtype, []) if b.numel() >= elems]
+        return min(fits, key=torch.Tensor.numel) if fits else None
+
     def _give_back(self, bucket: _Bucket) -> None:
         if bucket.pooled:  # an oversized bucket's buffer is simply dropped
             self._free.setdefault(bucket.buf.dtype, []).append(bucket.buf)
