@@ -300,7 +300,7 @@ class PipelineEngine(ZEngine):
             raise ValueError(
                 "eval_batch under pipeline.schedule 'zbv' is not built: torch's ZB-V "
                 "schedule cannot run forward-only; evaluate with a 1f1b/interleaved_1f1b "
-                "engine (the same checkpoint loads there only at the same stage layout)"
+                "engine (the same checkpoint loads there, at any stage layout)"
             )
         self.module.eval()
         xs, ys = self._read(data_iter)
