@@ -3,7 +3,7 @@
 start naming the numbers and the fix.
 
 The equivalence: 3 heads (split 2 + 1 at cp=2), 11-token sequences (slices of 6 and 5),
-ZeRO-3 on 2 ranks against the plain GPT with torch's AdamW in one process: per-step losses
+ZeRO-3 (and, slow, ZeRO-1 and 2) on 2 ranks against the plain GPT with torch's AdamW in one process: per-step losses
 and every final weight within fp32 summation-order tolerance (rtol 1e-5; weights 1e-5
 absolute, a few % of one lr 1e-3 step).
 """
@@ -30,26 +30,26 @@ def _batches() -> list[torch.Tensor]:
     return [torch.randint(0, CFG.vocab_size, (MB, SEQ + 1), generator=g) for _ in range(STEPS)]
 
 
-def _ds_config(cp: int) -> dict[str, Any]:
+def _ds_config(cp: int, stage: int) -> dict[str, Any]:
     return {
         "train_micro_batch_size_per_gpu": MB,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": CLIP,
         "sequence_parallel_size": cp,
         "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WD}},
-        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+        "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
         "comm_timeout_s": 60,
     }
 
 
-def _rank(rank: int, world: int, data: list[torch.Tensor]) -> dict[str, Any]:
+def _rank(rank: int, world: int, data: list[torch.Tensor], stage: int) -> dict[str, Any]:
     import zcore
     from zcore.sequence import SequenceParallelError
     from zcore.zero import GatheredParameters
     from ztrain.gpt_cp import sequence_parallel
 
     model = sequence_parallel(GPT(CFG, seed=0))
-    engine, *_ = zcore.initialize(model, config=_ds_config(world))
+    engine, *_ = zcore.initialize(model, config=_ds_config(world, stage))
     losses = []
     for batch in data:  # both ranks read the same sequences: one data rank
         _, loss = engine(batch[:, :-1], batch[:, 1:])
@@ -58,7 +58,7 @@ def _rank(rank: int, world: int, data: list[torch.Tensor]) -> dict[str, Any]:
         losses.append(float(loss.detach()))
     with pytest.raises(SequenceParallelError, match="1 tokens cannot be split over cp 2"):
         engine(data[0][:, :1], data[0][:, 1:2])
-    with GatheredParameters(list(model.parameters())):
+    with GatheredParameters(list(model.parameters()), enabled=stage == 3):
         weights = {n: p.detach().clone() for n, p in model.named_parameters()}
     return {"losses": losses, "weights": weights, "data": (engine.world_size, engine.data_rank)}
 
@@ -77,9 +77,13 @@ def _baseline(data: list[torch.Tensor]) -> tuple[list[float], dict[str, torch.Te
     return losses, {n: p.detach() for n, p in model.named_parameters()}
 
 
-def test_gpt_at_cp2_zero3_trains_like_one_process_on_the_whole_sequence() -> None:
+SLOW = pytest.mark.slow(reason="the same 2-rank run at ZeRO-1/2: ~35 s each under load")
+
+
+@pytest.mark.parametrize("stage", [3, pytest.param(1, marks=SLOW), pytest.param(2, marks=SLOW)])
+def test_gpt_at_cp2_trains_like_one_process_on_the_whole_sequence(stage: int) -> None:
     data = _batches()
-    results = run_ranks(_rank, 2, args=(data,), timeout=120)
+    results = run_ranks(_rank, 2, args=(data, stage), timeout=120)
     want_losses, want = _baseline(data)
     for r in results:
         assert r["data"] == (1, 0)  # the cp ranks of a sequence are one data rank
