@@ -2,8 +2,9 @@
 against their torch references: the INT8 linear bit-identical to the torch path for decode
 rows (1-3, the streamed body) and tiles (4+ rows, k with and without a 16-wide tail), the
 INT4 dequantize-GEMV and the dequantize tile path (more rows; FP6) within float32 rounding of
-the dequantized product, and ``linear_rows``
-in float32 and bfloat16 for 1-64 rows; and zserve's routing of bfloat16 batches below AVX-512."""
+the dequantized product, the W8A8 outlier split of a prompt's rows bit-identical to the torch
+path, and ``linear_rows`` in float32 and bfloat16 for 1-64 rows; and zserve's routing of
+bfloat16 batches below AVX-512."""
 
 from __future__ import annotations
 
@@ -33,6 +34,30 @@ def test_int8_linear_bit_identical_to_torch_path(simd: str, m: int, k: int) -> N
     acc = (q.to(torch.int64) @ qw.data.to(torch.int64).t()).to(torch.int32)
     want = acc.to(torch.float32) * (s * qw.scale.reshape(1, -1))
     assert torch.equal(native.int8_linear(x, qw.data, qw.scale.reshape(-1)), want), simd
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_outlier_split_of_a_prompt_equals_the_torch_path(simd: str, bias: bool) -> None:
+    """`OutlierQuantLinear` at more rows than a decode step's, native backend (one
+    `int8_linear_split` call and torch's sum of the outlier term) against the torch backend
+    (`z eval`'s: abs, amax, topk, index_fill, `torch._int_mm`, the weight columns' matmul)."""
+    from zquant.nn import FUSED_OUTLIER_MAX_ROWS, OutlierQuantLinear
+
+    torch.manual_seed(3)
+    lin = torch.nn.Linear(96, 40, bias=bias)
+    layer = OutlierQuantLinear.from_linear(lin, QuantSpec(bits=8, granularity="channel"), 8)
+    layer.set_outliers(4)
+    x = torch.randn(FUSED_OUTLIER_MAX_ROWS + 9, 96, generator=_gen(4)) * 2
+    x[:, [5, 70]] *= 30  # residual-stream-like outlier channels
+    x[:, 20] *= 5
+    # Tied column maxima (GQA's attention outputs: a KV group's heads equal at the first
+    # token), inside the chosen channels (71) and across the cut (21, 22): torch's topk
+    # orders ties its own way, which the native path must follow.
+    x[:, 71], x[:, 21], x[:, 22] = x[:, 70], x[:, 20], x[:, 20]
+    layer.backend = "native"
+    got = layer(x)
+    layer.backend = "torch"
+    assert torch.equal(got, layer(x)), simd
 
 
 @pytest.mark.parametrize("m", [1, 3, 5, 9, 16, 70])

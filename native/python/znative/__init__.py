@@ -19,8 +19,8 @@ Async file IO (:class:`AioHandle`, :func:`aligned_buffer`,
 file ended before the requested range.
 
 Quantization kernels for zquant (:func:`int8_gemm`, :func:`int8_linear`,
-:func:`quantize_tokenwise`, :func:`dequantize_weight`, :func:`dequant_linear`)
-take int8/uint8/int32/float32 arrays in the layouts of ``zquant.packing``.
+:func:`int8_linear_split`, :func:`quantize_tokenwise`, :func:`dequantize_weight`,
+:func:`dequant_linear`) take int8/uint8/int32/float32 arrays in the layouts of ``zquant.packing``.
 
 Compressed-collective kernels for zcomm (:func:`pack_signs`, :func:`unpack_signs`,
 :func:`quantize_blocks`, :func:`dequantize_blocks`) read arrays flat, in the layouts of
@@ -58,6 +58,7 @@ from znative._native import (
     detected_simd_level,
     int8_gemm,
     int8_linear,
+    int8_linear_split,
     int8_vnni_available,
     io_backend_probe,
     linear_rows,
@@ -97,6 +98,7 @@ __all__ = [
     "detected_simd_level",
     "int8_gemm",
     "int8_linear",
+    "int8_linear_split",
     "int8_vnni_available",
     "io_backend_probe",
     "linear_rows",

@@ -25,6 +25,7 @@ __all__ = [
     "detected_simd_level",
     "int8_gemm",
     "int8_linear",
+    "int8_linear_split",
     "int8_vnni_available",
     "io_backend_probe",
     "linear_rows",
@@ -116,6 +117,16 @@ def int8_gemm(a: _Array, b: _Array, out: _Array) -> None: ...
 def quantize_tokenwise(x: _Array, q: _Array, scale: _Array, *, bits: int = 8) -> None: ...
 def int8_linear(
     x: _Array, w: _Array, w_scale: _Array, bias: _Array | None, out: _Array, *, outliers: int = 0
+) -> None: ...
+def int8_linear_split(
+    x: _Array,
+    w: _Array,
+    w_scale: _Array,
+    bias: _Array | None,
+    cols: _Array,
+    out: _Array,
+    xo: _Array,
+    wc: _Array,
 ) -> None: ...
 def dequantize_weight(
     data: _Array,

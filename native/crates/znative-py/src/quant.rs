@@ -168,6 +168,40 @@ pub fn int8_linear(
         .map_err(to_py)
 }
 
+/// W8A8 linear with the input channels `cols` (int64) kept float32 and the outlier term
+/// left to the caller: `out` the INT8 part (+ bias), `xo (m, t)` the channels' values, `wc
+/// (n, t)` the weight's columns times their scales (the caller adds `xo @ wc.T`).
+#[pyfunction]
+#[pyo3(signature = (x, w, w_scale, bias, cols, out, xo, wc))]
+#[allow(clippy::too_many_arguments)]
+pub fn int8_linear_split(
+    py: Python<'_>,
+    x: &Bound<'_, PyAny>,
+    w: &Bound<'_, PyAny>,
+    w_scale: &Bound<'_, PyAny>,
+    bias: Option<&Bound<'_, PyAny>>,
+    cols: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+    xo: &Bound<'_, PyAny>,
+    wc: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    let ((m, k), (n, _)) = (dims2("x", x)?, dims2("w", w)?);
+    let (rx, rw_) = (ro::<f32>("x", x, "float32")?, ro::<i8>("w", w, "int8")?);
+    let rs = ro::<f32>("w_scale", w_scale, "float32")?;
+    let rb = bias.map(|b| ro::<f32>("bias", b, "float32")).transpose()?;
+    let rc = ro::<i64>("cols", cols, "int64")?;
+    let mut ro_out = rw::<f32>("out", out, "float32")?;
+    let mut ro_xo = rw::<f32>("xo", xo, "float32")?;
+    let mut ro_wc = rw::<f32>("wc", wc, "float32")?;
+    let (sx, sw, ss) = (slice("x", &rx)?, slice("w", &rw_)?, slice("w_scale", &rs)?);
+    let sb = rb.as_ref().map(|b| slice("bias", b)).transpose()?;
+    let sc = slice("cols", &rc)?;
+    let so = slice_mut("out", &mut ro_out)?;
+    let (sxo, swc) = (slice_mut("xo", &mut ro_xo)?, slice_mut("wc", &mut ro_wc)?);
+    py.detach(|| quant::int8_linear_split(sx, sw, ss, sb, sc, so, m, n, k, sxo, swc))
+        .map_err(to_py)
+}
+
 /// Borrowed buffers of a packed weight, kept alive while the kernel runs.
 struct Packed<'py> {
     data: PyReadonlyArrayDyn<'py, u8>,

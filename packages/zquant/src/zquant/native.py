@@ -58,6 +58,33 @@ def int8_linear(
     return out
 
 
+def int8_linear_split(
+    x: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None, cols: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """:class:`zquant.nn.OutlierQuantLinear`'s W8A8 split around its outlier term, in one
+    native call: ``(y, xo, wc)`` with ``y (m, n)`` the INT8 part of ``x (m, k)`` with the
+    channels ``cols`` zeroed (+ bias), ``xo = x[:, cols]`` and ``wc = w[:, cols] * w_scale``
+    (the layer's ``_weight_columns``); the layer's output is ``y + xo @ wc.t()``, that sum
+    left to torch so that it adds as the torch path's does."""
+    x2 = _c(x, torch.float32)
+    m, n, t = x2.shape[0], w.shape[0], cols.numel()
+    out = torch.empty(m, n, dtype=torch.float32)
+    xo = torch.empty(m, t, dtype=torch.float32)
+    wc = torch.empty(n, t, dtype=torch.float32)
+    b = None if bias is None else _c(bias, torch.float32).numpy()
+    znative.int8_linear_split(
+        x2.numpy(),
+        _c(w, torch.int8).numpy(),
+        _c(w_scale, torch.float32).numpy(),
+        b,
+        _c(cols, torch.int64).numpy(),
+        out.numpy(),
+        xo.numpy(),
+        wc.numpy(),
+    )
+    return out, xo, wc
+
+
 def packed_args(qw: QuantizedWeight) -> dict[str, object]:
     """The keyword arguments of ``znative.dequantize_weight`` / ``dequant_linear`` for ``qw``:
     numpy views of its buffers (``data``, ``scale``, ``data2``, ``zero``) and its format

@@ -203,7 +203,8 @@ class QuantLinear(nn.Module):
 #: Calls of at most this many rows (decode steps) run :class:`OutlierQuantLinear`'s W8A8 split
 #: as one native call (``backend="native"``): at batch 1 its ~10 torch ops cost as much as the
 #: GEMM. Its float32 outlier term sums in another order than torch's matmul (last bits), so
-#: larger calls (prompts, perplexity) keep the torch ops and stay bit-identical to ``z eval``.
+#: larger calls (prompts, perplexity) keep the channel choice and that sum in torch
+#: (``znative.int8_linear_split`` does the rest) and stay bit-identical to ``z eval``.
 FUSED_OUTLIER_MAX_ROWS = 16
 
 
@@ -260,6 +261,19 @@ class OutlierQuantLinear(QuantLinear):
             y = native.int8_linear(x2, self.qdata, self.qscale.reshape(-1), self.bias, outliers=k)
             return y.reshape(*lead, self.out_features).to(x.dtype)
         cols = x2.abs().amax(0).topk(k).indices  # (k,)
+        if (
+            self.path == "w8a8"
+            and self.backend == "native"
+            and x.shape[-1] == self.in_features
+            and self._native_ok(x2, fused=True)
+        ):
+            # A prompt's rows: the INT8 part and both operands of the outlier term in one
+            # kernel call (the five torch ops below it replaces cost about as much as the
+            # GEMM); the channel choice (torch's topk orders ties its own way) and the term's
+            # sum stay torch's, so the result is the torch path's to the bit.
+            w_scale = self.qscale.reshape(-1)
+            y, xo, wc = native.int8_linear_split(x2, self.qdata, w_scale, self.bias, cols)
+            return (y + xo @ wc.t()).reshape(*lead, self.out_features).to(x.dtype)
         # index_select, not x2[:, cols]: advanced indexing's parallel kernel stalls for
         # milliseconds per call on a busy CPU (measured 15 ms for 8 columns while serving)
         outliers = x2.index_select(1, cols)  # (tokens, k)

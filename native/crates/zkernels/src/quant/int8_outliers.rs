@@ -130,6 +130,66 @@ pub fn int8_linear_outliers(
     Ok(())
 }
 
+/// [`int8_linear_outliers`] with the channels C given (`cols`, in the caller's order) and its
+/// outlier term left to the caller, for calls whose result must be the torch path's to the
+/// bit (zquant's prompts, as `z eval` scores them; torch's `topk` orders tied column maxima
+/// its own way, and GQA's attention outputs tie across a KV group's heads): `out` gets the
+/// INT8 part `Q(x with C zeroed) · W_qᵀ · a_scale · w_scale + bias` (the numbers of
+/// [`super::int8_linear`] of `x` with C zeroed), `xo (m, t)` the values `x[i, C]` and
+/// `wc (n, t)` the weight's columns `W_q[j, C] · w_scale[j]`; the caller adds `xo · wcᵀ`.
+/// One call instead of five torch ops around the INT8 GEMM (two index_select, index_fill,
+/// to, mul).
+#[allow(clippy::too_many_arguments)]
+pub fn int8_linear_split(
+    x: &[f32],
+    w: &[i8],
+    w_scale: &[f32],
+    bias: Option<&[f32]>,
+    cols: &[i64],
+    out: &mut [f32],
+    m: usize,
+    n: usize,
+    k: usize,
+    xo: &mut [f32],
+    wc: &mut [f32],
+) -> Result<(), QuantError> {
+    let t = cols.len();
+    if let Some(&c) = cols.iter().find(|&&c| c < 0 || c as usize >= k) {
+        return Err(QuantError::Param {
+            name: "cols",
+            value: c,
+            expected: "input channels in 0..in_features",
+        });
+    }
+    check_len("x", x.len(), m * k, || format!("m·k = {m}·{k}"))?;
+    check_len("w", w.len(), n * k, || format!("n·k = {n}·{k}"))?;
+    check_len("xo", xo.len(), m * t, || format!("m·len(cols) = {m}·{t}"))?;
+    check_len("wc", wc.len(), n * t, || format!("n·len(cols) = {n}·{t}"))?;
+    if w_scale.len() != 1 {
+        check_len("w_scale", w_scale.len(), n, || format!("n = {n} (or 1)"))?;
+    }
+    let mut rest = x.to_vec();
+    if t > 0 {
+        for (row, o) in rest.chunks_exact_mut(k).zip(xo.chunks_exact_mut(t)) {
+            for (&c, v) in cols.iter().zip(o.iter_mut()) {
+                *v = row[c as usize];
+                row[c as usize] = 0.0;
+            }
+        }
+        for (j, (row, o)) in w.chunks_exact(k).zip(wc.chunks_exact_mut(t)).enumerate() {
+            let ws = if w_scale.len() == 1 {
+                w_scale[0]
+            } else {
+                w_scale[j]
+            };
+            for (&c, v) in cols.iter().zip(o.iter_mut()) {
+                *v = f32::from(row[c as usize]) * ws;
+            }
+        }
+    }
+    super::int8_linear(&rest, w, w_scale, bias, out, m, n, k)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -201,9 +261,35 @@ mod tests {
                         "{g} {r}"
                     );
                 }
+                // The split: its parts, the outlier term added here, give the same numbers.
+                let (mut xo, mut wc) = (vec![0f32; m * t], vec![0f32; n * t]);
+                let c64: Vec<i64> = cols.iter().map(|&c| c as i64).collect();
+                int8_linear_split(&x, &w, &ws, None, &c64, &mut out, m, n, k, &mut xo, &mut wc)
+                    .unwrap();
+                for i in 0..m {
+                    for j in 0..n {
+                        let term: f32 = (0..t).map(|c| xo[i * t + c] * wc[j * t + c]).sum();
+                        let (g, r) = (f64::from(out[i * n + j] + term), want[i * n + j]);
+                        assert!((g - r).abs() <= 1e-5 * (1.0 + r.abs()), "split {g} {r}");
+                    }
+                }
+                assert_eq!(xo[0], x[cols[0]]);
+                assert_eq!(wc[t], f32::from(w[k + cols[0]]) * ws[1]);
             }
             set_override(None).unwrap();
         }
+    }
+
+    #[test]
+    fn split_rejects_bad_channels() {
+        let (x, w, ws) = ([1f32; 8], [1i8; 8], [1f32]);
+        let mut out = [0f32; 4];
+        let (mut xo, mut wc) = ([0f32; 2], [0f32; 2]);
+        let r = int8_linear_split(&x, &w, &ws, None, &[4], &mut out, 2, 2, 4, &mut xo, &mut wc);
+        assert!(matches!(r, Err(QuantError::Param { name: "cols", .. })));
+        let mut wc = [0f32; 3];
+        let r = int8_linear_split(&x, &w, &ws, None, &[1], &mut out, 2, 2, 4, &mut xo, &mut wc);
+        assert!(matches!(r, Err(QuantError::Shape { what: "wc", .. })));
     }
 
     #[test]
