@@ -111,3 +111,19 @@ def test_timeout_names_hung_rank_and_leaves_no_process() -> None:
     assert str(info.value).startswith("ranks [0] of 2 did not finish within 5")
     assert "finished: [1]" in str(info.value)
     assert _descendants() <= before
+
+
+def test_a_taken_rendezvous_port_starts_the_ranks_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """free_port's port can be taken before rank 0 binds it (another job's connection): the
+    ranks start again on a new port instead of failing the test with EADDRINUSE."""
+    import socket
+
+    from zcore import process, ranks
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        ports = iter([held.getsockname()[1]])
+        monkeypatch.setattr(ranks, "free_port", lambda: next(ports, None) or process.free_port())
+        assert run_ranks(_all_reduce_sum, 2, args=(2.0,)) == [[3.0, 2.0], [3.0, 2.0]]
+        assert next(ports, None) is None  # the taken port was handed out, then a new one

@@ -75,19 +75,52 @@ def run_ranks(
     ctx = mp.get_context(start_method)
     if start_method == "forkserver" and preload:
         ctx.set_forkserver_preload([*preload, __name__])  # no effect once the server runs
-    port = free_port()
     env = dict(os.environ)
     caller = os.getpid() if die_with_caller else None
+    for _ in range(PORT_ATTEMPTS):
+        spec = (world, free_port(), threads, group_timeout_s, env, caller, backend)
+        outcomes = _run_once(ctx, fn, tuple(args), spec, timeout_s, grace_s)
+        if not _port_taken(outcomes):
+            break
+    return outcomes
+
+
+PORT_ATTEMPTS = 3
+"""Starts of the ranks when rank 0 finds the rendezvous port taken: :func:`free_port`'s port
+was free when read, and another process (a peer job's connection) may take it before rank 0
+binds it; nothing of ``fn`` has run then, so the ranks start again on a new port."""
+
+
+def _port_taken(outcomes: dict[int, Outcome]) -> bool:
+    """Whether rank 0 failed to bind the rendezvous port (before ``fn`` ran)."""
+    o = outcomes.get(0)
+    return (
+        o is not None
+        and o.kind == "error"
+        and "init_process_group" in str(o.payload)
+        and ("EADDRINUSE" in str(o.payload) or "address already in use" in str(o.payload))
+    )
+
+
+def _run_once(
+    ctx: Any,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    spec: tuple[Any, ...],
+    timeout_s: float,
+    grace_s: float,
+) -> dict[int, Outcome]:
+    """One start of the ranks on ``spec``'s port; their outcomes (see :func:`run_ranks`)."""
+    world = spec[0]
     procs: list[BaseProcess] = []
     readers: dict[mpc.Connection, int] = {}
     outcomes: dict[int, Outcome] = {}
     try:
         for rank in range(world):
             reader, writer = ctx.Pipe(duplex=False)
-            spec = (rank, world, port, threads, group_timeout_s, env, caller, backend)
             # not daemonic: a rank may start processes of its own; every rank is reaped below
             proc = ctx.Process(
-                target=_rank_main, args=(spec, fn, tuple(args), writer), name=f"rank{rank}"
+                target=_rank_main, args=((rank, *spec), fn, args, writer), name=f"rank{rank}"
             )
             proc.start()
             writer.close()  # only the child holds the write end: its death reads as EOF
