@@ -60,6 +60,12 @@ def app_commands() -> list[str]:
 # ---------------------------------------------------------------------------- running
 
 
+_EXEC_WITH_DEFAULT_SIGINT = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.argv[1], sys.argv[1:])"
+)
+
+
 @dataclass
 class Work:
     """What the cases share: a scratch directory, the tiny model, the subprocess env."""
@@ -71,8 +77,10 @@ class Work:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self, *args: str, stdout: int = subprocess.PIPE) -> subprocess.Popen[str]:
+        """`z ARGS` in the background, with Ctrl+C (SIGINT) at its default disposition as in a
+        terminal: a runner that ignores SIGINT would pass that on and hide how `z` exits on it."""
         proc = subprocess.Popen(
-            [str(Z), *args],
+            [sys.executable, "-c", _EXEC_WITH_DEFAULT_SIGINT, str(Z), *args],
             stdout=stdout,
             stderr=subprocess.PIPE,
             text=True,

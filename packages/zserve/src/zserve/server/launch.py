@@ -70,6 +70,9 @@ def _run_until_fatal(app: Any, host: str, port: int, log_level: str) -> None:
             time.sleep(0.2)
 
     threading.Thread(target=watch, name="zserve-fatal-watch", daemon=True).start()
-    server.run()
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl+C it shut down on, as uvicorn.run does
+        pass
     if aengine.fatal_error is not None:
         raise SystemExit(f"zserve: the engine stopped: {aengine.fatal_error}")
