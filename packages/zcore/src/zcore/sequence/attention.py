@@ -13,6 +13,11 @@ with grouped-query attention each rank receives the key/value heads its query he
 so a key/value head shared by the query heads of two ranks is sent to both (``cp`` above
 the key/value head count works). Key/value heads are expanded to one per local query head
 before the local attention, which therefore always sees as many key/value as query heads.
+
+``mode="ring"`` runs ring attention instead (:mod:`zcore.sequence.ring`): queries stay,
+key/value blocks travel around the ``cp`` ranks; no head split, so no head-count cap. The
+local attention is then not called (the ring computes attention itself, ``causal`` saying
+which).
 """
 
 from __future__ import annotations
@@ -25,6 +30,10 @@ from torch import nn
 
 from zcore.comm import Comm, Mesh
 from zcore.sequence.alltoall import even_split, heads_to_seq, seq_to_heads, starts
+from zcore.sequence.ring import RingLayout, ring_attention
+
+MODES = ("ulysses", "ring")
+"""Sequence-parallel attention modes (``sequence_parallel_mode``)."""
 
 
 class SequenceParallelError(ValueError):
@@ -59,6 +68,10 @@ class DistributedAttention(nn.Module):
         scatter_idx, gather_idx: DeepSpeed's names for the head and sequence dimensions;
             only the batch-first layout ``(2, 1)`` is supported.
         axis: the mesh axis (``"cp"``).
+        mode: ``"ulysses"`` (all-to-all over heads) or ``"ring"`` (key/value blocks passed
+            around the ranks; see :mod:`zcore.sequence.ring`).
+        causal: ring mode only: causal over the whole sequence (the Ulysses mode leaves
+            masking to ``local_attention``).
     """
 
     def __init__(
@@ -69,8 +82,15 @@ class DistributedAttention(nn.Module):
         gather_idx: int = 1,
         *,
         axis: str = "cp",
+        mode: str = "ulysses",
+        causal: bool = True,
     ) -> None:
         super().__init__()
+        if mode not in MODES:
+            raise SequenceParallelError(
+                f"sequence-parallel mode {mode!r} is not one of {MODES}; pass mode='ulysses' "
+                "(heads split over cp) or mode='ring' (key/value blocks passed around cp)"
+            )
         if (scatter_idx, gather_idx) != (2, 1):
             raise SequenceParallelError(
                 f"scatter_idx {scatter_idx}, gather_idx {gather_idx}: zcore's Ulysses takes "
@@ -79,6 +99,8 @@ class DistributedAttention(nn.Module):
         self.local_attn = local_attention
         self.comm = sequence_process_group
         self.axis = axis
+        self.mode = mode
+        self.causal = causal
 
     def bind_mesh(self, mesh: Mesh) -> None:
         """Take the ``axis`` collectives of the engine's mesh (the engine calls this)."""
@@ -101,22 +123,31 @@ class DistributedAttention(nn.Module):
         value: torch.Tensor,
         *args: Any,
         seq_lens: Sequence[int] | None = None,
+        layout: RingLayout | None = None,
         **kwargs: Any,
     ) -> torch.Tensor:
         """This rank's slice ``(b, L, h, d)`` of the attention output.
 
         ``query`` is ``(b, L, h_q, d)``, ``key``/``value`` ``(b, L, h_kv, d)``: this rank's
         slice. ``seq_lens`` gives every rank's slice length (default: all equal to ``L``).
-        ``args``/``kwargs`` go to the local attention unchanged.
+        ``args``/``kwargs`` go to the local attention unchanged; in ring mode only
+        ``scale=`` and a zero ``dropout``/``dropout_p`` are taken, and ``layout`` may say
+        which positions each rank holds (default: consecutive slices of ``seq_lens``).
         """
         comm = self._comm()
         cp = comm.size
-        lens = [query.shape[1]] * cp if seq_lens is None else [int(n) for n in seq_lens]
+        if seq_lens is None:
+            seq_lens = [query.shape[1]] * cp if layout is None else layout.lens
+        lens = [int(n) for n in seq_lens]
         if len(lens) != cp or lens[comm.rank] != query.shape[1] or min(lens) < 1:
             raise SequenceParallelError(
                 f"slice lengths {lens} do not fit {cp} cp ranks with this rank's "
                 f"{query.shape[1]} tokens at cp rank {comm.rank}; every rank needs >= 1 token: "
                 "the sequence must be at least as long as sequence_parallel_size"
+            )
+        if self.mode == "ring":
+            return self._ring(
+                query, key, value, comm, layout or RingLayout.consecutive(lens), args, kwargs
             )
         counts, q_ranges, kv_ranges = head_plan(query.shape[2], key.shape[2], cp)
         ranges = [q_ranges, kv_ranges, kv_ranges]
@@ -131,3 +162,29 @@ class DistributedAttention(nn.Module):
         else:  # more ranks than query heads: this rank attends nothing
             out = q
         return heads_to_seq(out, comm, lens, counts, "ulysses out")
+
+    def _ring(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        comm: Comm,
+        layout: RingLayout,
+        args: tuple,
+        kwargs: dict[str, Any],
+    ) -> torch.Tensor:
+        dropout = kwargs.pop("dropout", kwargs.pop("dropout_p", 0.0))
+        scale = kwargs.pop("scale", None)
+        if args or kwargs or dropout:
+            raise SequenceParallelError(
+                f"ring attention takes scale= and no dropout; got positional {len(args)} "
+                f"argument(s), keywords {sorted(kwargs)}, dropout {dropout}: set the "
+                "attention dropout to 0 (or use mode='ulysses', which calls local_attention)"
+            )
+        if len(layout.runs) != comm.size or layout.lens[comm.rank] != query.shape[1]:
+            raise SequenceParallelError(
+                f"ring layout of {layout.lens} positions per rank does not fit {comm.size} cp "
+                f"ranks with this rank's {query.shape[1]} tokens at cp rank {comm.rank}; build "
+                "it with RingLayout.consecutive(seq_lens) or RingLayout.zigzag(total, cp)"
+            )
+        return ring_attention(query, key, value, comm, layout, causal=self.causal, scale=scale)
