@@ -95,6 +95,16 @@ class GradReducer:
         self.predivide = predivide
         self.postscale = postscale
         self.scatter = reduce_scatter and w > 1
+        self.direct = (
+            w == 1
+            and comm.size == 1
+            and self.replicas is None
+            and predivide == 1.0
+            and type(self.collectives) is Collectives
+        )
+        """One rank holds the whole partition and the sum over one rank is the gradient
+        itself: :meth:`add` accumulates it straight from the gradient, with no bucket (the
+        same values the bucket would hand on, as long as ``comm_dtype`` is the gradient's)."""
         self._bucket: _Bucket | None = None
         self._pending: list[_Pending] = []
         self._free: dict[torch.dtype, list[torch.Tensor]] = {}
@@ -131,6 +141,9 @@ class GradReducer:
         w = self.shard_world
         size = shard.shard_size
         dtype = self.comm_dtype or grad.dtype
+        if self.direct and dtype == grad.dtype:
+            self.accumulate(group, shard, grad.reshape(-1), self.postscale)
+            return
         b = self._bucket
         # A reduce-scatter bucket is a (w, cols) grid; an oversized one is sized to its
         # single parameter (cols = its shard size), so nothing joins it.
