@@ -230,6 +230,73 @@ def test_a_bad_gradient_is_named_and_nothing_is_stepped():
     assert torch.allclose(a.detach(), torch.full((8,), 0.9, device="cuda"))
 
 
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize(
+    "spoil, error, match",
+    [
+        (
+            lambda b: setattr(b, "data", torch.ones(9, device="cuda")),
+            ValueError,
+            r"params\[1\]\.grad has shape \(8,\) but its parameter has \(9,\)",
+        ),
+        (
+            lambda b: setattr(b, "data", b.data.half()),
+            TypeError,
+            r"params\[1\] dtype is torch\.float16",
+        ),
+        (
+            lambda b: setattr(b, "grad", torch.ones(8, device="cuda").to_sparse()),
+            TypeError,
+            "sparse",
+        ),
+    ],
+    ids=["param-reshaped", "param-cast", "sparse-grad"],
+)
+def test_a_bad_tensor_after_good_steps_is_still_named(spoil, error, match):
+    """After the first step the states are recognised by identity; a parameter or gradient
+    that turns bad later is still caught before any launch, and the step counters stay put."""
+    a = torch.nn.Parameter(torch.ones(8, device="cuda"))
+    b = torch.nn.Parameter(torch.ones(8, device="cuda"))
+    opt = FusedAdamCUDA([a, b], lr=0.1)
+    for _ in range(3):
+        a.grad, b.grad = torch.ones(8, device="cuda"), torch.ones(8, device="cuda")
+        opt.step()
+    before = a.detach().clone()
+    spoil(b)
+    with pytest.raises(error, match=match):
+        opt.step()
+    assert torch.equal(a.detach(), before)
+    assert float(opt.state[a]["step"]) == float(opt.state[b]["step"]) == 3.0
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_saved_step_counters_load_into_torch_and_back_and_survive_pickling():
+    """The step counters are 0-d views of one buffer: `torch.save` keeps them apart per
+    parameter, torch's AdamW resumes from them, and a pickled optimizer steps on."""
+    import io
+    import pickle
+
+    kwargs = dict(lr=1e-2, weight_decay=0.05)
+    ref, fused = make_params([(513,), (77,), (4096,)])
+    ref_opt = torch.optim.AdamW(ref, **kwargs)
+    fused_opt = FusedAdamCUDA(fused, **kwargs, decoupled_weight_decay=True)
+    run_pair(ref_opt, fused_opt, ref, fused, steps=6, every=[1, 2, 1])
+    buf = io.BytesIO()
+    torch.save(fused_opt.state_dict(), buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=True)
+    assert [float(loaded["state"][i]["step"]) for i in range(3)] == [6.0, 3.0, 6.0]
+    resumed = [p.detach().clone().requires_grad_() for p in fused]
+    torch_opt = torch.optim.AdamW(resumed, **kwargs)
+    torch_opt.load_state_dict(loaded)
+    again = pickle.loads(pickle.dumps(fused_opt))
+    assert again.chunk_size == CHUNK_SIZE
+    run_pair(torch_opt, fused_opt, resumed, fused, steps=5, first=6)
+    run_pair(ref_opt, again, ref, list(again.param_groups[0]["params"]), steps=5, first=6)
+
+
 # -- checks made before any launch: these run without a GPU ---------------------
 
 

@@ -237,10 +237,22 @@ class FusedAdamCUDA(TorchStateCompat):
         check_adam_group(defaults, "defaults", "FusedAdamCUDA")
         self.chunk_size = chunk_size
         self._table_cache: dict[tuple[Any, ...], torch.Tensor] = {}
+        # param -> (exp_avg, exp_avg_sq) as last checked by name; group -> (step views, buffer)
+        self._verified: dict[torch.Tensor, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._steps: dict[int, tuple[list[torch.Tensor], torch.Tensor]] = {}
         super().__init__(params, defaults)
         ok, reason = znative.cuda.cupy_status()
         if not ok:
             raise znative.cuda.CudaUnavailableError(f"FusedAdamCUDA needs CuPy: {reason}")
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickled (``torch.optim.Optimizer`` pickles only defaults, state and groups):
+        the caches start empty and ``chunk_size`` at its default unless it was set."""
+        super().__setstate__(state)
+        self.__dict__.setdefault("chunk_size", CHUNK_SIZE)
+        self._table_cache = {}
+        self._verified = {}
+        self._steps = {}
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         super().add_param_group(param_group)
@@ -261,92 +273,122 @@ class FusedAdamCUDA(TorchStateCompat):
             if "step" in state:
                 state["step"] = torch.tensor(float(state["step"]), dtype=torch.float32)
         self._table_cache.clear()
+        self._verified.clear()
+        self._steps.clear()
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
         """Update every parameter that has a gradient; all checks run before the first launch.
 
-        The host work per tensor is kept to attribute reads: a GPT's 300 tensors cost
-        ~15 us each when every tensor went through the named checks, the step counter's
-        ``.item()`` and ``+= 1`` one by one, which left the GPU waiting on the host
-        (``z bench adam-cuda``). The named checks run only when the quick one fails, the
-        step counters are read with one ``stack`` and advanced with one ``_foreach_add_``.
+        The host work per tensor is kept to attribute reads, so the GPU does not wait on
+        the host between steps (``z bench adam-cuda`` times both). A parameter's state
+        tensors are checked by name once and then recognised by identity; its gradient and
+        the parameter itself are checked every step by the quick test, and by name when
+        that fails. The step counters of a group's parameters are 0-d views of one CPU
+        buffer (``state["step"]`` stays a float32 tensor per parameter, as in
+        ``torch.optim.Adam``), read and advanced with one op each.
         """
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        # One launch per (group, device, step count): tensors whose steps differ (a
-        # parameter that skipped steps without a gradient) need their own bias correction.
-        launches: dict[tuple[int, torch.device, int], list[list[torch.Tensor]]] = {}
-        stepped: list[torch.Tensor] = []
+        todo = []
         for gi, group in enumerate(self.param_groups):
             check_adam_group(group, f"param_groups[{gi}]", "FusedAdamCUDA")
-            live = [(pi, p) for pi, p in enumerate(group["params"]) if p.grad is not None]
-            if not live:
-                continue
-            states = []
-            for pi, p in live:
+            ps, gs, ms, vs, states = [], [], [], [], []
+            for pi, p in enumerate(group["params"]):
+                g = p.grad
+                if g is None:
+                    continue
                 state = self.state[p]
                 if not state:
                     _check_param(p, f"param_groups[{gi}].params[{pi}]")
                     state["step"] = torch.tensor(0.0, dtype=torch.float32)
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
-                states.append(state)
-            if not all(_quick_ok(p, s) for (_, p), s in zip(live, states, strict=True)):
-                for (pi, p), state in zip(live, states, strict=True):
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+                known = self._verified.get(p)
+                if (
+                    known is None
+                    or known[0] is not m
+                    or known[1] is not v
+                    or not _quick_ok(p, g, m)
+                ):
                     _check_all(p, state, f"param_groups[{gi}].params[{pi}]")
-            step_ts = [s["step"] for s in states]
-            steps = (torch.stack(step_ts) + 1).tolist()
-            for (_, p), state, step in zip(live, states, steps, strict=True):
-                lists = launches.setdefault((gi, p.device, int(step)), [[], [], [], []])
-                lists[0].append(p)
-                lists[1].append(p.grad)
-                lists[2].append(state["exp_avg"])
-                lists[3].append(state["exp_avg_sq"])
-            stepped += step_ts
-        for (gi, _, step), (ps, gs, ms, vs) in launches.items():
+                    self._verified[p] = (m, v)
+                ps.append(p)
+                gs.append(g)
+                ms.append(m)
+                vs.append(v)
+                states.append(state)
+            if ps:
+                todo.append((gi, ps, gs, ms, vs, self._step_buffer(gi, states)))
+        for gi, ps, gs, ms, vs, buf in todo:
             group = self.param_groups[gi]
-            fused_adam_step_(
-                ps,
-                gs,
-                ms,
-                vs,
-                step=step,
-                lr=group["lr"],
-                betas=group["betas"],
-                eps=group["eps"],
-                weight_decay=group["weight_decay"],
-                decoupled_weight_decay=bool(group["decoupled_weight_decay"]),
-                maximize=bool(group["maximize"]),
-                chunk_size=self.chunk_size,
-                _table_cache=self._table_cache,
-                _checked=True,
-            )
-        if stepped:
-            torch._foreach_add_(stepped, 1.0)
+            steps = (buf + 1).tolist()
+            # One launch per step count: tensors whose steps differ (a parameter that
+            # skipped steps without a gradient) need their own bias correction.
+            by_step: dict[int, list[int]] = {}
+            for i, st in enumerate(steps):
+                by_step.setdefault(int(st), []).append(i)
+            for step, idx in by_step.items():
+                whole = len(idx) == len(ps)
+                fused_adam_step_(
+                    ps if whole else [ps[i] for i in idx],
+                    gs if whole else [gs[i] for i in idx],
+                    ms if whole else [ms[i] for i in idx],
+                    vs if whole else [vs[i] for i in idx],
+                    step=step,
+                    lr=group["lr"],
+                    betas=group["betas"],
+                    eps=group["eps"],
+                    weight_decay=group["weight_decay"],
+                    decoupled_weight_decay=bool(group["decoupled_weight_decay"]),
+                    maximize=bool(group["maximize"]),
+                    chunk_size=self.chunk_size,
+                    _table_cache=self._table_cache,
+                    _checked=True,
+                )
+        for *_, buf in todo:
+            buf.add_(1)
         return loss
+
+    def _step_buffer(self, gi: int, states: list[dict[str, Any]]) -> torch.Tensor:
+        """The CPU buffer whose 0-d views are these states' ``step`` tensors: the cached one
+        when each state still holds the view installed last time (the cache holds the views,
+        so identity is safe), else a new buffer with the current values and new views."""
+        cached = self._steps.get(gi)
+        if cached is not None:
+            views, buf = cached
+            if len(views) == len(states) and all(
+                s["step"] is view for s, view in zip(states, views, strict=True)
+            ):
+                return buf
+        buf = torch.stack(
+            [torch.as_tensor(s["step"], dtype=torch.float32).reshape(()).cpu() for s in states]
+        )
+        views = list(buf.unbind(0))
+        for s, view in zip(states, views, strict=True):
+            s["step"] = view
+        self._steps[gi] = (views, buf)
+        return buf
 
 
 _F32 = torch.float32
 
 
-def _quick_ok(p: torch.Tensor, state: dict[str, Any]) -> bool:
-    """What :func:`_check_all` checks, as plain attribute reads (no messages built)."""
-    g, m, v = p.grad, state["exp_avg"], state["exp_avg_sq"]
+def _quick_ok(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor) -> bool:
+    """What :func:`_check_all` checks of a parameter and its gradient, as plain attribute
+    reads (no messages built), for states already checked (``m`` stands for both: they
+    were made, or loaded and checked, together with one shape)."""
     return (
-        p.is_cuda
+        g.dtype is _F32
         and p.dtype is _F32
-        and g.dtype is _F32
-        and m.dtype is _F32
-        and v.dtype is _F32
+        and p.is_cuda
         and not g.is_sparse
         and p.is_contiguous()
-        and m.is_contiguous()
-        and v.is_contiguous()
-        and p.shape == g.shape == m.shape == v.shape
-        and p.device == g.device == m.device == v.device
+        and g.shape == p.shape == m.shape
+        and g.get_device() == p.get_device() == m.get_device()
     )
 
 
