@@ -6,11 +6,14 @@ then takes one optimizer step. The engine, not the schedule, owns the accumulati
 boundary: the schedule runs inside :meth:`ZEngine.no_sync`, so the gradient hooks (which
 1F1B fires once per micro-batch and ZB-V may not fire at all) reduce nothing; after the
 last micro-batch the tied layers' gradients are summed across the tie and the step
-reduces every parameter's accumulated gradient once (ZeRO 0-2 over ``dp`` within the
-stage's ranks). The gradient norm and the fp16 overflow flag are summed over ``pp``, a
-``disjoint`` axis (:mod:`zcore.zero.axes`). Stage shapes are static: the first batch's
-micro-batch shape is sent once along ``pp`` and every stage infers its activations on
-the ``meta`` device (:meth:`PipelineModule.stage_shapes`).
+reduces every parameter's accumulated gradient once (ZeRO 0-3 over ``dp`` within the
+stage's ranks). At stage 3 the stage's parameters are gathered once before the schedule
+and released after the reduction, before the optimizer steps the shards
+(:mod:`zcore.pipe.stage3`: one all-gather per parameter per step; the stage's full
+parameters live for the step). The gradient norm and the fp16 overflow flag are summed
+over ``pp``, a ``disjoint`` axis (:mod:`zcore.zero.axes`). Stage shapes are static: the
+first batch's micro-batch shape is sent once along ``pp`` and every stage infers its
+activations on the ``meta`` device (:meth:`PipelineModule.stage_shapes`).
 
 With ``tp > 1`` (``tensor_parallel.autotp_size``, or a model ``zcore.tensor.parallelize``
 cut already) each stage's layers are cut over ``tp`` (:mod:`zcore.pipe.tensor`) and each
@@ -22,6 +25,7 @@ norm (:meth:`Ties.norm_overlap`), so clipping holds with ties across stages.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -37,6 +41,7 @@ from zcore.engine import ZEngine
 from zcore.pipe.config import PipelineConfig
 from zcore.pipe.module import PipelineModule
 from zcore.pipe.schedules import check_layout
+from zcore.pipe.stage3 import HeldParameters
 from zcore.pipe.ties import Ties
 from zcore.zero.axes import mesh_request
 
@@ -85,13 +90,6 @@ class PipelineEngine(ZEngine):
         mesh: MeshSpec | None = None,
     ) -> None:
         self.pipe = pipeline_config(config, model)
-        if config.zero_optimization.stage == 3:
-            raise ValueError(
-                "ZeRO stage 3 with pipeline parallelism is not built: the schedule runs each "
-                "stage's layers once per micro-batch, so stage 3 would gather every parameter "
-                "2 x gradient_accumulation_steps times per step; use stage 0, 1 or 2 (the "
-                "optimizer state and gradients stay partitioned over dp)"
-            )
         ep = mesh_request(model).get("ep", 1)
         if ep > 1:
             raise ValueError(
@@ -131,9 +129,14 @@ class PipelineEngine(ZEngine):
             self.pipe.schedule, model.virtual_stages, model.stage_order, self.pp.size, gas
         )
         self._check_group_axes()
-        self.ties = Ties(model, self.pp, self.dtype, device)
-        for p in self.ties.sync_initial():
-            self.zopt.refresh_master(p)
+        self.held = HeldParameters(self.stage3, model) if self.stage3 is not None else None
+        with self._gathered():  # stage 3: the tie's shapes and values are the full ones
+            self.ties = Ties(model, self.pp, self.dtype, device)
+            for p in self.ties.sync_initial():
+                if self.stage3 is not None and p in self.stage3.params:
+                    self.stage3.repartition(p)  # its shard, and the master through the hook
+                else:
+                    self.zopt.refresh_master(p)
         self._schedule: Any = None
         self._shape: tuple[tuple[int, ...], torch.dtype] | None = None
         self._raw_losses: list[torch.Tensor] = []
@@ -156,6 +159,14 @@ class PipelineEngine(ZEngine):
                 "needs at least one cut layer (give each stage a layer with `tp_cut`, e.g. "
                 "change partition_method), and with experts every stage an MoE layer"
             )
+
+    def _gathered(self) -> contextlib.AbstractContextManager[None]:
+        """Stage 3: the stage's full parameters inside the block (:mod:`zcore.pipe.stage3`)."""
+        return self.held.gathered() if self.held is not None else contextlib.nullcontext()
+
+    def _on_grad(self, p: torch.Tensor) -> None:
+        """Nothing per micro-batch: gradients accumulate in ``p.grad`` (reduced once at the
+        boundary) and stage-3 parameters stay gathered for the step."""
 
     # -- what DeepSpeed's PipelineEngine refuses too --------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -281,11 +292,15 @@ class PipelineEngine(ZEngine):
         gas = self.batch.gradient_accumulation_steps
         self.mesh.set_step(self.global_steps)
         self._sync = False  # the gradient hooks leave p.grad alone: reduced once, below
-        with self.no_sync():
-            self._run(xs, ys, train=True)
-        self.ties.reduce_grads()
-        if self.ties.crosses_ranks:  # each holder's copy counts once in the norm
-            self.zopt.norm_overlap = self.ties.norm_overlap([self.comm, self.replicas], self.stage)
+        with self._gathered():  # stage 3: gathered once for every micro-batch
+            with self.no_sync():
+                self._run(xs, ys, train=True)
+            self.ties.reduce_grads()
+            if self.ties.crosses_ranks:  # each holder's copy counts once in the norm
+                overlap = self.ties.norm_overlap([self.comm, self.replicas], self.stage)
+                self.zopt.norm_overlap = overlap
+            if self.held is not None:  # reduce-scatter now, so the step runs released
+                self.zopt.reduce_leftovers()
         self.micro_steps += gas - 1
         self.global_samples += self.batch.micro_batch_size * self.world_size * (gas - 1)
         ZEngine.step(self)  # the boundary: reduce every gradient once, then step
@@ -304,7 +319,7 @@ class PipelineEngine(ZEngine):
             )
         self.module.eval()
         xs, ys = self._read(data_iter)
-        with torch.no_grad():
+        with torch.no_grad(), self._gathered():
             self._run(xs, ys, train=False)
         return self._mean_loss()
 
