@@ -37,6 +37,7 @@ from zcore.engine_parts import Counters, ModelState, RankLocalState
 from zcore.lr_schedules.attach import engine_random_ltd, engine_scheduler
 from zcore.monitor import MonitorMaster
 from zcore.precision import LossScaler, model_dtype
+from zcore.sequence.attention import configure_modes
 from zcore.tensor.cut import cuts_json
 from zcore.tensor.parallelize import parallelize_for_config
 from zcore.zero.axes import bind_model, group_axes, mesh_request
@@ -86,6 +87,7 @@ class ZEngine:
         self.mesh = mesh_for_config(config, device, mesh_request(model).get("ep", 1), mesh)
         parallelize_for_config(model, config, self.mesh)  # tensor_parallel.autotp_size
         bind_model(model, self.mesh)
+        configure_modes(model, config.sequence_parallel_mode)
         self.axes = group_axes(self.mesh)
         """The axes a parameter group is sharded over: ``dp``, ``edp`` (experts)."""
         self.comm = self.mesh.comm("dp")

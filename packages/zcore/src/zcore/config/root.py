@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, PrivateAttr, ValidationError, ValidationInfo, field_validator
 
@@ -68,6 +68,10 @@ class ZConfig(ZModel):
     sequence_parallel_size: Int = Field(1, ge=1)
     """Ranks that share each sequence, each holding a consecutive slice (Ulysses; the
     mesh's ``cp`` axis, inside the ZeRO axis: see :mod:`zcore.sequence`)."""
+    sequence_parallel_mode: Literal["ulysses", "ring"] = "ulysses"
+    """zstack: how attention sees the whole sequence across the ``cp`` ranks: ``ulysses``
+    (all-to-all over heads) or ``ring`` (key/value blocks passed around; any head count);
+    :class:`~zcore.sequence.DistributedAttention` layers built without ``mode`` take it."""
     comm_timeout_s: Float = Field(1800.0, gt=0)
     """zstack: seconds before a collective that never completes ends the job."""
     fp16: FP16Config = Field(default_factory=empty_block)

@@ -69,7 +69,8 @@ class DistributedAttention(nn.Module):
             only the batch-first layout ``(2, 1)`` is supported.
         axis: the mesh axis (``"cp"``).
         mode: ``"ulysses"`` (all-to-all over heads) or ``"ring"`` (key/value blocks passed
-            around the ranks; see :mod:`zcore.sequence.ring`).
+            around the ranks; see :mod:`zcore.sequence.ring`); None: the config's
+            ``sequence_parallel_mode`` (``zcore.initialize`` sets it), else ulysses.
         causal: ring mode only: causal over the whole sequence (the Ulysses mode leaves
             masking to ``local_attention``).
     """
@@ -82,11 +83,11 @@ class DistributedAttention(nn.Module):
         gather_idx: int = 1,
         *,
         axis: str = "cp",
-        mode: str = "ulysses",
+        mode: str | None = None,
         causal: bool = True,
     ) -> None:
         super().__init__()
-        if mode not in MODES:
+        if mode is not None and mode not in MODES:
             raise SequenceParallelError(
                 f"sequence-parallel mode {mode!r} is not one of {MODES}; pass mode='ulysses' "
                 "(heads split over cp) or mode='ring' (key/value blocks passed around cp)"
@@ -99,7 +100,9 @@ class DistributedAttention(nn.Module):
         self.local_attn = local_attention
         self.comm = sequence_process_group
         self.axis = axis
-        self.mode = mode
+        self.mode = mode or "ulysses"
+        self.chosen = mode is not None
+        """Whether ``mode`` was given (else the config's ``sequence_parallel_mode`` rules)."""
         self.causal = causal
 
     def bind_mesh(self, mesh: Mesh) -> None:
@@ -145,6 +148,11 @@ class DistributedAttention(nn.Module):
                 f"{query.shape[1]} tokens at cp rank {comm.rank}; every rank needs >= 1 token: "
                 "the sequence must be at least as long as sequence_parallel_size"
             )
+        if layout is not None and self.mode != "ring" and layout != RingLayout.consecutive(lens):
+            raise SequenceParallelError(
+                f"Ulysses takes consecutive slices, not the layout {layout.runs}; use "
+                "RingLayout.consecutive(seq_lens) or mode='ring'"
+            )
         if self.mode == "ring":
             return self._ring(
                 query, key, value, comm, layout or RingLayout.consecutive(lens), args, kwargs
@@ -188,3 +196,19 @@ class DistributedAttention(nn.Module):
                 "it with RingLayout.consecutive(seq_lens) or RingLayout.zigzag(total, cp)"
             )
         return ring_attention(query, key, value, comm, layout, causal=self.causal, scale=scale)
+
+
+def configure_modes(model: nn.Module, mode: str) -> None:
+    """Give every :class:`DistributedAttention` of ``model`` built without a ``mode`` the
+    config's ``sequence_parallel_mode`` ``mode``; one built with another mode is an error
+    naming both (the engine calls this once, at ``zcore.initialize``)."""
+    for name, m in model.named_modules():
+        if not isinstance(m, DistributedAttention):
+            continue
+        if m.chosen and m.mode != mode:
+            raise SequenceParallelError(
+                f"`{name}` is DistributedAttention(mode={m.mode!r}) but the config sets "
+                f"sequence_parallel_mode {mode!r}; drop mode= (the config then decides) or "
+                f"set sequence_parallel_mode to {m.mode!r}"
+            )
+        m.mode = mode
