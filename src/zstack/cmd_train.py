@@ -144,6 +144,9 @@ def train(
     cp: int = typer.Option(
         1, "--cp", min=1, help="Ranks sharing each sequence (Ulysses sequence parallelism)."
     ),
+    cp_mode: str = typer.Option(
+        "ulysses", "--cp-mode", help="Attention across the --cp ranks: ulysses or ring."
+    ),
 ) -> None:
     """Train a GPT (or with `--moe` a Mixtral-style MoE) on Shakespeare with ZeRO on NPROC ranks."""
     from zcore.config import ConfigError
@@ -179,6 +182,7 @@ def train(
         schedule=schedule,
         microbatches=microbatches,
         cp=cp,
+        cp_mode=cp_mode,
         explicit=explicit,
     )
     under_launcher = "RANK" in os.environ

@@ -1,16 +1,19 @@
-"""The GPT at sequence parallelism (`z train --cp N`): DeepSpeed-Ulysses on the mesh's `cp` axis.
+"""The GPT at sequence parallelism (`z train --cp N`): Ulysses or ring attention on `cp`.
 
 The `cp` ranks of a sequence read the same batch (`engine.data_rank` counts them once).
-:func:`sequence_parallel` makes a :class:`~ztrain.gpt.GPT` train on this rank's consecutive
-slice of every sequence (`zcore.sequence.even_split`: lengths differ by at most one, so any
-length of at least `cp` tokens runs):
+:func:`sequence_parallel` makes a :class:`~ztrain.gpt.GPT` train on this rank's slice of
+every sequence: with Ulysses (`sequence_parallel_mode` "ulysses", `--cp-mode ulysses`) a
+consecutive slice (`zcore.sequence.even_split`: lengths differ by at most one, so any length
+of at least `cp` tokens runs); with ring attention (`--cp-mode ring`) the zig-zag layout
+(`zcore.sequence.RingLayout.zigzag`: chunks `r` and `2 cp - 1 - r` of `2 cp`, so every rank
+does the same causal work):
 
 * the model keeps this rank's slice of `idx` and of `targets` (already shifted, so the last
   token of a slice predicts the first of the next) and gives the position embedding the
   slice's own positions;
-* every block's attention runs through :class:`zcore.sequence.DistributedAttention` (one
-  all-to-all from slices to heads and one back; any head count, split as evenly as it goes),
-  causal over the whole sequence;
+* every block's attention runs through :class:`zcore.sequence.DistributedAttention`, causal
+  over the whole sequence (Ulysses: one all-to-all from slices to heads and one back, any
+  head count split as evenly as it goes; ring: key/value blocks passed around the ranks);
 * the loss whose gradient the engine takes is the slice's mean cross-entropy times
   `cp x L_r / S`, so the engine's gradient average over `dp x cp` is the whole sequence's
   mean; its value is the whole sequence's loss (one scalar all-reduce over `cp`).
@@ -26,7 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from zcore.comm import Comm, Mesh
-from zcore.sequence import DistributedAttention, SequenceParallelError, even_split
+from zcore.sequence import DistributedAttention, RingLayout, SequenceParallelError, even_split
+from zcore.sequence.attention import MODES
 from ztrain.train_options import TrainError, TrainOptions
 
 
@@ -44,13 +48,15 @@ class _Slices(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.lens: list[int] = []
+        self.layout: RingLayout | None = None
         self.comm: Comm | None = None
 
     def bind_mesh(self, mesh: Mesh) -> None:
         self.comm = mesh.comm("cp")
 
-    def cut(self, total: int) -> tuple[int, int]:
-        """Split a `total`-token sequence; this rank's `[lo, hi)`."""
+    def cut(self, total: int, ring: bool) -> torch.Tensor:
+        """Split a `total`-token sequence (zig-zag for the ring, else consecutive); the
+        positions this rank holds, `(L_r,)`."""
         if self.comm is None:
             raise SequenceParallelError(
                 "the sequence-parallel GPT has no cp collectives: build the engine "
@@ -62,9 +68,11 @@ class _Slices(nn.Module):
                 f"a sequence of {total} tokens cannot be split over cp {cp}: every cp rank "
                 f"needs at least one token; use sequences of >= {cp} tokens or a smaller cp"
             )
-        self.lens = even_split(total, cp)
-        lo = sum(self.lens[: self.comm.rank])
-        return lo, lo + self.lens[self.comm.rank]
+        lay = (
+            RingLayout.zigzag(total, cp) if ring else RingLayout.consecutive(even_split(total, cp))
+        )
+        self.layout, self.lens = lay, lay.lens
+        return lay.index(self.comm.rank)
 
 
 def _attention_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -74,28 +82,27 @@ def _attention_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     q, k, v = self.c_attn(x).split(C, dim=2)
     q, k, v = (t.view(B, T, self.n_head, C // self.n_head) for t in (q, k, v))  # (B, L_r, nh, hs)
     p = self.dropout if self.training else 0.0
-    y = self.ulysses(q, k, v, p, seq_lens=self.slices.lens)  # (B, L_r, nh, hs)
+    y = self.ulysses(q, k, v, dropout_p=p, seq_lens=self.slices.lens, layout=self.slices.layout)
     return self.resid_dropout(self.c_proj(y.contiguous().view(B, T, C)))
 
 
 def _gpt_forward(
     self: nn.Module, idx: torch.Tensor, targets: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """idx (B, S) of the whole sequences -> this rank's logits (B, L_r, vocab) and the
-    loss described in the module doc."""
+    """idx (B, S) of the whole sequences -> this rank's logits (B, L_r, vocab) at its
+    positions (`self.slices.layout`) and the loss described in the module doc."""
     B, S = idx.shape
     if S > self.config.block_size:
         raise ValueError(f"sequence length {S} > block_size {self.config.block_size}")
-    lo, hi = self.slices.cut(S)
-    pos = torch.arange(lo, hi, device=idx.device)  # (L_r,): the slice's own positions
-    x = self.transformer.drop(self.transformer.wte(idx[:, lo:hi]) + self.transformer.wpe(pos))
+    pos = self.slices.cut(S, self.transformer.h[0].attn.ulysses.mode == "ring").to(idx.device)
+    x = self.transformer.drop(self.transformer.wte(idx[:, pos]) + self.transformer.wpe(pos))
     for block in self.transformer.h:
         x = block(x)  # (B, L_r, C)
     logits = self.lm_head(self.transformer.ln_f(x))  # (B, L_r, vocab)
     if targets is None:
         return logits, None
-    mine = F.cross_entropy(logits.view(B * (hi - lo), -1), targets[:, lo:hi].reshape(-1))
-    share = mine * ((hi - lo) / S)  # this slice's part of the whole sequence's mean
+    mine = F.cross_entropy(logits.view(B * len(pos), -1), targets[:, pos].reshape(-1))
+    share = mine * (len(pos) / S)  # this slice's part of the whole sequence's mean
     whole = share.detach().clone()
     comm = self.slices.comm
     assert comm is not None  # cut() refused a model without one
@@ -117,14 +124,15 @@ def _subclass(module: nn.Module, forward: object) -> None:
     module.__class__ = sub
 
 
-def sequence_parallel(model: nn.Module) -> nn.Module:
+def sequence_parallel(model: nn.Module, mode: str | None = None) -> nn.Module:
     """Make `model` (a `ztrain.gpt.GPT`, before `zcore.initialize`, whose config sets
     `sequence_parallel_size`) train on this rank's slice of each sequence over the engine
-    mesh's `cp` axis; see the module doc. Returns `model`."""
+    mesh's `cp` axis; see the module doc. `mode` ("ulysses" or "ring"; None: the config's
+    `sequence_parallel_mode`). Returns `model`."""
     slices = _Slices()
     model.slices = slices
     for block in model.transformer.h:
-        block.attn.ulysses = DistributedAttention(_causal)
+        block.attn.ulysses = DistributedAttention(_causal, mode=mode)
         block.attn.__dict__["slices"] = slices  # shared: registered once, on the model
         _subclass(block.attn, _attention_forward)
     _subclass(model, _gpt_forward)
@@ -137,7 +145,11 @@ def plan_cp(opts: TrainOptions, world: int) -> int:
     from ztrain.gpt import PRESETS, default_seq_len
 
     cp = opts.cp
+    if opts.cp_mode not in MODES:
+        raise TrainError(f"`--cp-mode {opts.cp_mode}`: pass one of {', '.join(MODES)}")
     if cp == 1:
+        if opts.cp_mode != "ulysses":
+            raise TrainError(f"`--cp-mode {opts.cp_mode}` splits sequences: add `--cp 2` or more")
         return 1
     if cp < 1:
         raise TrainError(f"`--cp {cp}`: the ranks sharing each sequence, at least 1")

@@ -26,6 +26,7 @@ def default_config(
         blocks["tensor_parallel"] = {"autotp_size": layout.tp}
     if layout is not None and layout.cp > 1:
         blocks["sequence_parallel_size"] = layout.cp
+        blocks["sequence_parallel_mode"] = opts.cp_mode
     return {
         **blocks,
         "train_micro_batch_size_per_gpu": opts.micro_batch,
@@ -108,6 +109,12 @@ def build_config(
                 f"`{opts.config}` sets sequence_parallel_size {cfg.sequence_parallel_size} "
                 f"but the run has `--cp {cp}` (the model is split by the flag); pass "
                 f"`--cp {cfg.sequence_parallel_size}`"
+            )
+        if cp > 1 and cfg.sequence_parallel_mode != opts.cp_mode:
+            raise TrainError(
+                f"`{opts.config}` sets sequence_parallel_mode {cfg.sequence_parallel_mode!r} "
+                f"but the run has `--cp-mode {opts.cp_mode}`; pass "
+                f"`--cp-mode {cfg.sequence_parallel_mode}`"
             )
         batch = cfg.batch_sizes(world_size)
     except ConfigError as err:

@@ -68,6 +68,9 @@ class TrainOptions:
     cp: int = 1
     """Ranks sharing each sequence, each training a consecutive slice (Ulysses sequence
     parallelism, `sequence_parallel_size`; `ztrain.gpt_cp`)."""
+    cp_mode: str = "ulysses"
+    """How attention spans the `cp` ranks: "ulysses" (heads split over cp) or "ring"
+    (key/value blocks passed around; `sequence_parallel_mode`)."""
     explicit: frozenset[str] = field(default_factory=frozenset)
     """Option names given on the command line (only those are reported as overridden)."""
 
