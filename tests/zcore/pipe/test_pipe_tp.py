@@ -93,8 +93,18 @@ def test_pp2_dp2_zero2_clipping_counts_the_tie_once() -> None:
     _check(run_ranks(_run, 4, args=(2, 1, 2, {}), timeout=240), _baseline(2))
 
 
-@pytest.mark.slow(reason="8 ranks x 2 ZeRO stages; test_pp2_tp2 covers pp x tp on 4")
-@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.slow(reason="4 ranks; ZeRO-3 gathers each stage's cut and whole parameters once")
+def test_pp2_dp2_zero3_clipping_counts_the_tie_once() -> None:
+    _check(run_ranks(_run, 4, args=(2, 1, 3, {}), timeout=240), _baseline(2))
+
+
+@pytest.mark.slow(reason="4 ranks; tp-cut shards gathered over dp 1 for the step")
+def test_pp2_tp2_zero3_matches_single_process() -> None:
+    _check(run_ranks(_run, 4, args=(2, 2, 3, {}), timeout=240), _baseline(1))
+
+
+@pytest.mark.slow(reason="8 ranks x 3 ZeRO stages; test_pp2_tp2 covers pp x tp on 4")
+@pytest.mark.parametrize("stage", [1, 2, 3])
 def test_pp2_tp2_dp2_zero_stages(stage: int) -> None:
     _check(run_ranks(_run, 8, args=(2, 2, stage, {}), timeout=400), _baseline(2))
 
