@@ -27,8 +27,9 @@ LR, WD, CLIP, STEPS, SEQ, VOCAB = 1e-3, 0.01, 1.0, 10, 11, 128
 HEADS = {"hidden_size": 36, "num_attention_heads": 9, "num_key_value_heads": 3}
 
 
-def ds_config(cp: int, mb: int) -> dict[str, Any]:
+def ds_config(cp: int, mb: int, mode: str = "ulysses") -> dict[str, Any]:
     return {
+        "sequence_parallel_mode": mode,
         "train_micro_batch_size_per_gpu": mb,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": CLIP,
@@ -52,7 +53,7 @@ def batches(rows: int, steps: int = STEPS, seq: int = SEQ) -> list[torch.Tensor]
 
 
 def _rank(
-    rank: int, world: int, path: str, out: str, data: list, cp: int, mb: int, tile: bool
+    rank: int, world: int, path: str, out: str, data: list, cp: int, mb: int, tile: bool, mode: str
 ) -> dict:
     import torch.distributed as dist
     from transformers import LlamaForCausalLM
@@ -60,7 +61,7 @@ def _rank(
     import zcore
     import zcore.hf
 
-    cfg = ds_config(cp, mb)
+    cfg = ds_config(cp, mb, mode)
     model = zcore.hf.from_pretrained(LlamaForCausalLM, path, ds_config=cfg)
     if tile:
         from zcore.sequence.tiling import tile_causal_lm
@@ -109,11 +110,12 @@ def check(
     src: Path | None = None,
     data: list[torch.Tensor] | None = None,
     weights_atol: float = 5e-5,
+    mode: str = "ulysses",
 ) -> list[dict]:
     src, out = src or tiny(tmp_path / "tiny"), tmp_path / "out"
     data = data or batches(mb * world // cp)
     results = run_ranks(
-        _rank, world, args=(str(src), str(out), data, cp, mb, tile), timeout=timeout
+        _rank, world, args=(str(src), str(out), data, cp, mb, tile, mode), timeout=timeout
     )
     ref_losses, ref = baseline(src, data)
     for r in results:

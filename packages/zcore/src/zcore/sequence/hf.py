@@ -11,7 +11,8 @@ sequence across the ``cp`` ranks:
 * attention runs as the implementation ``"zcore_ulysses"``, registered with the
   ``AttentionInterface`` the model's attention layers dispatch through: the model's
   projections hand it this slice's q/k/v and :class:`~zcore.sequence.DistributedAttention`
-  runs torch's sdpa, causal over the whole sequence, on this rank's heads;
+  runs torch's sdpa, causal over the whole sequence, on this rank's heads (or, with
+  ``sequence_parallel_mode`` "ring", ring attention over consecutive slices);
 * the loss of each rank is ``cp x (its real tokens' summed loss) / (real tokens of the
   whole sequence)``, so the engine's gradient average over ``dp x cp`` is the sum over the
   slices; the value each rank returns is the whole sequence's loss (one scalar all-reduce).
@@ -117,9 +118,11 @@ def _comm(where: Mesh | Comm) -> Comm:
     return where.comm("cp") if isinstance(where, Mesh) else where
 
 
-def parallelize(model: nn.Module, mesh: Mesh | Comm) -> nn.Module:
+def parallelize(model: nn.Module, mesh: Mesh | Comm, mode: str | None = None) -> nn.Module:
     """Train ``model`` (a transformers causal LM) with each sequence split over ``mesh``'s
-    ``cp`` axis (or the given :class:`Comm`); see the module doc. Returns ``model``."""
+    ``cp`` axis (or the given :class:`Comm`); see the module doc. ``mode``: ``"ulysses"``
+    or ``"ring"`` (:class:`DistributedAttention`'s); None: the ``sequence_parallel_mode`` of
+    the config ``zcore.initialize`` is given. Returns ``model``."""
     comm = _comm(mesh)
     config = model.config
     impl = getattr(config, "_attn_implementation", None)
@@ -128,7 +131,8 @@ def parallelize(model: nn.Module, mesh: Mesh | Comm) -> nn.Module:
             f"attention implementation {impl!r} cannot be wrapped by Ulysses (its kernel would "
             f"see one slice of the sequence); load the model with attn_implementation='sdpa'"
         )
-    state = _State(DistributedAttention(_local_sdpa, comm))
+    state = _State(DistributedAttention(_local_sdpa, comm, mode=mode, causal=True))
+    model.z_sequence_attention = state.attention  # a submodule (no state): the engine sets its mode
     for m in _attention_modules(model):
         m._z_ulysses = state  # type: ignore[assignment]
     config._attn_implementation = NAME
