@@ -109,7 +109,8 @@ def test_cp_plans_its_layout_and_config(tmp_path: Path) -> None:
         (2, {"cp": 3}, r"`--cp 3` does not divide `--nproc 2`.*pass `--nproc 3`"),
         (2, {"cp": 2, "seq_len": 1}, r"`--seq-len 1` is shorter than `--cp 2`.*at least 2"),
         (2, {"cp": 2, "moe": True}, r"`--cp` with `--moe` is not built"),
-        (4, {"cp": 2, "tp": 2}, r"`--cp` with `--pp`/`--tp` is not built"),
+        (4, {"cp": 2, "pp": 2}, r"`--cp` with `--pp` is not built"),
+        (4, {"cp": 4, "tp": 2}, r"`--cp 4` x `--tp 2` does not divide `--nproc 4`.*nproc 8"),
     ],
 )
 def test_bad_cp_fails_at_the_start_naming_the_numbers(

@@ -31,6 +31,7 @@ from torch import nn
 from zcore.comm import Comm, Mesh
 from zcore.sequence import DistributedAttention, RingLayout, SequenceParallelError, even_split
 from zcore.sequence.attention import MODES
+from zcore.tensor.vocab import vocab_parallel_cross_entropy
 from ztrain.train_options import TrainError, TrainOptions
 
 
@@ -53,6 +54,12 @@ class _Slices(nn.Module):
 
     def bind_mesh(self, mesh: Mesh) -> None:
         self.comm = mesh.comm("cp")
+        if any(type(a).forward is not _attention_forward for a in self.__dict__["attns"]):
+            raise SequenceParallelError(
+                "the sequence-parallel GPT was cut over tp after ztrain.gpt_cp.sequence_parallel "
+                "(its attention no longer sees the cp slices); cut it first "
+                "(zcore.tensor.parallelize(model, spec)), then call sequence_parallel(model)"
+            )
 
     def cut(self, total: int, ring: bool) -> torch.Tensor:
         """Split a `total`-token sequence (zig-zag for the ring, else consecutive); the
@@ -77,23 +84,29 @@ class _Slices(nn.Module):
 
 def _attention_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The GPT's causal attention on this rank's slice `x` `(B, L_r, C)`, every head seeing
-    the whole sequence through Ulysses."""
-    B, T, C = x.shape
-    q, k, v = self.c_attn(x).split(C, dim=2)
-    q, k, v = (t.view(B, T, self.n_head, C // self.n_head) for t in (q, k, v))  # (B, L_r, nh, hs)
+    the whole sequence; cut over tp (`n_head_local`), this rank's heads only."""
+    B, T, _ = x.shape
+    qkv = self.c_attn(x)  # (B, L_r, 3 C/tp)
+    width, heads = qkv.shape[-1] // 3, getattr(self, "n_head_local", self.n_head)
+    q, k, v = (t.view(B, T, heads, width // heads) for t in qkv.split(width, dim=2))
     p = self.dropout if self.training else 0.0
     y = self.ulysses(q, k, v, dropout_p=p, seq_lens=self.slices.lens, layout=self.slices.layout)
-    return self.resid_dropout(self.c_proj(y.contiguous().view(B, T, C)))
+    return self.resid_dropout(self.c_proj(y.contiguous().view(B, T, width)))
 
 
 def _gpt_forward(
     self: nn.Module, idx: torch.Tensor, targets: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """idx (B, S) of the whole sequences -> this rank's logits (B, L_r, vocab) at its
-    positions (`self.slices.layout`) and the loss described in the module doc."""
+    """idx (B, S) of the whole sequences -> this rank's logits (B, L_r, vocab; cut over
+    tp: vocab / tp) at its positions (`self.slices.layout`) and the loss of the module doc."""
     B, S = idx.shape
     if S > self.config.block_size:
         raise ValueError(f"sequence length {S} > block_size {self.config.block_size}")
+    if getattr(self.transformer.wte, "sequence_parallel", False):
+        raise SequenceParallelError(
+            "cp with tensor parallelism's sequence parallelism (positions cut over tp too) is "
+            "not built; cut the model with zcore.tensor.parallelize(..., sequence_parallel=False)"
+        )
     pos = self.slices.cut(S, self.transformer.h[0].attn.ulysses.mode == "ring").to(idx.device)
     x = self.transformer.drop(self.transformer.wte(idx[:, pos]) + self.transformer.wpe(pos))
     for block in self.transformer.h:
@@ -101,7 +114,12 @@ def _gpt_forward(
     logits = self.lm_head(self.transformer.ln_f(x))  # (B, L_r, vocab)
     if targets is None:
         return logits, None
-    mine = F.cross_entropy(logits.view(B * len(pos), -1), targets[:, pos].reshape(-1))
+    flat, labels = logits.view(B * len(pos), -1), targets[:, pos].reshape(-1)
+    tp = getattr(self.lm_head, "comm", None)  # cut over tp: logits (B, L_r, vocab / tp)
+    if tp is not None:
+        mine = vocab_parallel_cross_entropy(flat, labels, tp)
+    else:
+        mine = F.cross_entropy(flat, labels)
     share = mine * (len(pos) / S)  # this slice's part of the whole sequence's mean
     whole = share.detach().clone()
     comm = self.slices.comm
@@ -125,11 +143,13 @@ def _subclass(module: nn.Module, forward: object) -> None:
 
 
 def sequence_parallel(model: nn.Module, mode: str | None = None) -> nn.Module:
-    """Make `model` (a `ztrain.gpt.GPT`, before `zcore.initialize`, whose config sets
-    `sequence_parallel_size`) train on this rank's slice of each sequence over the engine
+    """Make `model` (a `ztrain.gpt.GPT`, before `zcore.initialize` and after
+    `zcore.tensor.parallelize` when cut over tp: heads split over tp, each tp rank's heads
+    spanning the cp ranks; the config sets `sequence_parallel_size`) train on this rank's slice of each sequence over the engine
     mesh's `cp` axis; see the module doc. `mode` ("ulysses" or "ring"; None: the config's
     `sequence_parallel_mode`). Returns `model`."""
     slices = _Slices()
+    slices.__dict__["attns"] = [block.attn for block in model.transformer.h]  # not submodules
     model.slices = slices
     for block in model.transformer.h:
         block.attn.ulysses = DistributedAttention(_causal, mode=mode)
@@ -158,17 +178,19 @@ def plan_cp(opts: TrainOptions, world: int) -> int:
             "`--cp` with `--moe` is not built (the MoE LM's attention does not run through "
             "DistributedAttention); drop `--cp` or `--moe`"
         )
-    if opts.pp > 1 or opts.tp > 1:
+    if opts.pp > 1:
         raise TrainError(
-            f"`--cp` with `--pp`/`--tp` is not built (`--cp {cp}`, `--pp {opts.pp}`, "
-            f"`--tp {opts.tp}`: heads split over tp x cp are not planned yet); pass one of them"
+            f"`--cp` with `--pp` is not built (`--cp {cp}`, `--pp {opts.pp}`: the pipeline "
+            "stages' blocks do not run DistributedAttention); pass one of them"
         )
-    if world % cp:
-        fits = world - world % cp
+    if world % (cp * opts.tp):
+        group = cp * opts.tp
+        fits = world - world % group
+        tp = f" x `--tp {opts.tp}`" if opts.tp > 1 else ""
         raise TrainError(
-            f"`--cp {cp}` does not divide `--nproc {world}`: each sequence takes cp ranks; "
-            f"pass `--nproc {cp}`" + (f" (or {fits})" if fits > cp else "") + ", or a `--cp` "
-            f"that divides {world}"
+            f"`--cp {cp}`{tp} does not divide `--nproc {world}`: each sequence takes cp ranks; "
+            f"pass `--nproc {group}`" + (f" (or {fits})" if fits > group else "") + ", or a "
+            f"`--cp` that divides {world // opts.tp}"
         )
     if opts.preset in PRESETS:
         seq = default_seq_len(opts.preset) if opts.seq_len is None else opts.seq_len

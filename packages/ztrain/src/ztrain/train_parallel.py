@@ -103,7 +103,7 @@ def plan_layout(opts: TrainOptions, world: int) -> tuple[Layout, TrainOptions, l
     if pp == 1:
         if given & {"schedule", "microbatches"}:
             raise TrainError("`--schedule` and `--microbatches` are pipeline flags; add `--pp 2`")
-        return Layout(1, tp, microbatches=opts.grad_accum), opts, []
+        return Layout(1, tp, microbatches=opts.grad_accum, cp=cp), opts, []
     return _plan_pipeline(opts, preset["n_layer"])
 
 
@@ -191,16 +191,16 @@ def build_engine(plan: Any, model_config: Any, config: dict[str, Any]) -> Any:
 
     else:
         model = build_model(model_config, seed=plan.seed)
-    if lay.cp > 1:
-        from ztrain.gpt_cp import sequence_parallel
-
-        sequence_parallel(model)
     if lay.pp > 1 or lay.tp > 1:
-        spec = MeshSpec.resolve(plan.world_size, pp=lay.pp, tp=lay.tp)
+        spec = MeshSpec.resolve(plan.world_size, pp=lay.pp, tp=lay.tp, cp=lay.cp)
     if lay.tp > 1:
         from zcore.tensor import parallelize
 
         parallelize(model, spec)  # before the param groups, which hold the shards
+    if lay.cp > 1:  # after the tp cut: each tp rank's heads span the cp ranks
+        from ztrain.gpt_cp import sequence_parallel
+
+        sequence_parallel(model)
     groups = param_groups(model, rename)
     engine, *_ = zcore.initialize(model, model_parameters=groups, config=config, mesh=spec)
     return engine
