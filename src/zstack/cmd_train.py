@@ -142,7 +142,7 @@ def train(
         None, "--microbatches", min=1, help="Micro-batches per step under --pp (default 2 x pp)."
     ),
     cp: int = typer.Option(
-        1, "--cp", min=1, help="Ranks sharing each sequence (Ulysses sequence parallelism)."
+        1, "--cp", min=1, help="Ranks sharing each sequence (sequence parallelism, --cp-mode)."
     ),
     cp_mode: str = typer.Option(
         "ulysses", "--cp-mode", help="Attention across the --cp ranks: ulysses or ring."

@@ -66,8 +66,8 @@ class TrainOptions:
     """Micro-batches per step under `--pp` (`gradient_accumulation_steps`); None:
     `--grad-accum` when given, else 2 x pp."""
     cp: int = 1
-    """Ranks sharing each sequence, each training a consecutive slice (Ulysses sequence
-    parallelism, `sequence_parallel_size`; `ztrain.gpt_cp`)."""
+    """Ranks sharing each sequence, each training a slice of it (sequence parallelism,
+    `sequence_parallel_size`; `ztrain.gpt_cp`)."""
     cp_mode: str = "ulysses"
     """How attention spans the `cp` ranks: "ulysses" (heads split over cp) or "ring"
     (key/value blocks passed around; `sequence_parallel_mode`)."""
