@@ -127,15 +127,18 @@ def test_mixtral_tp2_logits_equal_single_process(tmp_path: Path) -> None:
         assert diff <= ATOL, f"step {step}: max |logit diff| {diff}"
 
 
-def test_quantized_directory_is_refused_before_starting_ranks(
-    tiny_dir: Path, tmp_path: Path
+def test_bad_quantized_directory_fails_before_starting_ranks(
+    tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Rank 0 loads its shard first: a broken `z quantize` directory fails there, naming the
+    file and the fix, and no rank is ever started."""
     import shutil
 
-    from zserve.tp.plan import TPPlanError
+    import torch.multiprocessing as mp
 
     quant = tmp_path / "q"
     shutil.copytree(tiny_dir, quant)
-    (quant / "zquant.json").write_text("{}")  # what `z quantize` writes beside the weights
-    with pytest.raises(TPPlanError, match=r"zquant directory.*--tp 1"):
+    (quant / "zquant.json").write_text("{}")  # what `z quantize` writes, emptied
+    monkeypatch.setattr(mp, "get_context", lambda *a: pytest.fail("a rank was started"))
+    with pytest.raises(OSError, match=r"zquant.json` is not a zquant manifest; re-run"):
         TPRunner(quant, 2, **OPTIONS)

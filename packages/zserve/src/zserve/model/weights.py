@@ -82,11 +82,12 @@ class WeightLoader:
         self.checkpoint = checkpoint
         self.dtype = dtype
         self.device = device
-        self.quantized = (
-            QuantizedLinears.open(checkpoint.model_dir, device)
-            if is_zquant_dir(checkpoint.model_dir)
-            else None
-        )
+        self.quantized: QuantizedLinears | None = None
+        if is_zquant_dir(checkpoint.model_dir):
+            self.quantized = QuantizedLinears.open(checkpoint.model_dir, device)
+            cut = getattr(checkpoint, "cut_quantized", None)  # a tensor-parallel rank's reader
+            if cut is not None:
+                self.quantized = cut(self.quantized)
 
     def __contains__(self, name: str) -> bool:
         return name in self.checkpoint

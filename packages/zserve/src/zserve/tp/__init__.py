@@ -4,6 +4,8 @@ tp=N)``, ``z serve MODEL --tp N``).
 * :mod:`zserve.tp.plan` — which heads, MLP columns and vocab rows each rank holds, chosen
   from the config (uneven head counts included);
 * :mod:`zserve.tp.checkpoint` — a rank's slice of each checkpoint tensor;
+* :mod:`zserve.tp.quantized` — a rank's cut of a `z quantize` directory's packed layers
+  (W8A8, W4, FP6);
 * :mod:`zserve.tp.group` — the gloo process groups (torch's ``init_device_mesh``), bounded
   collectives and :class:`~zserve.tp.group.TPRankError`;
 * :mod:`zserve.tp.wire` — a step's batch as one tensor, broadcast by rank 0;

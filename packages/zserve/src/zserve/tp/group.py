@@ -3,7 +3,8 @@ NCCL on GPU) over loopback, built with torch's ``init_device_mesh``.
 
 Two groups over the same ranks:
 
-* ``compute`` — the mesh's ``tp`` group: the layers' all-reduces and the logits' gather.
+* ``compute`` — the mesh's ``tp`` group: the layers' all-reduces (and all-gathers, for a
+  quantized layer cut by output rows) and the logits' gather.
   Bounded by ``timeout_s``: a rank that dies or stops answering fails the collective (gloo
   raises on a closed connection at once, on a silent peer at the timeout), never a hang.
 * the default group (the rendezvous) — only the ready barrier after loading, bounded by
@@ -105,6 +106,20 @@ class TPGroup:
         except RuntimeError as exc:
             part = "attention" if k % 2 == 0 else "mlp"
             raise self._failed(f"all_reduce after layer {k // 2} ({part})", exc) from exc
+
+    def all_gather_columns(self, local: torch.Tensor, widths: list[int]) -> torch.Tensor:
+        """Every rank's ``(n, widths[r])`` columns side by side ``(n, sum)``, on every rank
+        (the input of a projection cut by output rows, :mod:`zserve.tp.quantized`)."""
+        wide = max(widths)
+        if local.shape[1] < wide:
+            local = torch.nn.functional.pad(local, (0, wide - local.shape[1]))
+        local = local.contiguous()
+        parts = [torch.empty_like(local) for _ in widths]
+        try:
+            dist.all_gather(parts, local, group=self.compute)
+        except RuntimeError as exc:
+            raise self._failed(f"all_gather before layer {self._ops // 2}", exc) from exc
+        return torch.cat([q[:, :w] for q, w in zip(parts, widths, strict=True)], dim=1)
 
     def gather_columns(self, local: torch.Tensor, widths: list[int]) -> torch.Tensor | None:
         """Rank 0: every rank's ``(n, widths[r])`` columns side by side ``(n, sum)``; other

@@ -25,7 +25,8 @@ parallelism inside the tensor-parallel group: the router is on every rank, each 
 experts' share of the tokens and the MoE output is summed by the same all-reduce as a dense
 MLP's). The dense MLP width is not split evenly but so that every
 rank reads about the same number of weight elements per layer (decode reads every weight once:
-the slowest rank sets the step), in multiples of :data:`MLP_ALIGN` columns.
+the slowest rank sets the step), in multiples of :data:`MLP_ALIGN` columns (or of a quantized
+down projection's group size: :func:`zserve.tp.quantized.mlp_align`).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class RankShard:
         return self.config.head_dim
 
 
-def _even(n: int, parts: int) -> list[tuple[int, int]]:
+def even_ranges(n: int, parts: int) -> list[tuple[int, int]]:
     """``[0, n)`` in ``parts`` contiguous ranges whose sizes differ by at most one."""
     bounds = [n * i // parts for i in range(parts + 1)]
     return [(bounds[i], bounds[i + 1]) for i in range(parts)]
@@ -86,34 +87,35 @@ def head_ranges(
         )
     group = heads // kv_heads
     if tp <= kv_heads:
-        kv = _even(kv_heads, tp)
+        kv = even_ranges(kv_heads, tp)
         return [((a * group, b * group), (a, b)) for a, b in kv]
     out = []
-    for j, (first, last) in enumerate(_even(tp, kv_heads)):  # ranks of KV head j
-        for a, b in _even(group, last - first):
+    for j, (first, last) in enumerate(even_ranges(tp, kv_heads)):  # ranks of KV head j
+        for a, b in even_ranges(group, last - first):
             out.append(((j * group + a, j * group + b), (j, j + 1)))
     return out
 
 
 def _mlp_ranges(
-    attention: list[int], per_column: int, width: int, tp: int
+    attention: list[int], per_column: int, width: int, tp: int, align: int = MLP_ALIGN
 ) -> list[tuple[int, int]]:
     """Split ``width`` MLP columns so every rank's ``attention[r] + per_column * width_r``
-    weight elements are as equal as multiples of :data:`MLP_ALIGN` make them."""
+    weight elements are as equal as multiples of ``align`` make them."""
     target = (sum(attention) + per_column * width) / tp
     bounds, acc = [0], 0.0
     for r in range(tp - 1):
         acc += max(0.0, (target - attention[r]) / per_column)
-        b = round(acc / MLP_ALIGN) * MLP_ALIGN
+        b = round(acc / align) * align
         bounds.append(min(max(b, bounds[-1]), width))
     bounds.append(width)
-    if any(b - a < MLP_ALIGN for a, b in itertools.pairwise(bounds)):
-        return _even(width, tp)  # a lopsided balance would leave a rank (almost) no MLP
+    if any(b - a < align for a, b in itertools.pairwise(bounds)):
+        return even_ranges(width, tp)  # a lopsided balance would leave a rank (almost) no MLP
     return [(bounds[i], bounds[i + 1]) for i in range(tp)]
 
 
-def plan(config: LlamaConfig, tp: int) -> list[RankShard]:
-    """Every rank's shard of ``config``'s model at ``tp`` ranks.
+def plan(config: LlamaConfig, tp: int, *, mlp_align: int = MLP_ALIGN) -> list[RankShard]:
+    """Every rank's shard of ``config``'s model at ``tp`` ranks; a dense MLP's cuts fall on
+    multiples of ``mlp_align`` columns where the balance allows.
 
     Raises:
         TPPlanError: ``tp < 1``, ``tp > num_attention_heads``, or (Mixtral) ``tp >
@@ -134,11 +136,11 @@ def plan(config: LlamaConfig, tp: int) -> list[RankShard]:
     attention = [((q1 - q0) * 2 + (k1 - k0) * 2) * d * h for (q0, q1), (k0, k1) in heads]
     experts: list[tuple[int, int] | None] = [None] * tp
     if c.num_local_experts:  # Mixtral: whole experts over the ranks, each expert's MLP whole
-        experts = list(_even(c.num_local_experts, tp))
+        experts = list(even_ranges(c.num_local_experts, tp))
         mlp = [(0, c.intermediate_size)] * tp
     else:
-        mlp = _mlp_ranges(attention, 3 * h, c.intermediate_size, tp)
-    vocab = _even(c.vocab_size, tp)
+        mlp = _mlp_ranges(attention, 3 * h, c.intermediate_size, tp, mlp_align)
+    vocab = even_ranges(c.vocab_size, tp)
     shards = []
     for r, (((q0, q1), (k0, k1)), m) in enumerate(zip(heads, mlp, strict=True)):
         local = dataclasses.replace(
@@ -150,3 +152,22 @@ def plan(config: LlamaConfig, tp: int) -> list[RankShard]:
         )
         shards.append(RankShard(r, tp, (q0, q1), (k0, k1), m, vocab[r], experts[r], local))
     return shards
+
+
+def cut_range(proj: str, shard: RankShard, full: LlamaConfig) -> tuple[str, int, tuple[int, int]]:
+    """How projection ``proj`` (``q k v o gate up down``) is cut for ``shard``: ``("rows",
+    out_features, (a, b))`` (column-parallel: output rows ``a:b``) or ``("cols",
+    in_features, (a, b))`` (row-parallel: input columns ``a:b``)."""
+    s, c, d = shard, full, full.head_dim
+    heads = (s.q_heads[0] * d, s.q_heads[1] * d)
+    kv = (s.kv_heads[0] * d, s.kv_heads[1] * d)
+    rows = {
+        "q": (c.q_size, heads),
+        "k": (c.kv_size, kv),
+        "v": (c.kv_size, kv),
+        "gate": (c.intermediate_size, s.mlp),
+        "up": (c.intermediate_size, s.mlp),
+    }
+    if proj in rows:
+        return ("rows", *rows[proj])
+    return ("cols", c.q_size, heads) if proj == "o" else ("cols", c.intermediate_size, s.mlp)

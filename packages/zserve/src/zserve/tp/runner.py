@@ -29,24 +29,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from zserve.model.config import LlamaConfig
-from zserve.model.quantized import is_zquant_dir
 from zserve.runner import ModelRunner, SeqChunk
 from zserve.tp import wire
 from zserve.tp.group import TPGroup, TPRankError, free_port
-from zserve.tp.plan import RankShard, TPPlanError, plan
+from zserve.tp.quantized import connect, plan_dir
 
 log = logging.getLogger(__name__)
 
 STOP, STEP = 0, 1
-
-
-def _shards(model_dir: str | Path, tp: int) -> list[RankShard]:
-    if is_zquant_dir(model_dir):
-        raise TPPlanError(
-            f"`{model_dir}` is a zquant directory: tensor-parallel serving cuts plain "
-            "checkpoints only for now; serve it with --tp 1 (or `--replicas N`)"
-        )
-    return plan(LlamaConfig.from_dir(model_dir), tp)
 
 
 class TPRunner:
@@ -57,7 +47,7 @@ class TPRunner:
     ``ZNATIVE_NUM_THREADS`` is unset and the pool not yet started).
 
     Args:
-        model_dir: HF model directory (plain safetensors).
+        model_dir: HF model directory (plain safetensors), or a `z quantize` directory.
         tp: ranks, ``2 <= tp <= num_attention_heads`` (:func:`zserve.tp.plan.plan`).
         timeout_s: how long a collective of a step waits for a rank before the engine stops.
         runner_kwargs: :class:`~zserve.runner.ModelRunner`'s keyword arguments, the same on
@@ -67,7 +57,7 @@ class TPRunner:
     def __init__(
         self, model_dir: str | Path, tp: int, *, timeout_s: float = 120.0, **runner_kwargs: Any
     ) -> None:
-        shards = _shards(model_dir, tp)  # a bad --tp fails here, before any process starts
+        shards = plan_dir(model_dir, tp)  # a bad --tp fails here, before any process starts
         if dist.is_initialized():
             raise RuntimeError(
                 "tensor-parallel serving starts its own process group, but this process "
@@ -101,6 +91,7 @@ class TPRunner:
             self.group = self._join(port, timeout_s)
             self.group.describe_failure = self._describe
             self.local.model.reduce = self.group.all_reduce
+            connect(self.local.model, self.group)
             self._wait_ready()
         except BaseException as exc:
             failure = None
@@ -291,9 +282,10 @@ def worker_main(
     parent = os.getppid()
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     group = TPGroup.join(rank, tp, port, timeout_s)
-    shards = _shards(model_dir, tp)
+    shards = plan_dir(model_dir, tp)
     runner = ModelRunner(model_dir, tp=shards[rank], **runner_kwargs)
     runner.model.reduce = group.all_reduce
+    connect(runner.model, group)
     widths = [s.vocab[1] - s.vocab[0] for s in shards]
     dist.barrier()  # ready (the default group, bounded by the start-up timeout)
     header = torch.empty(2, dtype=torch.int64)
