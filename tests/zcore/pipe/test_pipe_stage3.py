@@ -1,5 +1,6 @@
-"""ZeRO stage 3 under a pipeline: pp2 x dp2 against single-process training, and one
-all-gather of each stage parameter per step whatever the micro-batch count.
+"""ZeRO stage 3 under a pipeline: pp2 x dp2 against single-process training (shards in
+memory or in host memory), one all-gather of each cut stage parameter per step whatever the
+micro-batch count, and a step's bytes equal to ZeRO-2's at 2 and 8 micro-batches.
 
 Tolerance (fp32, 10 steps, as tests/zcore/pipe/test_pipe_train.py): losses within 2e-5 and
 every parameter, gathered from its shards, within 1e-4 (absolute) of the baseline: the
@@ -38,14 +39,15 @@ class CountingGathers(Collectives):
         return super().gather_params(comm, out, inp, what)
 
 
-def stage3_config(gas: int = GAS, **extra: Any) -> dict:
-    cfg = config(3, mb=MB, gas=gas, **extra)
+def stage3_config(gas: int = GAS, zero: dict[str, Any] | None = None, stage: int = 3) -> dict:
+    cfg = config(stage, mb=MB, gas=gas)
     cfg["zero_optimization"]["stage3_param_persistence_threshold"] = PERSIST
+    cfg["zero_optimization"].update(zero or {})
     return cfg
 
 
-def _run(rank: int, world: int, steps: int, gas: int) -> dict:
-    engine, *_ = zcore.initialize(make_pipe(2), config=stage3_config(gas))
+def _run(rank: int, world: int, steps: int, gas: int, zero: dict[str, Any]) -> dict:
+    engine, *_ = zcore.initialize(make_pipe(2), config=stage3_config(gas, zero))
     s3 = engine.stage3
     counter = CountingGathers()
     s3.collectives = counter
@@ -74,8 +76,8 @@ def _eval(ref: dict[str, torch.Tensor], steps: int, dp: int, gas: int) -> float:
         return float(sum(loss_fn(model(x), y) for x, y in ms) / len(ms))
 
 
-def _check(steps: int, gas: int) -> None:
-    outs = run_ranks(_run, 4, args=(steps, gas), timeout=240)
+def _check(steps: int, gas: int, zero: dict[str, Any] | None = None) -> None:
+    outs = run_ranks(_run, 4, args=(steps, gas, zero or {}), timeout=240)
     ref_losses, ref = baseline(steps, 2, MB, gas)
     ref_losses.append(_eval(ref, steps, 2, gas))
     seen = set()
@@ -96,5 +98,29 @@ def test_pp2_dp2_stage3_three_steps() -> None:
 
 
 @pytest.mark.slow(reason="4 ranks, 10 steps of 4 micro-batches; the 3-step case runs by default")
-def test_pp2_dp2_stage3_matches_single_process_gathering_once_per_step() -> None:
-    _check(STEPS, GAS)
+@pytest.mark.parametrize(
+    "zero", [{}, {"offload_param": {"device": "cpu"}}], ids=["in-memory", "offload_param-cpu"]
+)
+def test_pp2_dp2_stage3_matches_single_process_gathering_once_per_step(zero: dict) -> None:
+    """Also with the shards in host memory (``offload_param``): the gather reads them there."""
+    _check(STEPS, GAS, zero)
+
+
+def _traffic(rank: int, world: int, gas: int, stage: int) -> int:
+    engine, *_ = zcore.initialize(make_pipe(2), config=stage3_config(gas, stage=stage))
+    dp, d = engine.world_size, engine.data_rank
+    for step in range(2):
+        engine.train_batch(iter(micro_batches(step, dp, MB, gas)[d]))
+    total = engine.comm_bytes_last_step().total
+    engine.destroy()
+    return total
+
+
+@pytest.mark.slow(reason="4 ranks, three runs")
+def test_stage3_sends_zero2s_bytes_a_step_at_2_and_8_micro_batches() -> None:
+    """A step's bytes (gathers, reductions, the step's own collectives) do not grow with
+    the micro-batch count and equal ZeRO-2's: stage 3 all-gathers the cut parameters before
+    the schedule where ZeRO-2 all-gathers every updated parameter after the step."""
+    two, eight = run_ranks(_traffic, 4, args=(2, 3)), run_ranks(_traffic, 4, args=(8, 3))
+    assert two == eight
+    assert run_ranks(_traffic, 4, args=(2, 2)) == two
