@@ -18,13 +18,15 @@ parameter ``2 x gradient_accumulation_steps`` times per step. Under a
   the optimizer steps the shards.
 
 The memory trade: a stage's full parameters and their full-size gradients live for the
-whole step (as at ZeRO-2, where they live always); between steps each rank holds only its
-``1/dp`` shard of them. What stage 3 saves under a pipeline is the parameters' memory
-outside the step (the optimizer's step, evaluation's idle time, checkpoints) and the
-optimizer state and master weights, cut as at stages 1-2; what it costs beyond ZeRO-2 is
-one all-gather of the stage's parameters per step, not one per micro-batch and pass.
-Parameters at most ``stage3_param_persistence_threshold`` elements stay gathered always,
-as without a pipeline.
+whole step (as the pipeline's ZeRO-2 holds them), the price of one gather per step
+instead of ``2 x gradient_accumulation_steps``; between steps each rank holds only its ``1/dp`` shard of the
+cut parameters, as well as of the master weights and optimizer state (as at stages 1-2),
+so the optimizer step, checkpoints and an idle engine run without the full copy. The
+traffic equals ZeRO-2's under a pipeline: stage 3 all-gathers the cut parameters before
+the schedule where ZeRO-2 all-gathers every updated parameter after the step (only the
+persistent ones are gathered after a stage-3 step). Parameters of at most
+``stage3_param_persistence_threshold`` elements stay gathered always, as without a
+pipeline. Evaluation (``eval_batch``) gathers and releases the same way.
 """
 
 from __future__ import annotations
