@@ -10,7 +10,14 @@ requests of ``prompt_tokens`` Shakespeare tokens and ``decode_tokens`` outputs:
 * batch-1 decode: tokens/s of the decode steps after the first token (median of rounds);
 * ``concurrent`` requests added at once: output tokens / wall time, prefill included.
 
-Targets (issue 46): tp=N batch-1 decode >= 0.8x tp=1's, concurrent throughput >= 1.0x.
+Peers (``peers``, both by default), at tp=N on the same cores, one thread a rank: DeepSpeed
+AutoTP (``deepspeed.init_inference``, installed beside) and transformers' own tensor
+parallelism (``from_pretrained(tp_plan="auto")``, DTensor), each in ``_serve_tp_peer.py``. A
+peer that fails (transformers' plan cannot cut SmolLM2's 9 query heads over 2 ranks) is
+reported with its error.
+
+Targets (issue 46): tp=N batch-1 decode >= 0.8x tp=1's, concurrent throughput >= 1.0x, and
+>= 1.0x each peer that runs.
 The batch-1 greedy tokens of both contenders must be equal (printed as ``same_tokens``).
 
 Run: ``z bench serve --tp 2 [--decode-tokens 32] [--concurrent 16] [--repeats 2]``.
@@ -29,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 CHILD = Path(__file__).resolve().parent / "_serve_tp_child.py"
-DS_CHILD = Path(__file__).resolve().parent / "_serve_tp_deepspeed.py"
+PEER_CHILD = Path(__file__).resolve().parent / "_serve_tp_peer.py"
 DS_DIR = Path.home() / ".cache/zstack/deepspeed"
 """Where `make bench-deepspeed` installs DeepSpeed beside the environment."""
 
@@ -66,20 +73,29 @@ def _child(args: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def _deepspeed(args: dict[str, Any], tp: int, timeout_s: float) -> dict[str, Any]:
-    """DeepSpeed AutoTP on ``tp`` gloo ranks (one thread each), or why it did not run."""
-    if not (DS_DIR / "deepspeed").is_dir():
-        return {"error": f"DeepSpeed is not installed beside at {DS_DIR}: `make bench-deepspeed`"}
+PEERS = {"deepspeed": "DeepSpeed AutoTP", "transformers": "transformers tp_plan"}
+"""The peers `--peers` may name, and how the report calls them."""
+
+
+def _peer(peer: str, args: dict[str, Any], tp: int, timeout_s: float) -> dict[str, Any]:
+    """A peer (see ``_serve_tp_peer.py``) on ``tp`` gloo ranks, one thread each, or why it
+    did not run."""
     from zcore.process import free_port
 
     port = free_port()
     env = {**os.environ, "ZNATIVE_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    env |= {"DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(DS_DIR), env.get("PYTHONPATH")]))
-    env["PATH"] = os.pathsep.join([str(DS_DIR / "bin"), env.get("PATH", "")])  # its ninja
+    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    if peer == "deepspeed":
+        if not (DS_DIR / "deepspeed").is_dir():
+            return {
+                "error": f"DeepSpeed is not installed beside at {DS_DIR}: `make bench-deepspeed`"
+            }
+        env["DS_ACCELERATOR"] = "cpu"
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(DS_DIR), env.get("PYTHONPATH")]))
+        env["PATH"] = os.pathsep.join([str(DS_DIR / "bin"), env.get("PATH", "")])  # its ninja
     ranks = [
         subprocess.Popen(
-            [sys.executable, str(DS_CHILD), json.dumps({**args, "threads": 1})],
+            [sys.executable, str(PEER_CHILD), json.dumps({**args, "threads": 1, "peer": peer})],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -133,10 +149,17 @@ def run(
     repeats: int = 2,
     dtype: str = "float32",
     timeout_s: float = 600.0,
-    peers: str = "deepspeed",
+    peers: str = "deepspeed,transformers",
 ) -> dict[str, Any]:
-    """tp=``tp`` (1 thread a rank) vs tp=1 (``tp`` threads), and DeepSpeed AutoTP at tp=``tp``
-    when ``peers`` names it, alternating ``repeats`` times."""
+    """tp=``tp`` (1 thread a rank) vs tp=1 (``tp`` threads), and each peer of ``peers``
+    (DeepSpeed AutoTP, transformers' ``tp_plan``) at tp=``tp``, alternating ``repeats``
+    times. A peer that fails is reported with its error and not run again."""
+    wanted = [p for p in peers.split(",") if p]
+    unknown = sorted(set(wanted) - set(PEERS))
+    if unknown:
+        raise ValueError(f"unknown peer(s) {unknown}; --peers takes {', '.join(PEERS)}")
+    if dtype != "float32":
+        wanted = []  # the peers run float32 models
     mdir = Path(model_dir) if model_dir else _default_model()
     base = {
         "model_dir": str(mdir),
@@ -155,14 +178,14 @@ def run(
     machine = _cpu()
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in contenders}
     t0 = time.perf_counter()
-    use_ds = "deepspeed" in peers.split(",") and dtype == "float32"
-    if use_ds:
-        runs["deepspeed"] = []
+    for peer in wanted:
+        runs[peer] = []
     for _ in range(repeats):
         for name, who in contenders.items():
             runs[name].append(_child({**base, **who}, timeout_s))
-        if use_ds and "error" not in (runs["deepspeed"] or [{}])[-1]:
-            runs["deepspeed"].append(_deepspeed(base, tp, timeout_s))
+        for peer in wanted:
+            if "error" not in (runs[peer] or [{}])[-1]:
+                runs[peer].append(_peer(peer, base, tp, timeout_s))
     result: dict[str, Any] = {
         "benchmark": "serve_tp",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -176,16 +199,17 @@ def run(
         "wall_s": time.perf_counter() - t0,
         "runs": runs,
     }
-    ds = runs.pop("deepspeed", [])
-    if ds and "error" in ds[-1]:
-        result["deepspeed_error"] = ds[-1]["error"]
-        ds = []
+    peer_runs = {peer: runs.pop(peer) for peer in wanted}
+    for peer, got in peer_runs.items():
+        if "error" in got[-1]:
+            result[f"{peer}_error"] = got[-1]["error"]
+    ran = [peer for peer in wanted if f"{peer}_error" not in result]
     errors = {k: r["error"] for k, rs in runs.items() for r in rs if "error" in r}
     if errors:
         result["errors"] = errors
         return result
-    if ds:
-        runs["deepspeed"] = ds
+    for peer in ran:
+        runs[peer] = peer_runs[peer]
 
     def med(name: str, key: str) -> float:
         return statistics.median(r[key] for r in runs[name])
@@ -193,13 +217,13 @@ def run(
     one, many = "tp1", f"tp{tp}"
     result["batch1_tokens_per_s"] = {k: med(k, "batch1_tokens_per_s") for k in runs}
     result["concurrent_tokens_per_s"] = {k: med(k, "concurrent_tokens_per_s") for k in runs}
-    if ds:
-        result["vs_deepspeed"] = {
-            key: med(many, key) / med("deepspeed", key)
+    for peer in ran:
+        result[f"vs_{peer}"] = {
+            key: med(many, key) / med(peer, key)
             for key in ("batch1_tokens_per_s", "concurrent_tokens_per_s")
         }
-        result["deepspeed_same_tokens"] = all(
-            r["batch1_tokens"] == runs[one][0]["batch1_tokens"] for r in ds
+        result[f"{peer}_same_tokens"] = all(
+            r["batch1_tokens"] == runs[one][0]["batch1_tokens"] for r in runs[peer]
         )
     result["batch1_ratio"] = med(many, "batch1_tokens_per_s") / med(one, "batch1_tokens_per_s")
     result["concurrent_ratio"] = med(many, "concurrent_tokens_per_s") / med(
@@ -216,8 +240,8 @@ def run(
     result["same_tokens"] = all(
         r["batch1_tokens"] == runs[one][0]["batch1_tokens"] for k in contenders for r in runs[k]
     )
-    if ds:
-        result["targets"]["vs DeepSpeed AutoTP >= 1.0"] = min(result["vs_deepspeed"].values()) >= 1
+    for peer in ran:
+        result["targets"][f"vs {PEERS[peer]} >= 1.0"] = min(result[f"vs_{peer}"].values()) >= 1
     return result
 
 
@@ -237,14 +261,16 @@ def report(r: dict[str, Any]) -> str:
     ):
         vals = ", ".join(f"{k} {v:.1f} tok/s" for k, v in r[key].items())
         lines.append(f"{label}: {vals}")
-    if "vs_deepspeed" in r:
-        v = r["vs_deepspeed"]
-        lines.append(
-            f"vs DeepSpeed AutoTP tp={r['tp']}: batch-1 {v['batch1_tokens_per_s']:.2f}x, "
-            f"concurrent {v['concurrent_tokens_per_s']:.2f}x (target >= 1.0)"
-        )
-    if "deepspeed_error" in r:
-        lines.append(f"DeepSpeed AutoTP did not run: {r['deepspeed_error']}")
+    for peer, name in PEERS.items():
+        if f"vs_{peer}" in r:
+            v = r[f"vs_{peer}"]
+            lines.append(
+                f"vs {name} tp={r['tp']}: batch-1 {v['batch1_tokens_per_s']:.2f}x, "
+                f"concurrent {v['concurrent_tokens_per_s']:.2f}x (target >= 1.0); same "
+                f"greedy tokens: {r[f'{peer}_same_tokens']}"
+            )
+        if f"{peer}_error" in r:
+            lines.append(f"{name} did not run: {r[f'{peer}_error']}")
     lines.append(
         f"ratios: batch-1 {r['batch1_ratio']:.2f} (target >= 0.8), concurrent "
         f"{r['concurrent_ratio']:.2f} (target >= 1.0); same greedy tokens: {r['same_tokens']}"

@@ -29,3 +29,27 @@ def test_bench_serve_tp_tiny(tmp_path: Path) -> None:
     assert result["batch1_ratio"] > 0 and result["concurrent_ratio"] > 0
     assert result["same_tokens"] is True
     assert "ratios: batch-1" in bench.report(result)
+
+
+@pytest.mark.slow(reason="6 processes importing torch (two of them transformers' tp ranks)")
+def test_bench_serve_tp_tiny_with_transformers_tp_peer(tmp_path: Path) -> None:
+    bench = load("serve_tp")
+    model = write_tiny_lm(tmp_path / "lm")  # 4 query / 2 KV heads: transformers' plan cuts them
+    result = bench.run(
+        model_dir=str(model),
+        prompt_tokens=8,
+        decode_tokens=3,
+        concurrent=2,
+        rounds=1,
+        repeats=1,
+        peers="transformers",
+    )
+    assert "errors" not in result and "transformers_error" not in result, result
+    assert set(result["vs_transformers"]) == {"batch1_tokens_per_s", "concurrent_tokens_per_s"}
+    assert result["transformers_same_tokens"] is True  # the same greedy tokens as zserve's tp1
+    assert "vs transformers tp_plan tp=2" in bench.report(result)
+
+
+def test_unknown_peer_is_named() -> None:
+    with pytest.raises(ValueError, match=r"unknown peer\(s\) \['vllm'\]"):
+        load("serve_tp").run(peers="deepspeed,vllm")
