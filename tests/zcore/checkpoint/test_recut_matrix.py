@@ -4,8 +4,8 @@
 As ``z train`` runs it: at pp > 1 the pipelined GPT (:mod:`ztrain.gpt_pipe`, each stage's
 layers cut over tp by ``tensor_parallel.autotp_size``) whose ``checkpoint_names()`` are the
 plain GPT's (``PipeGPT``); at pp 1 the plain GPT, cut over tp by
-:func:`zcore.tensor.parallelize`. ZeRO-1 (and again with every run at ZeRO-3), AdamW, a warm-up schedule still rising at the save,
-no clipping. Every step reads the same 4 sequences at every layout (2 micro-batches per data
+:func:`zcore.tensor.parallelize`. ZeRO-1 (and again with every run at ZeRO-3), AdamW, a
+warm-up schedule still rising at the save, no clipping. Every step reads the same 4 sequences at every layout (2 micro-batches per data
 rank through the pipeline, one batch per data rank without), so the losses compare
 directly. The save run trains 2 steps, saves, trains 2 more (the uninterrupted run) and
 saves again; each layout loads the first checkpoint, trains the same 2 steps and saves:
