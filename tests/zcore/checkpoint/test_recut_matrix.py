@@ -5,13 +5,14 @@ As ``z train`` runs it: at pp > 1 the pipelined GPT (:mod:`ztrain.gpt_pipe`, eac
 layers cut over tp by ``tensor_parallel.autotp_size``) whose ``checkpoint_names()`` are the
 plain GPT's (``PipeGPT``); at pp 1 the plain GPT, cut over tp by
 :func:`zcore.tensor.parallelize`. ZeRO-1 (and again with every run at ZeRO-3), AdamW, a
-warm-up schedule still rising at the save, no clipping. Every step reads the same 4 sequences at every layout (2 micro-batches per data
-rank through the pipeline, one batch per data rank without), so the losses compare
-directly. The save run trains 2 steps, saves, trains 2 more (the uninterrupted run) and
-saves again; each layout loads the first checkpoint, trains the same 2 steps and saves:
-its losses equal the uninterrupted run's within 1e-5 relative, and ``consolidate`` of its
-end checkpoint equals that of the uninterrupted run's within 2e-5 absolute, one tensor per
-plain-GPT name, which ``GPT.load_state_dict`` takes with ``strict=True``.
+warm-up schedule still rising at the save, no clipping. Every step reads the same 4
+sequences at every layout (2 micro-batches per data rank through the pipeline, one batch per
+data rank without), so the losses compare directly. The save run trains 2 steps, saves,
+trains 2 more (the uninterrupted run) and saves again; each layout loads the first
+checkpoint, trains the same 2 steps and saves: its losses equal the uninterrupted run's
+within 1e-5 relative, and ``consolidate`` of its end checkpoint equals that of the
+uninterrupted run's within 2e-5 absolute, one tensor per plain-GPT name, which
+``GPT.load_state_dict`` takes with ``strict=True``.
 """
 
 from __future__ import annotations
