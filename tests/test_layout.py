@@ -109,8 +109,12 @@ EXTRAS_ALLOWED: dict[str, set[str]] = {
 # (`ztrain/finetune.py`: the model, LoRA and merge) and its Trainer callback (`finetune_log.py`)
 # import transformers/peft; the plan and data checks (`finetune_plan.py`, `finetune_data.py`)
 # and the rest of ztrain do not.
+# zcore.hf.Trainer at tensor parallelism (issue 44, `trainer_tp.py`) shards its data loaders
+# over the data ranks with accelerate's `prepare_data_loader`, the function transformers'
+# Trainer already runs them through (accelerate comes with the `hf` extra's transformers[torch]).
 FILE_ALLOWED: dict[str, set[str]] = {
     "packages/zcore/src/zcore/hf/trainer.py": {"transformers"},
+    "packages/zcore/src/zcore/hf/trainer_tp.py": {"accelerate"},
     "packages/ztrain/src/ztrain/finetune.py": {"transformers", "peft"},
     "packages/ztrain/src/ztrain/finetune_log.py": {"transformers"},
 }

@@ -65,6 +65,13 @@ def finetune(
     resume: bool = typer.Option(
         False, "--resume", help="Continue from OUT's latest checkpoint-N (any --nproc)."
     ),
+    tp: int = typer.Option(
+        1,
+        "--tp",
+        min=1,
+        help="Tensor-parallel ranks each layer is cut over (LLaMA/Mistral/Qwen2); "
+        "NPROC = tp x data-parallel ranks.",
+    ),
 ) -> None:
     """Fine-tune MODEL_DIR on DATA with zcore's ZeRO (full or LoRA); writes OUT/final."""
     from zcore.config import ConfigError
@@ -88,6 +95,7 @@ def finetune(
         eval_data=eval_data,
         eval_every=eval_every,
         resume=resume,
+        tp=tp,
     )
     under_launcher = "RANK" in os.environ
     world = int(os.environ.get("WORLD_SIZE", "1")) if under_launcher else nproc

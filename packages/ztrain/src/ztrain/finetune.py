@@ -17,6 +17,11 @@ rank 0 then loads the base from `MODEL_DIR` in plain transformers, merges the ad
 With `--base-bits 8|4` as well, the frozen base trains stored as packed INT8/INT4
 (`ztrain.finetune_qlora`); the adapter is still merged into the full-precision base.
 
+`--tp T` (the config's `tensor_parallel.autotp_size`) cuts a LLaMA/Mistral/Qwen2 model's
+layers over T ranks (`zcore.tensor`'s `llama` plan, through `zcore.hf.Trainer`); the T ranks of
+one data rank read the same examples, so `--nproc` is T x the data-parallel ranks; `final/` is
+the whole model, gathered.
+
 `--eval-data FILE` is evaluated (mean loss over whole batches of every rank) every
 `--eval-every` steps and once after training; `--resume` continues from the latest
 `checkpoint-N` in `checkpoints/` (the Trainer's resume: weights, optimizer, schedule, data
@@ -79,12 +84,14 @@ def training_arguments(plan: FinetunePlan) -> TrainingArguments:
 
 def build_model(plan: FinetunePlan, args: TrainingArguments) -> Any:
     """The model, partitioned at stage 3, with the LoRA adapter when asked (over a packed
-    INT8/INT4 base with `base_bits`: built whole, see `ztrain.finetune_qlora`)."""
+    INT8/INT4 base with `base_bits`: built whole, see `ztrain.finetune_qlora`). With `--tp`
+    it is built whole on every rank: the Trainer cuts it over `tp` when training starts, and
+    stage 3 then partitions each rank's shards."""
     import zcore.hf
 
     model_dir = str(plan.options.model_dir)
     torch.manual_seed(plan.options.seed)
-    if plan.stage == 3 and not plan.options.base_bits:
+    if plan.stage == 3 and not plan.options.base_bits and plan.tp == 1:
         config = AutoConfig.from_pretrained(model_dir)
         init = zcore.hf.init_config(plan.config, args, hidden_size=config.hidden_size)
         model = zcore.hf.from_pretrained(
@@ -171,7 +178,9 @@ def run(plan: FinetunePlan, echo: Callable[[str], None] = print) -> int:
             what += f", INT{o.base_bits} frozen base"
         echo(
             f"fine-tuning {o.model_dir.name} ({what}) on {whole} examples of `{o.data}` "
-            f"({rows.tokens:,} tokens), {args.world_size} rank(s), ZeRO stage {plan.stage}: "
+            f"({rows.tokens:,} tokens), {args.world_size} rank(s)"
+            + (f" (tp {plan.tp} x dp {plan.data_parallel})" if plan.tp > 1 else "")
+            + f", ZeRO stage {plan.stage}: "
             f"{total_steps(plan)} steps of {plan.step_rows} x {o.seq_len} tokens"
             + (f", resuming after step {resumed_at} (`{plan.resume_from}`)" if resumed_at else "")
         )

@@ -51,6 +51,9 @@ class FinetuneOptions:
     """Steps between evaluations of `eval_data`; 0: at the end only."""
     resume: bool = False
     """Continue from the latest `checkpoint-N` folder in `out/checkpoints` (any world size)."""
+    tp: int = 1
+    """Tensor-parallel ranks each layer is cut over (the config's `tensor_parallel.autotp_size`);
+    the `tp` ranks of one data rank train on the same examples."""
 
 
 @dataclass
@@ -117,9 +120,21 @@ class FinetunePlan:
         return int(self.config.get("zero_optimization", {}).get("stage", 0))
 
     @property
+    def tp(self) -> int:
+        """Tensor-parallel ranks (the config's `tensor_parallel.autotp_size`, 1 without it)."""
+        from zcore.hf.trainer_config import tp_size
+
+        return tp_size(self.config)
+
+    @property
+    def data_parallel(self) -> int:
+        """Ranks that read different examples: the world over `tp`."""
+        return self.args.world_size // self.tp
+
+    @property
     def step_rows(self) -> int:
         a = self.args
-        return a.per_device_train_batch_size * a.gradient_accumulation_steps * a.world_size
+        return a.per_device_train_batch_size * a.gradient_accumulation_steps * self.data_parallel
 
 
 def _number(config: dict[str, Any], key: str) -> float | None:
@@ -173,7 +188,7 @@ def plan_finetune(opts: FinetuneOptions, world_size: int) -> FinetunePlan:
             "--lora R (only the adapter trains over it)"
         )
     examples = read_examples(opts.data)
-    config = load_ds_config(opts.config)
+    config = with_tp(load_ds_config(opts.config), opts, world_size)
     c = lambda key: _number(config, key)  # noqa: E731
     betas = config.get("optimizer", {}).get("params", {}).get("betas")
     betas = betas if isinstance(betas, list) and len(betas) == 2 else None
@@ -205,8 +220,8 @@ def plan_finetune(opts: FinetuneOptions, world_size: int) -> FinetunePlan:
         raise FinetuneError(
             f"`{opts.data}` has {plan.examples} examples, fewer than one optimizer step of "
             f"{plan.step_rows} (micro-batch {args.per_device_train_batch_size} x accumulation "
-            f"{args.gradient_accumulation_steps} x {world_size} rank(s)); add examples or lower "
-            "--micro-batch, --grad-accum or --nproc"
+            f"{args.gradient_accumulation_steps} x {plan.data_parallel} data-parallel rank(s)); "
+            "add examples or lower --micro-batch, --grad-accum or --nproc"
         )
     if whole < plan.examples:
         plan.notes.append(
@@ -233,17 +248,69 @@ def plan_finetune(opts: FinetuneOptions, world_size: int) -> FinetunePlan:
     return plan
 
 
+def with_tp(config: dict[str, Any], opts: FinetuneOptions, world_size: int) -> dict[str, Any]:
+    """`config` with `--tp` as its `tensor_parallel.autotp_size`, after checking that the
+    layout fits: the ranks, the model's sizes (LLaMA/Mistral/Qwen2: heads, key/value heads,
+    MLP and vocabulary divisible by tp) and no LoRA (the adapter wraps the linears tp cuts)."""
+    from zcore.hf.trainer_config import tp_size
+
+    block = config.get("tensor_parallel")
+    written = tp_size(config)
+    if opts.tp > 1:
+        if isinstance(block, dict) and "autotp_size" in block and written != opts.tp:
+            raise FinetuneError(
+                f"--tp {opts.tp} but --config `{opts.config}` has tensor_parallel.autotp_size "
+                f"{block['autotp_size']}; drop --tp or the config's key"
+            )
+        config = {**config, "tensor_parallel": {**(block or {}), "autotp_size": opts.tp}}
+    tp = tp_size(config)
+    if tp == 1:
+        return config
+    if world_size % tp:
+        raise FinetuneError(
+            f"--nproc {world_size} is not a multiple of --tp {tp} ({world_size} % {tp} = "
+            f"{world_size % tp}); use --nproc {tp * max(1, world_size // tp)} (tp x "
+            "data-parallel ranks) or a --tp that divides it"
+        )
+    if opts.lora:
+        raise FinetuneError(
+            f"--tp {tp} with --lora {opts.lora}: tensor parallelism cuts the linears the LoRA "
+            "adapter wraps, which is not built; drop --tp (ZeRO shards the model over the "
+            "ranks instead) or --lora"
+        )
+    from types import SimpleNamespace
+
+    from zcore.tensor.llama_plan import FAMILY, config_problems
+
+    raw = json.loads((opts.model_dir / "config.json").read_text())
+    kind = raw.get("model_type")
+    if kind not in FAMILY:
+        raise FinetuneError(
+            f"--tp {tp}: `{opts.model_dir}` is a {kind!r} model; tensor parallelism has a plan "
+            f"for {', '.join(FAMILY)} models; drop --tp (ZeRO shards the model instead)"
+        )
+    fields = ("num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size")
+    problems = config_problems(SimpleNamespace(**{k: raw.get(k) for k in fields}), tp)
+    if problems:
+        raise FinetuneError(
+            f"--tp {tp}: cannot cut `{opts.model_dir}` ({kind}) over {tp} ranks:\n"
+            + "\n".join(f"  - {p}" for p in problems)
+        )
+    return config
+
+
 def _eval_examples(plan: FinetunePlan) -> int:
     """The examples of `eval_data` evaluated (whole batches of every rank); every line is
     checked, and a file without one batch is an error."""
     o, a = plan.options, plan.args
     assert o.eval_data is not None
     n = len(read_examples(o.eval_data))
-    batch = a.per_device_train_batch_size * a.world_size
+    batch = a.per_device_train_batch_size * plan.data_parallel
     if n < batch:
         raise FinetuneError(
             f"--eval-data `{o.eval_data}` has {n} examples, fewer than one evaluation batch of "
-            f"{batch} (micro-batch {a.per_device_train_batch_size} x {a.world_size} rank(s)); "
+            f"{batch} (micro-batch {a.per_device_train_batch_size} x {plan.data_parallel} "
+            "data-parallel rank(s)); "
             "add examples or lower --micro-batch or --nproc"
         )
     if n % batch:

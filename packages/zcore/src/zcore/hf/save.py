@@ -7,6 +7,8 @@ The safetensors header is written first: every shape is known without gathering.
 fills a temporary sibling directory (weights, ``config.json``, ``generation_config.json``, the
 tokenizer files of the directory the model was loaded from), fsyncs it and renames it into
 place, so a crash leaves the old directory or the new one, never a half-written one.
+A tensor-parallel model (:func:`zcore.tensor.parallelize`) is saved at full size: each cut
+parameter's ``tp`` shards are gathered and joined one parameter at a time too.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from zcore.checkpoint.files import publish_dir
 from zcore.comm import Comm
 from zcore.hf.keys import patterns
 from zcore.hf.safetensors_io import Spec, Writer, write_order
+from zcore.tensor.cut import cut_by_tp
+from zcore.tensor.state import gather_full, tp_comm
 from zcore.zero.init import GatheredParameters
 
 TOKENIZER_FILES = (
@@ -57,9 +61,12 @@ def _tensors(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _spec(name: str, t: torch.Tensor, dtype: torch.dtype | None) -> Spec:
-    shape = tuple(getattr(t, "z_shape", t.shape))  # a released stage-3 parameter is empty
+    shape = list(getattr(t, "z_shape", t.shape))  # a released stage-3 parameter is empty
+    cut = cut_by_tp(t)
+    if cut is not None:  # this rank's tp shard: the full tensor is tp times as long on `dim`
+        shape[cut.dim] *= cut.tp
     kind = dtype if dtype is not None and t.is_floating_point() else t.dtype
-    return Spec(name, kind, shape)
+    return Spec(name, kind, tuple(shape))
 
 
 def _world_comm(model_or_engine: Any) -> Comm:
@@ -96,6 +103,7 @@ def save_pretrained(
     """
     model = getattr(model_or_engine, "module", model_or_engine)
     comm = _world_comm(model_or_engine)
+    tp = tp_comm(model)
     out = Path(out_dir).absolute()
     tensors = _tensors(model)
     specs = write_order([_spec(n, t, dtype) for n, t in tensors.items()])
@@ -115,6 +123,8 @@ def save_pretrained(
         # collective for a partitioned parameter: every rank gathers, even after a failure
         gathered = GatheredParameters([t]) if isinstance(t, nn.Parameter) else None
         with gathered if gathered is not None else contextlib.nullcontext():
+            if cut_by_tp(t) is not None:  # collective over tp: every rank joins the shards
+                t = gather_full(t, tp, spec.name)
             if writer is not None and failed is None:
                 try:
                     writer.write(spec.name, t.detach().to(spec.dtype))

@@ -26,6 +26,8 @@ Where it hooks in, the places transformers' DeepSpeed integration uses
   for a PEFT model the adapter directory only (:mod:`zcore.hf.trainer_peft`).
 - ``_save_optimizer_and_scheduler``: ``engine.save_checkpoint(checkpoint-N, "global_stepN")``.
 - ``_load_from_checkpoint``: nothing; the engine checkpoint holds the weights.
+- ``tensor_parallel.autotp_size`` T > 1: the model is cut over ``tp`` before the optimizer is
+  made and the T ranks of a data rank read the same batches (:mod:`zcore.hf.trainer_tp`).
 - ``_load_best_model`` (``load_best_model_at_end``): the engine checkpoint in the best
   ``checkpoint-N`` folder, weights and optimizer state, as DeepSpeed's integration loads it.
 
@@ -47,12 +49,15 @@ from zcore.comm import CollectiveError
 from zcore.hf.trainer_config import (
     TrainerConfigError,
     check,
+    data_world,
     fill_from_args,
     finalize,
     load_config,
+    tp_size,
 )
 from zcore.hf.trainer_peft import is_peft_model, save_adapter
 from zcore.hf.trainer_shims import EngineOptimizer, EngineScheduler
+from zcore.hf.trainer_tp import cut_model, share_batches_over_tp
 
 TRAINING_ARGS_NAME = "training_args.bin"
 
@@ -96,7 +101,17 @@ class Trainer(transformers.Trainer):
         check(self.zero_config, args, _hidden_size(model))
         self.engine: Any = None
         """The ``ZEngine`` once ``train()`` has built it."""
+        self.tp = tp_size(self.zero_config)
+        """``tensor_parallel.autotp_size``: ranks each layer is cut over (the model is cut when
+        training starts; :mod:`zcore.hf.trainer_tp`)."""
         super().__init__(model, args, *rest, **kwargs)
+        if self.tp > 1:
+            share_batches_over_tp(self.accelerator, self.tp)
+
+    def get_tp_size(self) -> int:
+        """The config's ``tensor_parallel.autotp_size`` (transformers divides it out of the
+        token counts and loss scale it sums over every process)."""
+        return getattr(self, "tp", 1)
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
         """transformers' ``train``. A collective of the Trainer's own loop (accelerate's
@@ -132,8 +147,12 @@ class Trainer(transformers.Trainer):
         if self.engine is not None:  # a second train(): a fresh engine over the same model
             self.engine.destroy()
             self.engine = None
-        _check_whole_cycles(train_dataloader, self.args, max_steps)
+        _check_whole_cycles(
+            train_dataloader, self.args, max_steps, data_world(self.zero_config, self.args)
+        )
         config = finalize(self.zero_config, self.args, _hidden_size(self.model), max_steps)
+        if self.tp > 1:  # before the optimizer is made: it must hold the shards
+            cut_model(self.model, config)
         optimizer = self.optimizer if not isinstance(self.optimizer, EngineOptimizer) else None
         if optimizer is None and "optimizer" not in config:
             self.optimizer = None
@@ -259,7 +278,7 @@ class Trainer(transformers.Trainer):
         self.engine.load_checkpoint(self.state.best_model_checkpoint)
 
 
-def _check_whole_cycles(loader: Any, args: Any, max_steps: int) -> None:
+def _check_whole_cycles(loader: Any, args: Any, max_steps: int, world: int) -> None:
     """Refuse, before training, a run whose epoch ends in a partial accumulation cycle.
 
     transformers' loop ends an epoch of ``n`` micro-batches (per rank) whose ``n`` is not a
@@ -273,14 +292,13 @@ def _check_whole_cycles(loader: Any, args: Any, max_steps: int) -> None:
     gas = int(args.gradient_accumulation_steps)
     if n % gas == 0 or max_steps < -(-n // gas):
         return
-    world = int(args.world_size)
     rows = int(args.per_device_train_batch_size) * gas * world
     raise TrainerConfigError(
         f"an epoch is {n} micro-batches per rank, not a multiple of "
         f"gradient_accumulation_steps={gas}: transformers' loop would end it with a "
         f"{n % gas}-micro-batch step, which the ZeRO engine does not take; give the training "
         f"set a multiple of {rows} rows (per_device_train_batch_size x "
-        f"gradient_accumulation_steps x world size, with dataloader_drop_last=True), or "
+        f"gradient_accumulation_steps x data-parallel ranks, with dataloader_drop_last=True), or "
         f"set max_steps below {-(-n // gas)}"
     )
 

@@ -13,6 +13,9 @@ Nothing here imports transformers: ``args`` is read by attribute (``per_device_t
 ``gradient_accumulation_steps``, ``world_size``, ``max_grad_norm``, ``learning_rate``,
 ``adam_beta1``/``adam_beta2``, ``adam_epsilon``, ``weight_decay``, ``fp16``, ``bf16``,
 ``get_warmup_steps``).
+
+With ``tensor_parallel.autotp_size`` T the batch arithmetic counts data-parallel ranks
+(``world_size / T``): the T tensor-parallel ranks of one data rank train on the same batches.
 """
 
 from __future__ import annotations
@@ -114,6 +117,27 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
+def tp_size(config: dict[str, Any]) -> int:
+    """``tensor_parallel.autotp_size`` of ``config`` (1 without it; a bad value is left for
+    the config's own check to name)."""
+    block = config.get("tensor_parallel")
+    size = block.get("autotp_size", 1) if isinstance(block, dict) else 1
+    return size if isinstance(size, int) and not isinstance(size, bool) and size >= 1 else 1
+
+
+def data_world(config: dict[str, Any], args: Any) -> int:
+    """The ranks that read different batches: ``args.world_size`` over the config's
+    ``tensor_parallel.autotp_size`` (the ``tp`` ranks of one data rank share its batches)."""
+    world, tp = int(args.world_size), tp_size(config)
+    if world % tp:
+        raise TrainerConfigError(
+            f"tensor_parallel.autotp_size {tp} does not divide the world size {world} "
+            f"({world} % {tp} = {world % tp}); launch a multiple of {tp} processes or set "
+            f"autotp_size to a divisor of {world}"
+        )
+    return world // tp
+
+
 def fill_from_args(config: dict[str, Any], args: Any) -> dict[str, Any]:
     """``config`` with every value ``TrainingArguments`` decides filled in and checked.
 
@@ -122,7 +146,8 @@ def fill_from_args(config: dict[str, Any], args: Any) -> dict[str, Any]:
     """
     config = copy.deepcopy(config)
     f = _Filler(config)
-    world = int(args.world_size)
+    world = data_world(config, args)
+    ranks = "world size" if world == int(args.world_size) else "data-parallel ranks"
     micro, gas = int(args.per_device_train_batch_size), int(args.gradient_accumulation_steps)
     f.match(
         "train_micro_batch_size_per_gpu", micro, "per_device_train_batch_size", fill_missing=True
@@ -131,7 +156,7 @@ def fill_from_args(config: dict[str, Any], args: Any) -> dict[str, Any]:
     f.match(
         "train_batch_size",
         micro * gas * world,
-        f"per_device_train_batch_size x gradient_accumulation_steps x world size "
+        f"per_device_train_batch_size x gradient_accumulation_steps x {ranks} "
         f"({micro} x {gas} x {world})",
         fill_missing=True,
     )
@@ -211,4 +236,4 @@ def check(config: dict[str, Any], args: Any, hidden_size: int | None) -> None:
     from zcore.config import ZConfig
 
     parsed = ZConfig.load(finalize(config, args, hidden_size, None))
-    parsed.batch_sizes(int(args.world_size))
+    parsed.batch_sizes(data_world(config, args))

@@ -13,6 +13,8 @@ so their forward is unchanged. RMSNorms stay whole on every rank.
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
 from zcore.comm import Comm
@@ -30,7 +32,13 @@ def _matches(model: nn.Module) -> bool:
 
 
 def _problems(model: nn.Module, tp: int) -> list[str]:
-    cfg = model.config
+    return config_problems(model.config, tp)
+
+
+def config_problems(cfg: Any, tp: int) -> list[str]:
+    """Every size of a LLaMA-layout model config (a transformers config, or any object with
+    its attributes, such as ``config.json`` read by a CLI before any rank starts) that ``tp``
+    does not divide, each with the numbers and the fix."""
     problems: list[str] = []
     heads = cfg.num_attention_heads
     kv = getattr(cfg, "num_key_value_heads", None) or heads
