@@ -105,3 +105,11 @@ def test_expert_parallelism_inside_stages_is_refused_naming_why() -> None:
     model = PipelineModule([_Experts(4, 4)], num_stages=1, loss_fn=loss_fn)
     with pytest.raises(ValueError, match=r"ep_size 2\) inside pipeline stages is not built"):
         zcore.initialize(model, config=config(1))
+
+
+def test_a_pipeline_built_inside_zero_init_is_refused() -> None:
+    """zero.Init would broadcast each layer over every rank while the stages build
+    different layers; the refusal says to build it outside (stage 3 still cuts it)."""
+    with zcore.zero.Init(config=config(3)):
+        with pytest.raises(ValueError, match=r"num_stages=2\) inside zcore.zero.Init"):
+            make_pipe(2)

@@ -32,6 +32,7 @@ from torch.utils.checkpoint import checkpoint
 
 from zcore.pipe.partition import partition
 from zcore.pipe.spec import LayerSpec, TiedLayerSpec
+from zcore.zero.init import Init
 
 Layer = LayerSpec | nn.Module | Callable[[Any], Any]
 
@@ -122,6 +123,15 @@ class PipelineModule(nn.Module):
             )
         if num_stages is None or num_stages < 1:
             raise ValueError(f"PipelineModule needs num_stages >= 1, got {num_stages}")
+        block = Init.active()
+        if num_stages > 1 and block is not None and block.enabled:
+            raise ValueError(
+                f"PipelineModule(num_stages={num_stages}) inside zcore.zero.Init is not "
+                "supported: zero.Init cuts each parameter over every data-parallel rank of "
+                "the job as it is built, but each pipeline rank builds different layers; "
+                "build the PipelineModule outside zero.Init (each rank already builds only "
+                "its own stages' layers, and zcore.initialize at ZeRO stage 3 cuts them over dp)"
+            )
         if virtual_stages < 1 or (stage_order == "v" and virtual_stages != 2):
             raise ValueError(
                 f"virtual_stages {virtual_stages} with stage_order {stage_order!r}: use "
