@@ -185,6 +185,11 @@ def bench_serve(
         help="Instead of the workload: tp=N (one thread a rank) vs tp=1 (N threads), batch-1"
         " decode and --concurrent tokens/s.",
     ),
+    tp_recipes: str = typer.Option(
+        "",
+        "--tp-recipes",
+        help="--tp: also these zquant recipes' directories at tp=1 vs tp=N (e.g. w8a8,w4).",
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print only the JSON object."),
 ) -> None:
     """Open-loop serving workload per policy and rate: tokens/s, TTFT/ITL percentiles,
@@ -203,6 +208,7 @@ def bench_serve(
                 tp=tp,
                 concurrent=concurrent,
                 repeats=repeats,
+                quantized=tp_recipes,
                 **options,
             )
         )
