@@ -16,6 +16,11 @@ parallelism (``from_pretrained(tp_plan="auto")``, DTensor), each in ``_serve_tp_
 peer that fails (transformers' plan cannot cut SmolLM2's 9 query heads over 2 ranks) is
 reported with its error.
 
+``quantized`` (``--tp-recipes w8a8,w4,w6a16``) adds, per recipe, the `z quantize` directory of
+the model (made in ``quant_dir`` unless already there) at tp=1 (N threads) and tp=N: rows
+``tp1_<recipe>`` and ``tpN_<recipe>``, their ratios in ``quantized`` (no peers, no targets:
+indicative).
+
 Targets (issue 46): tp=N batch-1 decode >= 0.8x tp=1's, concurrent throughput >= 1.0x, and
 >= 1.0x each peer that runs.
 The batch-1 greedy tokens of both contenders must be equal (printed as ``same_tokens``).
@@ -35,24 +40,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from zcore.bench import load
+
+_models = load("_models", Path(__file__).parent)
+
 CHILD = Path(__file__).resolve().parent / "_serve_tp_child.py"
 PEER_CHILD = Path(__file__).resolve().parent / "_serve_tp_peer.py"
 DS_DIR = Path.home() / ".cache/zstack/deepspeed"
 """Where `make bench-deepspeed` installs DeepSpeed beside the environment."""
-
-
-def _default_model() -> Path:
-    return Path.home() / ".cache/zstack/models/SmolLM2-135M-Instruct"
-
-
-def _prompts(model_dir: Path, count: int, length: int) -> list[list[int]]:
-    from zserve.tokenizer import Tokenizer
-    from ztrain.data import load_plays
-
-    ids = Tokenizer(model_dir).encode(
-        dict(load_plays())["Hamlet"][:100_000], add_special_tokens=False
-    )
-    return [ids[i * length : (i + 1) * length] for i in range(count)]
 
 
 def _child(args: dict[str, Any], timeout_s: float) -> dict[str, Any]:
@@ -120,6 +115,20 @@ def _peer(peer: str, args: dict[str, Any], tp: int, timeout_s: float) -> dict[st
     return dict(json.loads(outs[0][0].strip().splitlines()[-1]))
 
 
+def _quantized(model_dir: Path, recipes: str, quant_dir: str | None) -> dict[str, Path]:
+    """Each recipe of ``recipes`` -> its `z quantize` directory of ``model_dir``."""
+    if not recipes:
+        return {}
+    import tempfile
+
+    from zstack.bench import load
+
+    serve_quant = load("serve_quant")
+    names = serve_quant.check_recipes(recipes)
+    root = Path(quant_dir) if quant_dir else Path(tempfile.mkdtemp(prefix="zserve-tp-quant-"))
+    return {q: serve_quant.quantized_dir(model_dir, q, root)[0] for q in names}
+
+
 def _cpu() -> dict[str, Any]:
     model = platform.processor() or platform.machine()
     try:
@@ -150,17 +159,20 @@ def run(
     dtype: str = "float32",
     timeout_s: float = 600.0,
     peers: str = "deepspeed,transformers",
+    quantized: str = "",
+    quant_dir: str | None = None,
 ) -> dict[str, Any]:
     """tp=``tp`` (1 thread a rank) vs tp=1 (``tp`` threads), and each peer of ``peers``
     (DeepSpeed AutoTP, transformers' ``tp_plan``) at tp=``tp``, alternating ``repeats``
-    times. A peer that fails is reported with its error and not run again."""
+    times. A peer that fails is reported with its error and not run again. ``quantized``:
+    comma-separated zquant recipes whose directories also run at tp=1 and tp=``tp``."""
     wanted = [p for p in peers.split(",") if p]
     unknown = sorted(set(wanted) - set(PEERS))
     if unknown:
         raise ValueError(f"unknown peer(s) {unknown}; --peers takes {', '.join(PEERS)}")
     if dtype != "float32":
         wanted = []  # the peers run float32 models
-    mdir = Path(model_dir) if model_dir else _default_model()
+    mdir = Path(model_dir) if model_dir else _models.default_model_dir()
     base = {
         "model_dir": str(mdir),
         "prompt_tokens": prompt_tokens,
@@ -168,13 +180,17 @@ def run(
         "concurrent": concurrent,
         "rounds": rounds,
         "dtype": dtype,
-        "prompts": _prompts(mdir, concurrent + 1, prompt_tokens),
+        "prompts": _models.shakespeare_prompts(mdir, concurrent + 1, prompt_tokens),
     }
     contenders = {
         "tp1": {"tp": 1, "threads": tp},
         "tp1_1thread": {"tp": 1, "threads": 1},  # a reference: one process on one core
         f"tp{tp}": {"tp": tp, "threads": 1},
     }
+    recipes = _quantized(mdir, quantized, quant_dir)
+    for recipe, qdir in recipes.items():
+        contenders[f"tp1_{recipe}"] = {"tp": 1, "threads": tp, "model_dir": str(qdir)}
+        contenders[f"tp{tp}_{recipe}"] = {"tp": tp, "threads": 1, "model_dir": str(qdir)}
     machine = _cpu()
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in contenders}
     t0 = time.perf_counter()
@@ -237,9 +253,24 @@ def run(
         "batch1_ratio >= 0.8": result["batch1_ratio"] >= 0.8,
         "concurrent_ratio >= 1.0": result["concurrent_ratio"] >= 1.0,
     }
+    plain = [k for k in contenders if not any(k.endswith(f"_{q}") for q in recipes)]
     result["same_tokens"] = all(
-        r["batch1_tokens"] == runs[one][0]["batch1_tokens"] for k in contenders for r in runs[k]
+        r["batch1_tokens"] == runs[one][0]["batch1_tokens"] for k in plain for r in runs[k]
     )
+    result["quantized"] = {
+        q: {
+            "batch1_ratio": med(f"tp{tp}_{q}", "batch1_tokens_per_s")
+            / med(f"tp1_{q}", "batch1_tokens_per_s"),
+            "concurrent_ratio": med(f"tp{tp}_{q}", "concurrent_tokens_per_s")
+            / med(f"tp1_{q}", "concurrent_tokens_per_s"),
+            "same_tokens": all(
+                r["batch1_tokens"] == runs[f"tp1_{q}"][0]["batch1_tokens"]
+                for k in (f"tp1_{q}", f"tp{tp}_{q}")
+                for r in runs[k]
+            ),
+        }
+        for q in recipes
+    }
     for peer in ran:
         result["targets"][f"vs {PEERS[peer]} >= 1.0"] = min(result[f"vs_{peer}"].values()) >= 1
     return result
@@ -275,4 +306,9 @@ def report(r: dict[str, Any]) -> str:
         f"ratios: batch-1 {r['batch1_ratio']:.2f} (target >= 0.8), concurrent "
         f"{r['concurrent_ratio']:.2f} (target >= 1.0); same greedy tokens: {r['same_tokens']}"
     )
+    for q, v in r.get("quantized", {}).items():
+        lines.append(
+            f"{q} tp={r['tp']} / tp=1: batch-1 {v['batch1_ratio']:.2f}, concurrent "
+            f"{v['concurrent_ratio']:.2f} (indicative); same greedy tokens: {v['same_tokens']}"
+        )
     return "\n".join(lines)

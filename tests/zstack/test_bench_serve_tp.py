@@ -31,6 +31,28 @@ def test_bench_serve_tp_tiny(tmp_path: Path) -> None:
     assert "ratios: batch-1" in bench.report(result)
 
 
+@pytest.mark.slow(reason="4 processes importing torch and zserve, and a W4 quantization")
+def test_bench_serve_tp_tiny_quantized_rows(tmp_path: Path) -> None:
+    bench = load("serve_tp")
+    model = write_tiny_lm(tmp_path / "lm")
+    result = bench.run(
+        model_dir=str(model),
+        prompt_tokens=8,
+        decode_tokens=3,
+        concurrent=2,
+        rounds=1,
+        repeats=1,
+        peers="",
+        quantized="w4",
+        quant_dir=str(tmp_path / "q"),
+    )
+    assert "errors" not in result, result.get("errors")
+    assert {"tp1_w4", "tp2_w4"} <= set(result["batch1_tokens_per_s"])
+    assert result["quantized"]["w4"]["same_tokens"] is True
+    assert result["quantized"]["w4"]["batch1_ratio"] > 0
+    assert "w4 tp=2 / tp=1" in bench.report(result)
+
+
 @pytest.mark.slow(reason="6 processes importing torch (two of them transformers' tp ranks)")
 def test_bench_serve_tp_tiny_with_transformers_tp_peer(tmp_path: Path) -> None:
     bench = load("serve_tp")
