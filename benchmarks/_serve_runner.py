@@ -14,7 +14,6 @@ Run alone: ``python benchmarks/_serve_runner.py [--threads N] [MODEL_DIR]``.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import sys
 import time
@@ -24,27 +23,10 @@ from typing import Any
 
 import torch
 
+from zcore.bench import load
 from zserve.runner import ModelRunner, SeqChunk
 
-
-def default_model_dir() -> Path:
-    """Where ``make setup`` puts SmolLM2-135M-Instruct."""
-    root = Path(os.environ.get("ZSTACK_MODELS", Path.home() / ".cache" / "zstack" / "models"))
-    return root / "SmolLM2-135M-Instruct"
-
-
-def shakespeare_prompts(model_dir: Path, count: int, length: int) -> list[list[int]]:
-    """``count`` token lists of exactly ``length`` tokens from consecutive stretches of Hamlet."""
-    from tokenizers import Tokenizer
-
-    from ztrain.data import clean_markdown, plays_dir
-
-    path = next(p for p in plays_dir().glob("*/*.md") if p.stem == "hamlet")
-    _, text = clean_markdown(path.read_text(encoding="utf-8"), path.stem)
-    ids = Tokenizer.from_file(str(model_dir / "tokenizer.json")).encode(text).ids
-    if len(ids) < count * length:
-        raise ValueError(f"Hamlet has {len(ids)} tokens; {count} x {length} asked for")
-    return [ids[i * length : (i + 1) * length] for i in range(count)]
+_models = load("_models", Path(__file__).parent)
 
 
 def _interleaved_medians(fns: list[Callable[[], Any]], repeats: int) -> list[float]:
@@ -141,10 +123,10 @@ def run(
 
     if threads is not None:
         torch.set_num_threads(threads)
-    path = Path(model_dir) if model_dir else default_model_dir()
+    path = Path(model_dir) if model_dir else _models.default_model_dir()
     runner = ModelRunner(path, num_blocks=512, block_size=16)
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    prompts = shakespeare_prompts(path, 17, max(prefill_tokens, decode_context))
+    prompts = _models.shakespeare_prompts(path, 17, max(prefill_tokens, decode_context))
     return {
         "model": path.name,
         "torch_threads": torch.get_num_threads(),

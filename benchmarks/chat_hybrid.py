@@ -32,6 +32,10 @@ from typing import Any
 
 import torch
 
+from zcore.bench import load
+
+_models = load("_models", Path(__file__).parent)
+
 QUESTIONS = (
     "What is the capital of France?",
     "Give me three tips for staying healthy.",
@@ -46,11 +50,6 @@ QUESTIONS = (
     "Describe how to make a cup of tea.",
     "Why do we have leap years?",
 )
-
-
-def _default_model_dir() -> Path:
-    root = Path(os.environ.get("ZSTACK_MODELS", Path.home() / ".cache" / "zstack" / "models"))
-    return root / "SmolLM2-135M-Instruct"
 
 
 def _ds_config() -> dict[str, Any]:
@@ -105,7 +104,7 @@ def run(
     from zchat.hybrid import HybridEngine
     from zserve.sampling import SamplingParams
 
-    mdir = Path(model_dir) if model_dir else _default_model_dir()
+    mdir = Path(model_dir) if model_dir else _models.default_model_dir()
     if not (mdir / "config.json").is_file():
         raise FileNotFoundError(f"no model at `{mdir}`; run `make models` or pass MODEL_DIR")
     if num_prompts < 1 or max_tokens < 1:

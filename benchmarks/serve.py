@@ -50,14 +50,11 @@ from zserve.config import EngineConfig
 from zserve.engine import Engine
 from zserve.sampling import SamplingParams
 
+_models = load("_models", Path(__file__).parent)
+
 summarize = load("_serve_sla", Path(__file__).parent).summarize
 
 POLICIES = ("splitfuse", "prefill-first", "static")
-
-
-def _default_model_dir() -> Path:
-    root = Path(os.environ.get("ZSTACK_MODELS", Path.home() / ".cache" / "zstack" / "models"))
-    return root / "SmolLM2-135M-Instruct"
 
 
 def _corpus_tokens(tokenizer: Any, max_tokens: int = 60_000) -> list[int]:
@@ -244,10 +241,8 @@ def run(
     of its inter-token latencies below u / `sla_rate_per_unit` (`met_sla`), or each token
     on its cumulative deadline (`met_sla_cum`), as FastGen's evaluation checks them.
     """
-    mdir = Path(model_dir) if model_dir else _default_model_dir()
+    mdir = Path(model_dir) if model_dir else _models.default_model_dir()
     if compare is not None:
-        from zcore.bench import load
-
         return load("_serve_compare", Path(__file__).parent).run_compare(
             mdir, peer=compare, threads=threads, **(compare_options or {})
         )
@@ -373,8 +368,6 @@ def _f(x: float | None, fmt: str = "{:.2f}") -> str:
 def report(result: dict[str, Any]) -> str:
     """Latency-vs-throughput table per policy and rate, then the prefix experiment."""
     if result.get("benchmark") == "serve-compare":
-        from zcore.bench import load
-
         return load("_serve_compare", Path(__file__).parent).report(result)
     sla = result["sla"]
     lines = [

@@ -45,21 +45,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from zcore.bench import load
+
+_models = load("_models", Path(__file__).parent)
+
 CHILD = Path(__file__).resolve().parent / "_serve_offload_child.py"
-
-
-def _default_model() -> Path:
-    return Path.home() / ".cache/zstack/models/SmolLM2-135M-Instruct"
-
-
-def _prompts(model_dir: Path, count: int, length: int) -> list[list[int]]:
-    from zserve.tokenizer import Tokenizer
-    from ztrain.data import load_plays
-
-    ids = Tokenizer(model_dir).encode(
-        dict(load_plays())["Hamlet"][:100_000], add_special_tokens=False
-    )
-    return [ids[i * length : (i + 1) * length] for i in range(count)]
 
 
 def _layer_bytes(model_dir: Path) -> tuple[int, int]:
@@ -153,7 +143,6 @@ buffers at these context sizes (a few MiB) with room to spare."""
 def _llama_cpp(base: dict[str, Any], weights: int, timeout_s: float) -> dict[str, Any]:
     """llama.cpp on the F32 GGUF with ``use_mmap`` in a memory cgroup of the same weight
     bytes as the others (budget + embedding/head), made and removed here."""
-    from zcore.bench import load
 
     here = Path(__file__).resolve().parent
     lcpp, memcg = load("_llamacpp", here), load("_memcg", here)
@@ -202,7 +191,7 @@ def run(
     timeout_s: float = 600.0,
 ) -> dict[str, Any]:
     """Resident vs offloaded zserve (and the peers) on one machine, one run."""
-    model = Path(model_dir) if model_dir else _default_model()
+    model = Path(model_dir) if model_dir else _models.default_model_dir()
     if not (model / "config.json").is_file():
         raise FileNotFoundError(f"no model at `{model}`; run `make setup` or pass MODEL_DIR")
     if offload not in ("cpu", "nvme"):
@@ -221,7 +210,7 @@ def run(
     try:
         base = {
             "model_dir": str(model),
-            "prompts": _prompts(model, max(sizes), prompt_len),
+            "prompts": _models.shakespeare_prompts(model, max(sizes), prompt_len),
             "batches": sizes,
             "prompt_len": prompt_len,
             "max_tokens": max_tokens,

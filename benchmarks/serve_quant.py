@@ -31,17 +31,15 @@ from typing import Any
 
 import torch
 
+from zcore.bench import load
 from zserve.engine import Engine
 from zserve.model.quantized_ppl import served_perplexity
 from zserve.sampling import SamplingParams
 
+_models = load("_models", Path(__file__).parent)
+
 RECIPES = ("w8a8", "w6a16", "w4", "w4a8")
 WINDOW = 256
-
-
-def _default_model_dir() -> Path:
-    root = Path(os.environ.get("ZSTACK_MODELS", Path.home() / ".cache" / "zstack" / "models"))
-    return root / "SmolLM2-135M-Instruct"
 
 
 def check_recipes(recipes: str) -> list[str]:
@@ -152,7 +150,7 @@ def run(
     from zquant.hf import load_tokenizer
 
     names = check_recipes(recipes)
-    src = Path(model_dir) if model_dir else _default_model_dir()
+    src = Path(model_dir) if model_dir else _models.default_model_dir()
     if not (src / "config.json").is_file():
         raise FileNotFoundError(f"no config.json in `{src}`; pass a HF model directory")
     torch.set_num_threads(threads)

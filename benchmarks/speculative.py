@@ -35,16 +35,14 @@ from typing import Any
 
 import torch
 
+from zcore.bench import load
 from zserve.config import EngineConfig
 from zserve.engine import Engine
 from zserve.sampling import SamplingParams
 
+_models = load("_models", Path(__file__).parent)
+
 MODES = ("plain", "ngram", "self-draft")
-
-
-def _default_model_dir() -> Path:
-    root = Path(os.environ.get("ZSTACK_MODELS", Path.home() / ".cache" / "zstack" / "models"))
-    return root / "SmolLM2-135M-Instruct"
 
 
 def _passages(n: int, chars: int) -> list[str]:
@@ -138,7 +136,7 @@ def run(
 ) -> dict[str, Any]:
     from zcore.bench import numbers
 
-    mdir = Path(model_dir) if model_dir else _default_model_dir()
+    mdir = Path(model_dir) if model_dir else _models.default_model_dir()
     if not (mdir / "config.json").is_file():
         raise FileNotFoundError(f"no model at {mdir}; run `make setup` or pass MODEL_DIR")
     mode_list = [m.strip() for m in modes.split(",") if m.strip()]
