@@ -1,7 +1,8 @@
 """ZeRO stage 3 under a pipeline: pp2 x dp2 against single-process training (shards in
-memory or in host memory), each schedule at pp2 (ZB-V with activation checkpointing by
-default), one all-gather of each cut stage parameter per step whatever the micro-batch
-count, and a step's bytes equal to ZeRO-2's at 2 and 8 micro-batches.
+memory, in host memory, or cut over one rank of MiCS replicas), each schedule at pp2 (ZB-V
+with activation checkpointing by default), bf16 and fp16 within 1% of fp32, one all-gather
+of each cut stage parameter per step whatever the micro-batch count, and a step's bytes
+equal to ZeRO-2's at 2 and 8 micro-batches.
 
 Tolerance (fp32, 10 steps, as tests/zcore/pipe/test_pipe_train.py): losses within 2e-5 and
 every parameter, gathered from its shards, within 1e-4 (absolute) of the baseline: the
@@ -122,10 +123,14 @@ def test_pp2_dp2_stage3_three_steps() -> None:
 
 @pytest.mark.slow(reason="4 ranks, 10 steps of 4 micro-batches; the 3-step case runs by default")
 @pytest.mark.parametrize(
-    "zero", [{}, {"offload_param": {"device": "cpu"}}], ids=["in-memory", "offload_param-cpu"]
+    "zero",
+    [{}, {"offload_param": {"device": "cpu"}}, {"mics_shard_size": 1}],
+    ids=["in-memory", "offload_param-cpu", "mics-replicas"],
 )
 def test_pp2_dp2_stage3_matches_single_process_gathering_once_per_step(zero: dict) -> None:
-    """Also with the shards in host memory (``offload_param``): the gather reads them there."""
+    """Also with the shards in host memory (``offload_param``: the gather reads them there)
+    and with MiCS (``mics_shard_size`` 1: each stage's two data ranks are replicas, the cut
+    is over one rank and the gradients are summed across the replicas)."""
     _check(STEPS, GAS, zero)
 
 
@@ -141,6 +146,30 @@ def test_pp2_stage3_zbv_with_activation_checkpointing() -> None:
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "interleaved_1f1b"])
 def test_pp2_stage3_schedules(schedule: str) -> None:
     _check(STEPS, GAS, world=2, schedule=schedule)
+
+
+def _half(rank: int, world: int, precision: dict) -> list[float]:
+    cfg = {**stage3_config(GAS), **precision}
+    engine, *_ = zcore.initialize(make_pipe(2), config=cfg)
+    out = [
+        float(engine.train_batch(iter(micro_batches(step, 1, MB, GAS)[0]))) for step in range(STEPS)
+    ]
+    engine.destroy()
+    return out
+
+
+@pytest.mark.slow(reason="2 ranks per precision")
+@pytest.mark.parametrize(
+    "precision",
+    [{"bf16": {"enabled": True}}, {"fp16": {"enabled": True, "initial_scale_power": 8}}],
+    ids=["bf16", "fp16"],
+)
+def test_pp2_stage3_half_precision_tracks_fp32(precision: dict) -> None:
+    """16-bit shards gathered for the step, the fp16 loss scale on every micro-batch: losses
+    within 1% of fp32 single-process training's."""
+    ref_losses, _ = baseline(STEPS, 1, MB, GAS)
+    for losses in run_ranks(_half, 2, args=(precision,)):
+        assert losses == pytest.approx(ref_losses, rel=1e-2)
 
 
 def _traffic(rank: int, world: int, gas: int, stage: int) -> int:
