@@ -274,6 +274,9 @@ class PipelineEngine(ZEngine):
         return out
 
     def _run(self, xs: list[Any], ys: list[Any], train: bool) -> None:
+        if self.pp.size == 1:
+            self._run_local(xs, ys, train)
+            return
         schedule = self._schedule_for(xs)
         args = dict(
             arg_mbs=[(x,) for x in xs] if self._holds(0) else None,
@@ -283,6 +286,23 @@ class PipelineEngine(ZEngine):
             schedule.step(**args, return_outputs=False)
         else:
             schedule.eval(**args)
+
+    def _run_local(self, xs: list[Any], ys: list[Any], train: bool) -> None:
+        """pp 1 (``dp`` may span many ranks): every stage is this rank's, so the micro-batches
+        run through them in order with the schedule's loss scaling and no sends (torch's
+        ``PipelineStage`` takes a group of ``pp`` ranks and has none to take here)."""
+        stages = sorted(self.pipe_module.stages, key=lambda s: s.index)
+        if self.pipe_module.loss_fn is None:
+            if train:
+                raise ValueError("train_batch needs the PipelineModule's loss_fn")
+            return
+        for x, y in zip(xs, ys, strict=True):
+            out = x
+            for stage in stages:
+                out = stage(out)
+            loss = self._loss(out, y)
+            if train:
+                loss.backward()
 
     def train_batch(self, data_iter: Iterator[Any] | None = None) -> torch.Tensor:
         """One optimizer step over ``gradient_accumulation_steps`` micro-batches; returns
