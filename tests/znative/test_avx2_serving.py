@@ -1,10 +1,10 @@
 """zserve's serving kernels at every SIMD level the CPU has (the AVX2 bodies among them),
 against their torch references: the INT8 linear bit-identical to the torch path for decode
 rows (1-3, the streamed body) and tiles (4+ rows, k with and without a 16-wide tail), the
-INT4 dequantize-GEMV and the dequantize tile path (more rows; FP6) within float32 rounding of
-the dequantized product, the W8A8 outlier split of a prompt's rows bit-identical to the torch
-path, and ``linear_rows`` in float32 and bfloat16 for 1-64 rows; and zserve's routing of
-bfloat16 batches below AVX-512."""
+INT4 and FP6 dequantize-GEMV and the dequantize tile path (more rows) within float32
+rounding of the dequantized product, RMSNorm bit-identical to torch's, the W8A8 outlier
+split of a prompt's rows bit-identical to the torch path, and ``linear_rows`` in float32
+and bfloat16 for 1-64 rows; and zserve's routing of bfloat16 batches below AVX-512."""
 
 from __future__ import annotations
 
@@ -60,14 +60,17 @@ def test_outlier_split_of_a_prompt_equals_the_torch_path(simd: str, bias: bool) 
     assert torch.equal(got, layer(x)), simd
 
 
-@pytest.mark.parametrize("m", [1, 3, 5, 9, 16, 70])
-@pytest.mark.parametrize("spec", ["int4", "int4-asym", "fp6"])
+@pytest.mark.parametrize("m", [1, 3, 5, 8, 9, 16, 70])
+@pytest.mark.parametrize("spec", ["int4", "int4-asym", "fp6", "fp6-g64"])
 def test_dequant_linear_matches_the_dequantized_product(simd: str, m: int, spec: str) -> None:
-    """The GEMV (INT4, few rows) and the tile path (more rows, FP6 at any)."""
+    """The GEMV (INT4 and FP6, up to 8 rows below AVX-512's INT4 body) and the tile path
+    (more rows); FP6 with a short last group (576 = 9 groups of 64)."""
     w = torch.randn(70, 576, generator=_gen(7))
     x = torch.randn(m, 576, generator=_gen(8))
     if spec == "fp6":
         qspec = QuantSpec(6, fmt="fp6", granularity="channel")
+    elif spec == "fp6-g64":
+        qspec = QuantSpec(6, fmt="fp6", granularity="group", group_size=64)
     else:
         qspec = QuantSpec(4, symmetric=spec == "int4", granularity="group", group_size=32)
     qw = quantize_weight(w, qspec)
@@ -76,6 +79,21 @@ def test_dequant_linear_matches_the_dequantized_product(simd: str, m: int, spec:
     got = native.dequant_linear(x, qw, None)
     bound = 1e-5 * (x.abs().double() @ deq.abs().double().t()).float() + 1e-6
     assert bool(((got - want).abs() <= bound).all()), simd
+
+
+@pytest.mark.parametrize("h", [5, 100, 576, 4099])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_is_bit_identical_to_the_torch_reference(
+    simd: str, h: int, dtype: torch.dtype
+) -> None:
+    """The AVX2 body (AVX2 and AVX-512) adds the squares in torch's order, as the portable
+    one: every bit equal, rows below one vector, with tails and long enough to cascade."""
+    from zserve.model import native as zn
+    from zserve.model.llama import rms_norm
+
+    x = (torch.randn(6, h, generator=_gen(h)) * torch.logspace(-2, 3, h)).to(dtype)
+    w = (torch.rand(h, generator=_gen(h + 1)) + 0.5).to(dtype)
+    assert torch.equal(zn.rms_norm(x, w, 1e-5), rms_norm(x, w, 1e-5)), simd
 
 
 @pytest.mark.parametrize("m", [1, 4, 5, 16, 64])

@@ -4,7 +4,8 @@
 //! host's waits for a core are left out: wall time there measured the load), and at one
 //! row the weight bytes read per second beside the calling thread's read bandwidth
 //! (`bw`: a 256 MiB buffer summed front to back):
-//! `ZNATIVE_NUM_THREADS=1 ZNATIVE_SIMD=avx2 cargo run --release --example kbench [int8|int4|bf16|f32|bw|attn]`;
+//! `ZNATIVE_NUM_THREADS=1 ZNATIVE_SIMD=avx2 cargo run --release --example kbench [int8|int4|fp6|bf16|f32|bw|attn|norm]`
+//! (`fp6`: per-channel FP6 e3m2; `norm`: RMSNorm of SmolLM2's 576-wide rows, GB/s of rows read);
 //! `attn`: one decode step's paged attention of a SmolLM2 layer (9 query heads, 3 KV heads of
 //! 64, blocks of 16) at 96 cached tokens, microseconds a call.
 //! (`benchmarks/results/serve-avx2.md`).
@@ -34,7 +35,7 @@ fn now() -> f64 {
     START.get_or_init(Instant::now).elapsed().as_secs_f64()
 }
 use zkernels::quant::{dequant_linear, int8_linear, PackedWeight, WeightFormat};
-use zkernels::serve::{linear_rows, paged_decode_attention, AttnDims};
+use zkernels::serve::{linear_rows, paged_decode_attention, rms_norm, AttnDims};
 
 fn best<F: FnMut()>(mut f: F, macs: usize) -> f64 {
     f();
@@ -93,10 +94,14 @@ fn main() {
     if only.is_empty() || only == "attn" {
         attention();
     }
+    if only.is_empty() || only == "norm" {
+        norm();
+    }
     for &(m, n, k) in &[
         (1, 49152, 576),
         (1, 1536, 576),
         (4, 1536, 576),
+        (8, 1536, 576),
         (16, 1536, 576),
         (64, 1536, 576),
         (256, 1536, 576),
@@ -136,6 +141,24 @@ fn main() {
             let g = best(|| dequant_linear(&x, &w, None, &mut out, m).unwrap(), macs);
             let wb = gbs(m, g, macs, n * k / 2 + 8 * n * groups);
             println!("int4  m={m:3} n={n:5} k={k}: {g:7.2} GMAC/s{wb}");
+        }
+        if (only.is_empty() || only == "fp6") && m <= 16 {
+            let data: Vec<u8> = (0..n * k / 2).map(|i| (i * 31) as u8).collect();
+            let data2: Vec<u8> = (0..n * k / 4).map(|i| (i * 17) as u8).collect();
+            let scale = vec![0.01f32; n];
+            let w = PackedWeight {
+                format: WeightFormat::Fp6,
+                data: &data,
+                data2: Some(&data2),
+                scale: &scale,
+                zero: None,
+                n,
+                k,
+                group: k,
+            };
+            let g = best(|| dequant_linear(&x, &w, None, &mut out, m).unwrap(), macs);
+            let wb = gbs(m, g, macs, n * k * 3 / 4 + 4 * n);
+            println!("fp6   m={m:3} n={n:5} k={k}: {g:7.2} GMAC/s{wb}");
         }
         if (only.is_empty() || only == "bf16") && m <= 64 {
             let xb: Vec<u16> = x.iter().map(|v| zkernels::bf16::f32_to_bf16(*v)).collect();
@@ -202,4 +225,24 @@ fn attention() {
         "attn  bf16 9/3 heads x 64, 96 keys: {:7.2} us/call",
         1e-3 / calls
     );
+}
+
+/// GB/s (of rows read) of RMSNorm over 1 and 64 rows of 576, f32 and bf16.
+fn norm() {
+    let h = 576;
+    for rows in [1usize, 64] {
+        let x: Vec<f32> = (0..rows * h)
+            .map(|i| ((i * 13 % 17) as f32 - 8.0) / 5.0)
+            .collect();
+        let w: Vec<f32> = (0..h).map(|i| 0.5 + i as f32 / 600.0).collect();
+        let mut out = vec![0f32; x.len()];
+        let g = best(|| rms_norm(&x, &w, 1e-5, &mut out).unwrap(), 4 * x.len());
+        println!("norm  f32  {rows:2} x {h}: {g:7.2} GB/s");
+        let b =
+            |v: &[f32]| -> Vec<u16> { v.iter().map(|x| zkernels::bf16::f32_to_bf16(*x)).collect() };
+        let (xb, wb) = (b(&x), b(&w));
+        let mut ob = vec![0u16; xb.len()];
+        let g = best(|| rms_norm(&xb, &wb, 1e-5, &mut ob).unwrap(), 2 * x.len());
+        println!("norm  bf16 {rows:2} x {h}: {g:7.2} GB/s");
+    }
 }

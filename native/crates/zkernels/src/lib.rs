@@ -10,6 +10,8 @@
 //! inputs are split into chunks processed on a shared thread pool ([`par`]); the short loops of inference kernels
 //! run on a team the calling thread takes part in ([`team`]).
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
 pub mod bf16;
 pub mod comm;
 pub mod error;

@@ -12,22 +12,13 @@
 //! AVX2's 16 vector registers, the activation operand coming from memory.
 
 use super::int8::Epilogue;
+use crate::avx2::hsum_epi32 as hsum;
 use std::arch::x86_64::*;
 
 /// Activation rows per tile.
 const MR: usize = 4;
 /// Weight rows per tile.
 const NR: usize = 3;
-
-/// The sum of the 8 int32 lanes of `v`.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn hsum(v: __m256i) -> i32 {
-    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
-    _mm_cvtsi128_si32(s)
-}
 
 /// 16 int8 at `p` sign-extended to int16.
 #[inline]

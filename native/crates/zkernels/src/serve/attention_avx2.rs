@@ -8,30 +8,9 @@
 //! 19.5 µs a call for the portable body at AVX2, 7.8 here.)
 
 use super::attention::Task;
+use crate::avx2::{hsum, load8};
 use crate::bf16::Elem;
 use std::arch::x86_64::*;
-
-/// 8 elements at `p` as f32; bfloat16 widened exactly.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn load8<E: Elem>(p: *const E) -> __m256 {
-    if E::BF16 {
-        let h = _mm_loadu_si128(p.cast());
-        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
-    } else {
-        _mm256_loadu_ps(p.cast())
-    }
-}
-
-/// The sum of the 8 lanes of `v`.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn hsum(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    _mm_cvtss_f32(s)
-}
 
 /// `e^x` in each lane, for `x <= 0` (softmax's shifted scores): `x = n ln 2 + r` with
 /// `|r| <= ln 2 / 2`, `e^r` by the degree-7 polynomial of Cephes' `expf` (relative error

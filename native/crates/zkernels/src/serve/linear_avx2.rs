@@ -5,33 +5,12 @@
 //! independent; `2 · 4` accumulators, the weight vector and an activation vector fit
 //! AVX2's 16 vector registers.
 
+use crate::avx2::{hsum, load8};
 use crate::bf16::Elem;
 use std::arch::x86_64::*;
 
 /// Accumulators per activation row; a step of the K loop covers `8 * ACC` elements.
 const ACC: usize = 2;
-
-/// 8 elements at `p` as f32; bfloat16 widened exactly.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn load8<E: Elem>(p: *const E) -> __m256 {
-    if E::BF16 {
-        let h = _mm_loadu_si128(p.cast());
-        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
-    } else {
-        _mm256_loadu_ps(p.cast())
-    }
-}
-
-/// The sum of the 8 lanes of `v`.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn hsum(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    _mm_cvtss_f32(s)
-}
 
 /// `sums[m, j] = x[m] · w[j]` for exactly `MR` activation rows.
 #[inline]

@@ -20,6 +20,8 @@ mod linear;
 #[cfg(target_arch = "x86_64")]
 mod linear_avx2;
 mod norm;
+#[cfg(target_arch = "x86_64")]
+mod norm_avx2;
 mod rotary;
 
 pub use attention::{paged_decode_attention, AttnDims};

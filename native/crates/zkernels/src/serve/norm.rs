@@ -25,7 +25,15 @@ pub fn rms_norm<E: Elem>(x: &[E], weight: &[E], eps: f32, out: &mut [E]) -> Resu
     for_tasks(rows, rows * h, |r| {
         // SAFETY: row r owns out[r * h .. (r + 1) * h].
         let o = unsafe { dst.range(r * h, h) };
-        norm_auto(&x[r * h..(r + 1) * h], weight, eps, o);
+        let xr = &x[r * h..(r + 1) * h];
+        #[cfg(target_arch = "x86_64")]
+        if crate::simd::active() >= crate::simd::SimdLevel::Avx2 {
+            // SAFETY: `active()` reports AVX2 (or above) only where the CPU has AVX2 and FMA;
+            // the three rows have `h` elements.
+            unsafe { super::norm_avx2::norm(xr, weight, eps, o) };
+            return;
+        }
+        norm_auto(xr, weight, eps, o);
     });
     Ok(())
 }
@@ -42,11 +50,11 @@ fn norm_body<E: Elem>(x: &[E], w: &[E], eps: f32, out: &mut [E]) {
 
 /// Lanes of torch's CPU sum kernel: 8 f32 (`Vectorized<float>` on AVX2; measured equal on
 /// an AVX512 torch too).
-const LANES: usize = 8;
+pub(super) const LANES: usize = 8;
 /// Independent accumulators torch's row sum interleaves (its `ilp_factor`).
-const ILP: usize = 4;
+pub(super) const ILP: usize = 4;
 /// Levels of torch's cascade sum (its `num_levels`).
-const LEVELS: usize = 4;
+pub(super) const LEVELS: usize = 4;
 
 #[inline(always)]
 fn sq<E: Elem>(v: E) -> f32 {
@@ -55,7 +63,7 @@ fn sq<E: Elem>(v: E) -> f32 {
 }
 
 /// torch's `CeilLog2` (`ATen/native/cpu/utils.h`): 1 for `x <= 2`.
-fn ceil_log2(x: usize) -> usize {
+pub(super) fn ceil_log2(x: usize) -> usize {
     if x <= 2 {
         1
     } else {
@@ -70,7 +78,7 @@ fn ceil_log2(x: usize) -> usize {
 /// then bit-identical to `zserve.model.llama.rms_norm`'s: a row summed in another order
 /// differs in its last bits, and in a W8A8 model those flip INT8 activation codes of the
 /// next GEMM (served perplexity moved 5e-3 from `z eval`'s on SmolLM2).
-fn sum_sq_torch_order<E: Elem>(x: &[E]) -> f32 {
+pub(super) fn sum_sq_torch_order<E: Elem>(x: &[E]) -> f32 {
     if x.len() < LANES {
         let p = row_sum::<E, 1>(x, x.len());
         return p[0];

@@ -10,47 +10,15 @@
 //! this kernel gains 1.3x and more.)
 
 use super::Scalars;
+use crate::avx2::{load8, pack_bf16};
 use crate::Elem;
 use std::arch::x86_64::*;
 
+/// 16 elements at `ptr` as two f32 vectors.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn load<T: Elem>(ptr: *const T) -> (__m256, __m256) {
-    if T::BF16 {
-        let ptr = ptr as *const __m128i;
-        let lo = _mm256_cvtepu16_epi32(_mm_loadu_si128(ptr));
-        let hi = _mm256_cvtepu16_epi32(_mm_loadu_si128(ptr.add(1)));
-        (
-            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(lo)),
-            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(hi)),
-        )
-    } else {
-        let ptr = ptr as *const f32;
-        (_mm256_loadu_ps(ptr), _mm256_loadu_ps(ptr.add(8)))
-    }
-}
-
-/// bf16 bits of each lane, rounded to nearest even (NaN quietened), in the low
-/// half of the lane with a zero high half.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn round_bf16(x: __m256) -> __m256i {
-    let b = _mm256_castps_si256(x);
-    let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(b), _mm256_set1_epi32(1));
-    let r = _mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7fff)), lsb);
-    let quiet = _mm256_or_si256(b, _mm256_set1_epi32(0x0040_0000));
-    let nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(x, x));
-    _mm256_srli_epi32::<16>(_mm256_blendv_epi8(r, quiet, nan))
-}
-
-/// 16 bf16 values, `lo`'s then `hi`'s.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn pack_bf16(lo: __m256, hi: __m256) -> __m256i {
-    // Every lane is at most 0xffff, so the unsigned saturating pack is exact; it
-    // works per 128-bit half, giving lo[0..4] hi[0..4] lo[4..8] hi[4..8].
-    let packed = _mm256_packus_epi32(round_bf16(lo), round_bf16(hi));
-    _mm256_permute4x64_epi64::<0b11_01_10_00>(packed)
+    (load8(ptr), load8(ptr.add(8)))
 }
 
 struct Consts {

@@ -1,21 +1,22 @@
-//! INT4 linear for up to [`GEMV_MAX_ROWS`] activation rows (decode steps), codes
-//! widened in registers: no dequantized tile is written and read back.
+//! INT4 and FP6 linear for a decode step's few activation rows, codes widened in
+//! registers: no dequantized tile is written and read back.
 //!
 //! [`super::dequant_linear`]'s tile path dequantizes 16 weight rows to float32 in
 //! cache and dots every activation row with them; at one activation row that
 //! store-and-reload of `k` floats per weight row costs more than the product
 //! (measured 3.5x slower than an fp32 matrix-vector product of the same shape).
-//! Here each 16-byte run of codes (32 columns) is widened to two float vectors
-//! (low nibbles = even columns, high = odd) of dequantized values `(q - z) · s`,
+//! Here each run of codes (AVX-512: 16 bytes, 32 INT4 columns) is widened to two float
+//! vectors (low nibbles = even columns, high = odd) of dequantized values `(q - z) · s`,
 //! bit-equal to `dequantize`'s, and multiply-added with up to 8 activation rows'
 //! even and odd columns (split once per call) while in registers: the numbers are
 //! the reference's (`x · dequant(w)ᵀ`) summed in another order. (An earlier body
 //! summed `Σ (q - z) · x` per group and scaled it: one dependent chain per row,
 //! ~11 cycles per run; at 16 rows the tile path's f32 tile ran at ~20 GFLOP/s.)
 //!
-//! Runs where AVX-512 or AVX2 is active (AVX2: [`super::gemv_avx2`], 16-column runs of
-//! 8 bytes, up to [`GEMV_MAX_ROWS_AVX2`] rows), the weight is INT4 and whole 32-column runs
-//! tile each group (`group % 32 == 0`, `k % 32 == 0`); otherwise the tile path runs.
+//! Which body runs is [`body`]: INT4 at AVX-512 up to [`GEMV_MAX_ROWS`] rows where whole
+//! 32-column runs tile each group; otherwise, at AVX2 or above, [`super::gemv_avx2`]
+//! (16-column runs, INT4 up to [`GEMV_MAX_ROWS_AVX2`] rows, FP6 up to [`FP6_MAX_ROWS`])
+//! where whole 16-column runs tile each group; otherwise the tile path.
 
 pub(super) use super::weight::{PackedWeight, WeightFormat};
 pub(super) use crate::quant::{for_blocks, SharedOut};
@@ -29,6 +30,9 @@ pub(super) const GEMV_MAX_ROWS: usize = 64;
 /// rows (SmolLM2's 1536 x 576, one thread: 19 against 12 GMAC/s at 4 rows, 19 against
 /// 24 at 16, 19 against 33 at 64).
 pub(super) const GEMV_MAX_ROWS_AVX2: usize = 8;
+/// Activation rows up to which an FP6 weight takes [`super::gemv_avx2`] at AVX2 and AVX-512
+/// (there is no AVX-512 FP6 body), instead of the tile path.
+pub(super) const FP6_MAX_ROWS: usize = 8;
 /// Parallel tasks per thread of the team: few and long, so that each thread streams long
 /// contiguous runs of the weight, with a second one to even out a late thread. (SmolLM2's
 /// 120 decode products, 53 MB of codes packed in call order, two threads, noisy VM,
@@ -38,40 +42,53 @@ const TASKS_PER_THREAD: usize = 2;
 /// Fewest weight rows in a task.
 const MIN_ROWS: usize = 16;
 
-/// Whether [`int4_rows`] serves `w` at `m` activation rows on this CPU.
-pub(super) fn applies(w: &PackedWeight<'_>, m: usize) -> bool {
+/// Which body serves `w` at `m` activation rows on this CPU, if any.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Body {
+    /// The AVX-512 INT4 body (32-column runs).
+    Avx512,
+    /// [`super::gemv_avx2`] (16-column runs, INT4 and FP6), at AVX2 or above.
+    Avx2,
+}
+
+/// The body that serves `w` at `m` activation rows on this CPU, if this path applies.
+pub(super) fn body(w: &PackedWeight<'_>, m: usize) -> Option<Body> {
     #[cfg(target_arch = "x86_64")]
     {
         use crate::simd::SimdLevel;
-        let max_rows = match crate::simd::active() {
-            SimdLevel::Avx512 => GEMV_MAX_ROWS,
-            SimdLevel::Avx2 => GEMV_MAX_ROWS_AVX2,
-            SimdLevel::Scalar => 0,
+        let level = crate::simd::active();
+        let int4 = matches!(w.format, WeightFormat::Int4 { .. });
+        let runs = |r: usize| w.group.is_multiple_of(r) && w.k.is_multiple_of(r) && w.k > 0;
+        if level == SimdLevel::Avx512 && int4 && (1..=GEMV_MAX_ROWS).contains(&m) && runs(32) {
+            return Some(Body::Avx512);
+        }
+        let avx2_rows = if int4 {
+            GEMV_MAX_ROWS_AVX2
+        } else {
+            FP6_MAX_ROWS
         };
-        matches!(w.format, WeightFormat::Int4 { .. })
-            && (1..=max_rows).contains(&m)
-            && w.group.is_multiple_of(32)
-            && w.k.is_multiple_of(32)
-            && w.k > 0
+        (level >= SimdLevel::Avx2 && (1..=avx2_rows).contains(&m) && runs(16)).then_some(Body::Avx2)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = (w, m);
-        false
+        None
     }
 }
 
-/// `out (m, n) = x (m, k) · dequant(w)ᵀ + bias`; the caller checked the buffers and [`applies`].
+/// `out (m, n) = x (m, k) · dequant(w)ᵀ + bias` on `body`; the caller checked the buffers and
+/// that [`body`] chose it.
 #[cfg(target_arch = "x86_64")]
-pub(super) fn int4_rows(
+pub(super) fn packed_rows(
     x: &[f32],
     w: &PackedWeight<'_>,
     bias: Option<&[f32]>,
     out: &mut [f32],
     m: usize,
+    body: Body,
 ) {
     let (n, k) = (w.n, w.k);
-    let wide = crate::simd::active() == crate::simd::SimdLevel::Avx512;
+    let wide = body == Body::Avx512;
     // Each run of x (32 columns for AVX-512, 16 for AVX2) as its even columns then its odd ones.
     let run = if wide { 32 } else { 16 };
     let mut xs = vec![0f32; m * k];
@@ -88,8 +105,8 @@ pub(super) fn int4_rows(
     let nb = n.div_ceil(tasks).next_multiple_of(MIN_ROWS);
     for_blocks(n.div_ceil(nb), |b| {
         let (j0, j1) = (b * nb, ((b + 1) * nb).min(n));
-        // SAFETY: `applies` checked AVX2 (and `wide` AVX-512); the block writes only
-        // columns j0..j1.
+        // SAFETY: `body` checked AVX2 (and for `wide` AVX-512) and the run widths; the block
+        // writes only columns j0..j1.
         unsafe {
             if wide {
                 avx512::rows(&xs, w, bias, dst, m, j0, j1)
@@ -211,6 +228,19 @@ mod tests {
     use crate::simd::{detected, set_override, SimdLevel};
 
     fn check(n: usize, k: usize, group: usize, m: usize, asym: bool, per_tensor: bool) {
+        check_format(n, k, group, m, asym, per_tensor, false);
+    }
+
+    /// `fp6`: an FP6 weight (every 6-bit code), else INT4 (`asym`: with zero points).
+    fn check_format(
+        n: usize,
+        k: usize,
+        group: usize,
+        m: usize,
+        asym: bool,
+        per_tensor: bool,
+        fp6: bool,
+    ) {
         let mut seed = (n * 31 + k * 7 + m) as u64;
         let mut next = move || {
             seed = seed
@@ -225,16 +255,21 @@ mod tests {
             .collect();
         let zero: Vec<f32> = (0..srows * groups).map(|i| (i % 16) as f32).collect();
         let data: Vec<u8> = (0..n * k / 2).map(|_| next() as u8).collect();
+        let data2: Vec<u8> = (0..n * k / 4).map(|_| next() as u8).collect();
         let x: Vec<f32> = (0..m * k)
             .map(|_| next() as f32 / 2f32.powi(31) - 0.5)
             .collect();
         let bias: Vec<f32> = (0..n).map(|j| j as f32 * 0.25).collect();
         let w = PackedWeight {
-            format: WeightFormat::Int4 { offset: 8 },
+            format: if fp6 {
+                WeightFormat::Fp6
+            } else {
+                WeightFormat::Int4 { offset: 8 }
+            },
             data: &data,
-            data2: None,
+            data2: fp6.then_some(&data2[..]),
             scale: &scale,
-            zero: asym.then_some(&zero[..]),
+            zero: (asym && !fp6).then_some(&zero[..]),
             n,
             k,
             group,
@@ -259,7 +294,7 @@ mod tests {
                     let err = (f64::from(y[i * n + j]) - exact).abs();
                     assert!(
                         err <= 1e-5 * mag,
-                        "{level:?} {n}x{k} g{group} m{m} ({i},{j}) {err}"
+                        "{level:?} fp6 {fp6} {n}x{k} g{group} m{m} ({i},{j}) {err}"
                     );
                 }
             }
@@ -278,5 +313,22 @@ mod tests {
         check(70, 576, 32, 16, false, false);
         check(9, 1536, 32, 11, true, false);
         check(17, 96, 32, 8, false, true);
+        // 5-8 rows: one pass of one FMA chain per row at AVX2; 16-column runs (AVX2 only).
+        check(70, 576, 32, 5, true, false);
+        check(9, 1536, 32, 7, false, false);
+        check(21, 48, 16, 6, true, false);
+        check(3, 80, 16, 1, false, true);
+    }
+
+    #[test]
+    fn fp6_matches_the_dequantized_product_at_every_level() {
+        for m in 1..=9 {
+            check_format(70, 576, 576, m, false, false, true);
+        }
+        check_format(33, 576, 128, 3, false, false, true);
+        check_format(5, 64, 32, 2, false, true, true);
+        check_format(1, 32, 32, 1, false, false, true);
+        check_format(21, 48, 16, 8, false, false, true);
+        check_format(9, 40, 8, 2, false, false, true); // runs do not tile: the tile path
     }
 }

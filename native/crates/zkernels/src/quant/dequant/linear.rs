@@ -158,9 +158,9 @@ pub fn dequant_linear(
         return Ok(());
     }
     #[cfg(target_arch = "x86_64")]
-    if super::gemv::applies(w, m) {
-        // A decode step's few rows: INT4 codes widened in registers (see `gemv`).
-        super::gemv::int4_rows(x, w, bias, out, m);
+    if let Some(body) = super::gemv::body(w, m) {
+        // A decode step's few rows: INT4 or FP6 codes widened in registers (see `gemv`).
+        super::gemv::packed_rows(x, w, bias, out, m, body);
         return Ok(());
     }
     let job = LinearJob {

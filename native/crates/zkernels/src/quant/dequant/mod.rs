@@ -8,7 +8,7 @@
 //! with `scale_rows` 1 (per tensor) or `n`; group `g` covers columns
 //! `g·group .. (g+1)·group`. INT4 levels are `code - offset` (symmetric, offset
 //! `2^(bits-1)`) or `code - zero[row, g]` (asymmetric). FP6 (bias 3) decodes by
-//! moving its bits into a float32 and multiplying by `2^124`.
+//! moving its bits into a float32 with the exponent rebiased (`weight::fp6_value`).
 //!
 //! [`weight`] holds the packed weight, its validation and the plain dequantize;
 //! [`linear`] the fused dequantize-and-multiply built on its row decoder.

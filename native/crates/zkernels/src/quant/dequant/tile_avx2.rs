@@ -6,17 +6,8 @@
 
 use super::linear::LinearJob;
 use super::weight::dequant_rows_body;
+use crate::avx2::hsum;
 use std::arch::x86_64::*;
-
-/// The sum of the 8 lanes of `v`.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn hsum(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    _mm_cvtss_f32(s)
-}
 
 /// `out[i][r] = x_i · w_r` for `R` (1 or 2) activation rows at `x` (rows `k` apart) and the
 /// four tile rows at `w` (rows `k` apart).

@@ -28,7 +28,8 @@ pub struct PackedWeight<'a> {
     pub group: usize,
 }
 
-const FP6_RESCALE: f32 = 21267647932558653966460912964485513216.0; // 2^124
+/// float32's exponent bias less FP6's (127 - 3), in place in the exponent field.
+pub(super) const FP6_REBIAS: u32 = 124 << 23;
 
 impl PackedWeight<'_> {
     fn groups(&self) -> usize {
@@ -86,9 +87,21 @@ impl PackedWeight<'_> {
     }
 }
 
+/// The value of FP6 e3m2 `code` (bias 3), exactly, with no subnormal float32 in the
+/// arithmetic (a multiply by a subnormal takes a microcode assist on x86, ~100 cycles):
+/// the exponent and mantissa bits are placed in a float32 with the exponent rebiased by
+/// [`FP6_REBIAS`], exact for a normal code; a subnormal code (exponent 0, value `m/16`)
+/// gives `1/8 + m/32` that way, so `2f - 1/4` (exact) is its value; the sign is or-ed in.
 #[inline(always)]
 pub(super) fn fp6_value(code: u32) -> f32 {
-    f32::from_bits(((code & 0x20) << 26) | ((code & 0x1F) << 21)) * FP6_RESCALE
+    let exp_mant = (code & 0x1F) << 21;
+    let f = f32::from_bits(exp_mant + FP6_REBIAS);
+    let v = if exp_mant < 4 << 21 {
+        2.0 * f - 0.25
+    } else {
+        f
+    };
+    f32::from_bits(v.to_bits() | ((code & 0x20) << 26))
 }
 
 /// Columns per pass of [`fp6_run`]: the codes of one pass live in a stack buffer.
