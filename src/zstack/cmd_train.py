@@ -147,10 +147,21 @@ def train(
     cp_mode: str = typer.Option(
         "ulysses", "--cp-mode", help="Attention across the --cp ranks: ulysses or ring."
     ),
+    model: Path | None = typer.Option(
+        None, "--model", help="A Hugging Face model: trained by `z finetune` (it says how)."
+    ),
 ) -> None:
     """Train a GPT (or with `--moe` a Mixtral-style MoE) on Shakespeare with ZeRO on NPROC ranks."""
     from zcore.config import ConfigError
 
+    if model is not None:  # z finetune is the Hugging Face Trainer path (DeepSpeed's AutoTP)
+        nproc_hint = nproc if nproc % tp == 0 else tp
+        raise _fail(
+            f"`z train` trains its own GPT on Shakespeare; train the Hugging Face model "
+            f"`{model}` on your JSONL text with `z finetune {model} DATA.jsonl --tp {tp} "
+            f"--nproc {nproc_hint}` (its ds_config works there too, with "
+            '`"tensor_parallel": {"autotp_size": T}`)'
+        )
     explicit = _explicit(ctx)
     opts = TrainOptions(
         out=out,
