@@ -7,7 +7,9 @@ pair of rank processes:
 - ``cp1``: data parallelism (each rank trains its own whole sequence), untiled;
 - ``cp1_tiled``: the same with the loss and the MLP computed in tiles;
 - ``cp2``: one sequence split over both ranks (``sequence_parallel_size`` 2), untiled;
-- ``cp2_tiled``: cp=2 with tiling (ALST's two factors together).
+- ``cp2_tiled``: cp=2 with tiling (ALST's two factors together);
+- ``cp2_ring``, ``cp2_ring_tiled`` (only when asked for in ``--variants``): cp=2 with ring
+  attention (``sequence_parallel_mode`` "ring") instead of Ulysses.
 
 Memory is a training step's peak resident memory above the rank's memory before the step
 (``VmHWM`` reset through ``/proc/self/clear_refs``, free heap returned with ``malloc_trim``
@@ -39,7 +41,15 @@ from zcore.bench import load
 
 _ranks = load("_ranks", Path(__file__).parent)
 
-VARIANTS = {"cp1": (1, False), "cp1_tiled": (1, True), "cp2": (2, False), "cp2_tiled": (2, True)}
+VARIANTS = {  # name: (cp, tiled, sequence_parallel_mode)
+    "cp1": (1, False, "ulysses"),
+    "cp1_tiled": (1, True, "ulysses"),
+    "cp2": (2, False, "ulysses"),
+    "cp2_tiled": (2, True, "ulysses"),
+    "cp2_ring": (2, False, "ring"),
+    "cp2_ring_tiled": (2, True, "ring"),
+}
+DEFAULT_VARIANTS = "cp1,cp1_tiled,cp2,cp2_tiled"
 SMALL = dict(
     vocab_size=8192,
     hidden_size=144,
@@ -53,11 +63,12 @@ SMALL = dict(
 WORLD = 2
 
 
-def ds_config(cp: int, stage: int = 3) -> dict[str, Any]:
+def ds_config(cp: int, stage: int = 3, mode: str = "ulysses") -> dict[str, Any]:
     return {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
         "sequence_parallel_size": cp,
+        "sequence_parallel_mode": mode,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-5}},
         "zero_optimization": {"stage": stage},
         "comm_timeout_s": 1200,
@@ -94,8 +105,8 @@ def _rank(spec: dict[str, Any]) -> None:
     import zcore.hf
     from zcore.sequence import tile_causal_lm
 
-    cp, tiled = VARIANTS[spec["variant"]]
-    cfg = ds_config(cp, spec["stage"])
+    cp, tiled, mode = VARIANTS[spec["variant"]]
+    cfg = ds_config(cp, spec["stage"], mode)
     model = zcore.hf.from_pretrained(
         LlamaForCausalLM, spec["path"], ds_config=cfg, strict=False, **spec["overrides"]
     )
@@ -180,7 +191,7 @@ def run(
     loss_tile: int = 256,
     mlp_tile: int = 256,
     threads: int = 1,
-    variants: str = ",".join(VARIANTS),
+    variants: str = DEFAULT_VARIANTS,
     stage: int = 3,
     timeout_s: float = 3600,
 ) -> dict[str, Any]:
@@ -237,6 +248,12 @@ def run(
 def _ratios(rows: dict[str, Any]) -> dict[str, Any]:
     """The issue's targets as ratios against cp1, where both sides ran."""
     out: dict[str, Any] = {}
+    ring, ulysses = rows.get("cp2_ring"), rows.get("cp2")
+    if ring is not None and ulysses is not None:  # the same split, the other attention
+        out["tokens_per_s_ratio_ring_over_ulysses"] = ring["tokens_per_s"] / ulysses["tokens_per_s"]
+        out["fixed_peak_ratio_ring_over_ulysses"] = (
+            ring["fixed_peak_mib"] / ulysses["fixed_peak_mib"]
+        )
     base = rows.get("cp1")
     if base is None:
         return out
@@ -245,7 +262,7 @@ def _ratios(rows: dict[str, Any]) -> dict[str, Any]:
     for v in ("cp1_tiled", "cp2"):
         if v in rows and base["max_seq"]:
             out[f"max_seq_ratio_{v}"] = rows[v]["max_seq"] / base["max_seq"]
-    for v in ("cp2", "cp2_tiled"):
+    for v in ("cp2", "cp2_tiled", "cp2_ring", "cp2_ring_tiled"):
         if v in rows:
             out[f"tokens_per_s_ratio_{v}"] = rows[v]["tokens_per_s"] / base["tokens_per_s"]
             out[f"fixed_peak_ratio_{v}"] = rows[v]["fixed_peak_mib"] / base["fixed_peak_mib"]
@@ -264,7 +281,12 @@ def report(result: dict[str, Any]) -> str:
         lines.append(
             f"{name:<10} {row['max_seq']:>8} {row['fixed_peak_mib']:>13.1f} {row['tokens_per_s']:>9.1f}"
         )
-    for key in ("max_seq_ratio", "tokens_per_s_ratio_cp2", "fixed_peak_ratio_cp2"):
+    keys = ("max_seq_ratio", "tokens_per_s_ratio_cp2", "fixed_peak_ratio_cp2")
+    for key in (
+        *keys,
+        "tokens_per_s_ratio_ring_over_ulysses",
+        "fixed_peak_ratio_ring_over_ulysses",
+    ):
         if key in result:
             lines.append(f"{key}: {result[key]:.2f}")
     return "\n".join(lines)

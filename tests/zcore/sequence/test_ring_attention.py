@@ -1,8 +1,9 @@
 """Ring attention (``DistributedAttention(mode="ring")``) equals full attention in one
 process, forward and backward (grads of q, k and v), causal and not, with grouped-query
 attention, lengths not divisible by cp, more ranks than heads (Ulysses' cap), and the
-zig-zag layout. Inputs are float64 but the ring computes in float32: tolerance 2e-5
-absolute and relative (float32 summation order, online-softmax merge)."""
+zig-zag layout; tiles by torch's CPU flash kernel and (cp=2) by the written-out reference
+arithmetic. Inputs are float64 but the ring computes in float32: tolerance 2e-5 absolute and
+relative (float32 summation order, online-softmax merge)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import torch.nn.functional as F
 from tests.utils.distributed import run_ranks
 from zcore.comm import MeshSpec, job_mesh
 from zcore.sequence import DistributedAttention, SequenceParallelError, even_split
-from zcore.sequence.ring import RingLayout, _pairs
+from zcore.sequence.ring import RingLayout, ring_attention
+from zcore.sequence.ring_blocks import tiles
 
 # (query heads, kv heads, length): GQA 4/2, MQA 3/1 (cp above the heads at cp=4),
 # SmolLM2's 9/3, a length of exactly cp, and one cp does not divide.
@@ -44,7 +46,7 @@ def _layout(kind: str, length: int, cp: int) -> RingLayout:
     return RingLayout.consecutive(even_split(length, cp))
 
 
-def _ranks(rank: int, world: int, causal: bool, kind: str) -> list:
+def _ranks(rank: int, world: int, causal: bool, kind: str, reference: bool) -> list:
     mesh = job_mesh(MeshSpec.resolve(world, cp=world), 60.0)
     attn = DistributedAttention(lambda *a: None, mode="ring", causal=causal)
     attn.bind_mesh(mesh)
@@ -54,14 +56,17 @@ def _ranks(rank: int, world: int, causal: bool, kind: str) -> list:
         mine = layout.index(rank)
         q, k, v, w = (t[:, mine].clone() for t in _inputs(hq, hkv, length))
         q, k, v = (t.requires_grad_() for t in (q, k, v))
-        out = attn(q, k, v, layout=layout)
+        if reference:  # the written-out tile arithmetic instead of torch's CPU flash kernel
+            out = ring_attention(q, k, v, mesh.comm("cp"), layout, causal=causal, reference=True)
+        else:
+            out = attn(q, k, v, layout=layout)
         (out * w).sum().backward()
         results.append([out.detach(), q.grad, k.grad, v.grad])
     return results
 
 
-def _check(world: int, causal: bool, kind: str) -> None:
-    per_rank = run_ranks(_ranks, world, args=(causal, kind))
+def _check(world: int, causal: bool, kind: str, reference: bool = False) -> None:
+    per_rank = run_ranks(_ranks, world, args=(causal, kind, reference))
     for c, (hq, hkv, length) in enumerate(CASES):
         want = _reference(hq, hkv, length, causal)
         layout = _layout(kind, length, world)
@@ -72,9 +77,10 @@ def _check(world: int, causal: bool, kind: str) -> None:
             torch.testing.assert_close(got, want[i], **TOL, msg=f"{name} {hq}/{hkv}/{length}")
 
 
+@pytest.mark.parametrize("reference", [False, True], ids=["flash", "reference"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-def test_ring_cp2_equals_full_attention(causal: bool) -> None:
-    _check(2, causal, "consecutive")
+def test_ring_cp2_equals_full_attention(causal: bool, reference: bool) -> None:
+    _check(2, causal, "consecutive", reference)
 
 
 @pytest.mark.parametrize("kind", ["consecutive", "zigzag"])
@@ -105,12 +111,7 @@ def test_zigzag_balances_causal_work() -> None:
     # zig-zag gives every rank the same work; with consecutive slices the last does cp x more
     work = {
         kind: [
-            [
-                sum(
-                    (p.qb - p.qa) * sum(b - a for a, b in p.cols) for p in _pairs(q, k, True, "cpu")
-                )
-                for k in lay.runs
-            ]
+            [sum((t.qb - t.qa) * (t.kb - t.ka) for t in tiles(q, k, True)) for k in lay.runs]
             for q in lay.runs
         ]
         for kind, lay in (("zigzag", layout), ("consecutive", _layout("consecutive", 16, 4)))
