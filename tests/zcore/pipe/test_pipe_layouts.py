@@ -70,10 +70,16 @@ def test_pipeline_config_keys() -> None:
 
 
 def _refusals(rank: int, world: int) -> list[str]:
+    live = {
+        "stage": 3,
+        "stage3_param_persistence_threshold": 100,
+        "stage3_max_live_parameters": 1000,
+    }
     cases = {
         "gas": (make_pipe(2), config(1, gas=1)),
         "zbv": (make_pipe(2), config(1, schedule="zbv")),
         "stages": (make_pipe(2), {**config(1), "pipeline": {"stages": 4}}),
+        "live": (make_pipe(2), config(3, zero_optimization=live)),
     }
     out = []
     for _, (model, cfg) in cases.items():
@@ -87,11 +93,15 @@ def _refusals(rank: int, world: int) -> list[str]:
 
 
 def test_bad_layouts_fail_at_start_on_every_rank() -> None:
-    for msgs in run_ranks(_refusals, 2):
-        gas, zbv, stages = msgs
+    outs = run_ranks(_refusals, 2)
+    assert outs[0][3] == outs[1][3]  # both stages name the larger one's parameters
+    for msgs in outs:
+        gas, zbv, stages, live = msgs
         assert "gradient_accumulation_steps 1 < pp 2" in gas
         assert "virtual_stages=2, stage_order='v'" in zbv
         assert "pipeline.stages 4 != the model's num_stages 2" in stages
+        assert "stage3_max_live_parameters is 1000" in live, live
+        assert "raise stage3_max_live_parameters to at least" in live
 
 
 class _Experts(nn.Linear):

@@ -130,6 +130,9 @@ class PipelineEngine(ZEngine):
         )
         self._check_group_axes()
         self.held = HeldParameters(self.stage3, model) if self.stage3 is not None else None
+        zc = config.zero_optimization
+        if self.held is not None and "stage3_max_live_parameters" in zc.model_fields_set:
+            self.held.check_limit(self.pp, int(zc.stage3_max_live_parameters), device)
         with self._gathered():  # stage 3: the tie's shapes and values are the full ones
             self.ties = Ties(model, self.pp, self.dtype, device)
             for p in self.ties.sync_initial():

@@ -26,7 +26,9 @@ traffic equals ZeRO-2's under a pipeline: stage 3 all-gathers the cut parameters
 the schedule where ZeRO-2 all-gathers every updated parameter after the step (only the
 persistent ones are gathered after a stage-3 step). Parameters of at most
 ``stage3_param_persistence_threshold`` elements stay gathered always, as without a
-pipeline. Evaluation (``eval_batch``) gathers and releases the same way.
+pipeline. Evaluation (``eval_batch``) gathers and releases the same way. An explicit
+``stage3_max_live_parameters`` below a stage's cut parameters is refused at start (they
+are all live during the step); unset, it does not bound the hold.
 """
 
 from __future__ import annotations
@@ -34,8 +36,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+import torch
+import torch.distributed as dist
 from torch import nn
 
+from zcore.comm import Comm
 from zcore.zero.stage3 import Stage3Params
 
 
@@ -53,6 +58,27 @@ class HeldParameters:
                 self.params.append(p)
         self.bucket_elems = max(1, stage3.prefetch_elems)
         self.held = False
+
+    @property
+    def elems(self) -> int:
+        """Elements of the cut parameters this rank gathers for a step."""
+        return sum(self.stage3.params[p].numel for p in self.params)
+
+    def check_limit(self, pp: Comm, limit: int, device: torch.device) -> None:
+        """Refuse, on every pipeline rank, a stage holding more gathered elements than an
+        explicit ``stage3_max_live_parameters``: held for the whole step, they would all be
+        live at once (collective over ``pp``; the message names the largest stage)."""
+        most = torch.tensor([self.elems], dtype=torch.int64, device=device)
+        what = "all_reduce(stage-3 parameters held for the step, max)"
+        pp.all_reduce(most, what, dist.ReduceOp.MAX).wait()
+        if int(most.item()) > limit:
+            raise ValueError(
+                f"zero_optimization.stage3_max_live_parameters is {limit}, but under a "
+                f"pipeline stage 3 keeps a stage's cut parameters gathered for the whole step "
+                f"and a pipeline rank holds {int(most.item())} elements of them; raise "
+                f"stage3_max_live_parameters to at least {int(most.item())} (or leave it "
+                "unset), cut the model into more pipeline stages, or use ZeRO stage 2"
+            )
 
     def buckets(self) -> list[list[nn.Parameter]]:
         """The parameters in gather order, cut into buckets of at most ``bucket_elems``
