@@ -52,7 +52,8 @@ def _tp_rank(
     )
     trainer.train()
     out = {"history": tc.history(trainer), "tp": trainer.engine.mesh.spec.tp}
-    out["shard_rows"] = trainer.model.model.layers[0].self_attn.q_proj.weight.shape[0]
+    q = trainer.model.model.layers[0].self_attn.q_proj.weight
+    out["shard_rows"] = getattr(q, "z_shape", q.shape)[0]  # stage 3: its full (tp shard) shape
     trainer.save_model(f"{tmp}/saved")
     return out
 
