@@ -25,7 +25,8 @@ The cut is the fp plan's (:mod:`zserve.tp.plan`), applied to the packed weights
   whole input (one all-gather of ``(T, in)``, :class:`GatheredInput`), runs its rows on it,
   exactly tp=1's numbers, and writes them into a zero ``(T, hidden)`` that the layer's usual
   all-reduce completes (adding zeros is exact). One more collective per such layer; the
-  same bytes of weight per rank.
+  same bytes of weight per rank. With the MLP cut on :data:`SWIGLU_ALIGN` columns, such a
+  model's logits at tp=N are tp=1's bit for bit (SmolLM2 W8A8 and W4A8, every layer).
 
 Weight-only layers only reorder the partial sums; ``tests/zserve/tp/test_tp_quantized.py``
 states the tolerances. Not served at tp>1 (a
@@ -68,16 +69,28 @@ _DOWN = re.compile(r"model\.layers\.\d+\.mlp\.down_proj")
 _PACKED = ("qdata", "qscale", "qzero", "qdata2", "bias", "qoutliers")
 
 
+SWIGLU_ALIGN = 64
+"""MLP columns a rank's cut falls on when the MLP's activations are quantized: torch's
+elementwise loops (SwiGLU's ``silu(gate) * up``) run whole pairs of vectors (32 floats at
+AVX-512) and leave a row's tail to a scalar loop whose ``exp`` differs in the last bit, so
+a rank width that is not a multiple gives other bits than tp=1's whole row, and INT8
+activation codes amplify them (SmolLM2 W8A8: greedy text changed)."""
+
+
 def mlp_align(model_dir: str | Path) -> int:
-    """Columns the MLP cuts of a zquant directory fall on: :data:`MLP_ALIGN` and every
-    group size of its quantized down projections (their row-parallel cut is then exact,
-    never padded)."""
+    """Columns the MLP cuts of a zquant directory fall on: :data:`MLP_ALIGN`, every group
+    size of its quantized down projections (their row-parallel cut is then exact, never
+    padded), and :data:`SWIGLU_ALIGN` when a down projection's activations are quantized."""
     manifest = json.loads((Path(model_dir) / MANIFEST).read_text(encoding="utf-8"))
     align = MLP_ALIGN
     for name, layer in (manifest.get("layers") or {}).items():
-        spec = (layer.get("weight") or {}) if isinstance(layer, dict) else {}
-        if _DOWN.fullmatch(name) and spec.get("granularity") == "group":
+        if not (_DOWN.fullmatch(name) and isinstance(layer, dict)):
+            continue
+        spec = layer.get("weight") or {}
+        if spec.get("granularity") == "group":
             align = math.lcm(align, int(spec["group_size"]))
+        if layer.get("act_bits"):
+            align = math.lcm(align, SWIGLU_ALIGN)
     return align
 
 
