@@ -26,9 +26,9 @@ pub(super) use crate::quant::{for_blocks, SharedOut};
 /// 64 rows, 3x faster at 16).
 pub(super) const GEMV_MAX_ROWS: usize = 64;
 /// The same where AVX2 is the level: the AVX2 tile ([`super::tile_avx2`], two activation
-/// rows by four weight rows of FMAs) overtakes this path's 4-row passes between 4 and 16
-/// rows (SmolLM2's 1536 x 576, one thread: 19 against 12 GMAC/s at 4 rows, 19 against
-/// 24 at 16, 19 against 33 at 64).
+/// rows by four weight rows of FMAs) overtakes this path between 8 and 16 rows (SmolLM2's
+/// 1536 x 576, one thread, GMAC/s, this path against the tile: 19 against 12 at 4 rows;
+/// 23.5 at 8 as one pass; two 4-row passes 19 against 24 at 16, 19 against 33 at 64).
 pub(super) const GEMV_MAX_ROWS_AVX2: usize = 8;
 /// Activation rows up to which an FP6 weight takes [`super::gemv_avx2`] at AVX2 and AVX-512
 /// (there is no AVX-512 FP6 body), instead of the tile path.
