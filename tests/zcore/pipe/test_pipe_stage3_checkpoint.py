@@ -6,7 +6,8 @@ and trains on to ``STEPS`` (the uninterrupted run). Fresh engines (another seed)
 checkpoint at (1, 1, 1) and back at the saving layout, train the same steps and save: their
 losses equal the uninterrupted run's within 1e-5 relative and ``consolidate`` of their end
 checkpoints agrees with the uninterrupted run's within 2e-5 absolute
-(tests/zcore/checkpoint/common.py's tolerances).
+(tests/zcore/checkpoint/common.py's tolerances). ``save_16bit_model`` at pp2 writes one file
+holding every stage's layers.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from tests.zcore.checkpoint.common import LOSS_RTOL, PARAM_ATOL, SAVE_AT, STEPS,
 from tests.zcore.checkpoint.test_recut_pp import GAS, ROWS, pipe_steps
 from tests.zcore.pipe.common import config, make_pipe
 from zcore.checkpoint import consolidate
+from zcore.tensor import gather_full_state_dict
 
 
 def engine_at(world: int, pp: int, seed: int, stage: int = 3) -> Any:
@@ -83,3 +85,29 @@ def test_pp2_dp2_stage3_checkpoint_loads_at_pp1_and_back_at_pp2_dp2(tmp_path: Pa
         _check(root, straight, tag, run_ranks(_load, 1, args=(1, stage, root, tag)))
     outs = run_ranks(_load, 4, args=(2, 3, root, "end-212"), timeout=240)
     _check(root, straight, "end-212", outs)
+
+
+def _save16(rank: int, world: int, stage: int, root: str) -> dict[str, torch.Tensor]:
+    cfg = config(stage, mb=2, gas=GAS)
+    cfg["zero_optimization"].update(
+        stage3_param_persistence_threshold=100, stage3_gather_16bit_weights_on_model_save=True
+    )
+    engine = zcore.initialize(make_pipe(2), config=cfg)[0]
+    pipe_steps(engine, 0, 1)
+    engine.save_16bit_model(root)
+    full = gather_full_state_dict(engine.module)
+    engine.destroy()
+    return full
+
+
+@pytest.mark.parametrize("stage", [3, pytest.param(1, marks=pytest.mark.slow(reason="2 ranks"))])
+def test_pp2_save_16bit_model_holds_every_stage(tmp_path: Path, stage: int) -> None:
+    """One file with every stage's layers (a tie once), equal to each stage's gathered
+    parameters after a step; no part files left."""
+    outs = run_ranks(_save16, 2, args=(stage, str(tmp_path)))
+    saved = torch.load(tmp_path / "pytorch_model.bin", weights_only=True)
+    assert saved.keys() == make_pipe(1).state_dict().keys()
+    for full in outs:
+        for name, value in full.items():
+            torch.testing.assert_close(saved[name], value, rtol=0, atol=0, msg=name)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pytorch_model.bin"]

@@ -39,6 +39,7 @@ from zcore.comm.mesh import spec_from_config
 from zcore.config import ZConfig
 from zcore.engine import ZEngine
 from zcore.pipe.config import PipelineConfig
+from zcore.pipe.model16 import save_pipeline_16bit
 from zcore.pipe.module import PipelineModule
 from zcore.pipe.schedules import check_layout
 from zcore.pipe.stage3 import HeldParameters
@@ -348,3 +349,22 @@ class PipelineEngine(ZEngine):
 
     def step(self) -> None:
         raise RuntimeError("a pipeline engine steps inside train_batch; call train_batch")
+
+    def save_16bit_model(self, save_dir: str, save_filename: str = "pytorch_model.bin") -> bool:
+        """Rank 0 writes every stage's layers as one plain ``state_dict`` (collective;
+        :mod:`zcore.pipe.model16`). Not with ``tp > 1``: the stages hold tensor-parallel
+        shards there; save a checkpoint and ``consolidate`` it."""
+        zc = self.config.zero_optimization
+        if self.pp.size == 1 or (
+            self.stage == 3 and not zc.stage3_gather_16bit_weights_on_model_save
+        ):
+            return super().save_16bit_model(save_dir, save_filename)  # or its refusal
+        if self.mesh.spec.tp > 1:
+            raise ValueError(
+                f"save_16bit_model at pp {self.pp.size} x tp {self.mesh.spec.tp}: the stages "
+                "hold tensor-parallel shards; use save_checkpoint and then "
+                "zcore.checkpoint.consolidate (or `z checkpoint consolidate`) for full tensors"
+            )
+        writer = self.comm.rank == 0 and self.replicas.rank == 0
+        parts = self.checkpoint_parts()
+        return save_pipeline_16bit(parts, self.pp, writer, save_dir, save_filename)
