@@ -90,3 +90,33 @@ def test_llama_tp2_trainer_equals_single_process(tmp_path: Path) -> None:
 def test_llama_tp2_trainer_10_steps(tmp_path: Path, stage: int, world: int) -> None:
     """tp2 at each ZeRO stage, and tp2 x dp2 at stages 2 and 3."""
     _check(tmp_path, stage=stage, world=world, tp=2)
+
+
+def test_batch_arithmetic_counts_data_parallel_ranks() -> None:
+    from types import SimpleNamespace
+
+    from zcore.hf.trainer_config import TrainerConfigError, fill_from_args
+
+    def args(world: int) -> Any:
+        return SimpleNamespace(
+            world_size=world,
+            per_device_train_batch_size=2,
+            gradient_accumulation_steps=3,
+            max_grad_norm=1.0,
+            learning_rate=1e-3,
+            adam_beta1=0.9,
+            adam_beta2=0.999,
+            adam_epsilon=1e-8,
+            weight_decay=0.0,
+            fp16=False,
+            bf16=False,
+        )
+
+    tp2 = {"tensor_parallel": {"autotp_size": 2}}
+    assert fill_from_args(tp2, args(4))["train_batch_size"] == 2 * 3 * 2  # dp 2, not 4
+    with pytest.raises(TrainerConfigError, match=r"x data-parallel ranks \(2 x 3 x 2\)"):
+        fill_from_args({**tp2, "train_batch_size": 24}, args(4))
+    with pytest.raises(
+        TrainerConfigError, match=r"autotp_size 2 does not divide the world size 3 \(3 % 2 = 1\)"
+    ):
+        fill_from_args(tp2, args(3))
