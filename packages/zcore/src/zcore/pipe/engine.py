@@ -44,6 +44,7 @@ from zcore.pipe.module import PipelineModule
 from zcore.pipe.schedules import check_layout
 from zcore.pipe.stage3 import HeldParameters
 from zcore.pipe.ties import Ties
+from zcore.zero import GatheredParameters
 from zcore.zero.axes import mesh_request
 
 _DTYPES = [torch.int64, torch.int32, torch.float32, torch.bfloat16, torch.float16, torch.bool]
@@ -134,7 +135,8 @@ class PipelineEngine(ZEngine):
         zc = config.zero_optimization
         if self.held is not None and "stage3_max_live_parameters" in zc.model_fields_set:
             self.held.check_limit(self.pp, int(zc.stage3_max_live_parameters), device)
-        with self._gathered():  # stage 3: the tie's shapes and values are the full ones
+        tied = [p for key in model.tied for p in model.tied_parameters(key)]
+        with GatheredParameters(tied):  # stage 3: the ties' full shapes and values
             self.ties = Ties(model, self.pp, self.dtype, device)
             for p in self.ties.sync_initial():
                 if self.stage3 is not None and p in self.stage3.params:
