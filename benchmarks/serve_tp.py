@@ -121,9 +121,7 @@ def _quantized(model_dir: Path, recipes: str, quant_dir: str | None) -> dict[str
         return {}
     import tempfile
 
-    from zstack.bench import load
-
-    serve_quant = load("serve_quant")
+    serve_quant = load("serve_quant", Path(__file__).parent)
     names = serve_quant.check_recipes(recipes)
     root = Path(quant_dir) if quant_dir else Path(tempfile.mkdtemp(prefix="zserve-tp-quant-"))
     return {q: serve_quant.quantized_dir(model_dir, q, root)[0] for q in names}

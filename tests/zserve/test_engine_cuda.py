@@ -31,9 +31,16 @@ MAX_TOKENS = 12
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     config, state = random_llama(
-        vocab=256, hidden=128, inter=256, layers=2, heads=4, kv_heads=2, std=0.2,
-        max_positions=512, rope_parameters={"rope_theta": 10000.0, "rope_type": "default"},
-    )  # fmt: skip
+        vocab=256,
+        hidden=128,
+        inter=256,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        std=0.2,
+        max_positions=512,
+        rope_parameters={"rope_theta": 10000.0, "rope_type": "default"},
+    )
     out = tmp_path_factory.mktemp("cuda-llama")
     (out / "config.json").write_text(json.dumps(config))
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
