@@ -37,7 +37,6 @@ def invoke(*args: str) -> tuple[int, str]:
         ),
         (["--nproc", "3", "--tp", "3"], "preset tiny has n_head 4, not divisible by `--tp 3`"),
         (["--nproc", "2", "--tp", "2", "--vocab-size", "515"], "`--vocab-size 515` is not"),
-        (["--nproc", "2", "--pp", "2", "--stage", "3"], "`--stage 3` with `--pp` is not built"),
         (["--nproc", "2", "--pp", "2", "--schedule", "zbv"], "zbv cannot run the validation"),
         (["--nproc", "2", "--pp", "2", "--schedule", "nope"], "`--schedule nope` is not one"),
         (["--nproc", "2", "--pp", "2", "--microbatches", "1"], "`--microbatches 1` < `--pp 2`"),

@@ -145,18 +145,8 @@ def _plan_pipeline(opts: TrainOptions, blocks: int) -> tuple[Layout, TrainOption
             f"interleaved_1f1b runs micro-batches in rounds of `--pp {pp}`: `--microbatches "
             f"{micro}` is not a multiple of {rounds} rounds; pass a multiple of {pp}"
         )
-    stage = opts.stage
-    if stage == 3:
-        if "stage" in given:
-            raise TrainError(
-                "`--stage 3` with `--pp` is not built: the schedule runs each stage's layers "
-                "once per micro-batch, so ZeRO-3 would gather every parameter 2 x micro-batches "
-                "times a step; pass `--stage 2` (gradients and optimizer state stay partitioned)"
-            )
-        stage = 2
-        notes.append("`--pp` runs at ZeRO stage 2 (stage 3 is not built under pipelines)")
     layout = Layout(pp, opts.tp, opts.schedule, micro)
-    return layout, dataclasses.replace(opts, stage=stage, grad_accum=micro), notes
+    return layout, dataclasses.replace(opts, grad_accum=micro), notes
 
 
 def param_groups(model: Any, rename: Any = None) -> list[dict[str, Any]]:
