@@ -42,7 +42,11 @@ from zserve.tp.runner import TPRunner
 
 ATOL = 1e-4
 OPTIONS = dict(num_blocks=32, block_size=4)
-RECIPES = {"w8a8": {}, "w4": {"group_size": 64}, "w6a16": {}}
+RECIPES = {
+    "w8a8": {"lm_head": "int8"},  # the INT8 LM head too: cut by vocab rows like a plain one
+    "w4": {"group_size": 64},
+    "w6a16": {},
+}
 
 
 def quantize_dir(source: Path, out: Path, recipe: str, **options: object) -> Path:
@@ -127,6 +131,8 @@ def test_tp2_logits_equal_tp1(tiny_dir: Path, tmp_path: Path, recipe: str) -> No
     if recipe == "w8a8":  # o and down by output rows: hidden 96 over 2 ranks, input whole
         o = q.gathered["model.layers.0.self_attn.o_proj"]
         assert (o.rows, o.widths, o.inner.in_features) == ((0, 48), [32, 64], 96)
+        head = runner.local.model.lm_head  # rank 0's half of the 128-token vocabulary
+        assert (head.out_features, head.layer.path) == (64, "w8a8")
 
 
 def test_pruned_mlp_is_refused_before_ranks_start(tiny_dir: Path, tmp_path: Path) -> None:
