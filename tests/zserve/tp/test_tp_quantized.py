@@ -120,6 +120,8 @@ def test_tp2_logits_equal_tp1(tiny_dir: Path, tmp_path: Path, recipe: str) -> No
     try:
         two = _run(runner)
         q = runner.local.model.quantization
+        # decode steps run as the decode program: the gathered and padded layers' kernels
+        assert runner.local.model.decode_program is not None
         assert runner.local.kv_cache.num_kv_heads == 1
     finally:
         runner.close()

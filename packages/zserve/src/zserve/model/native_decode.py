@@ -51,6 +51,10 @@ def kernel_call(weight: Any, dtype: torch.dtype) -> tuple[KernelCall, int] | Non
         return (znative.linear_rows, (np_view(weight),), {}), rows
     if isinstance(weight, BoundLinear) and dtype == torch.float32:  # its rule for a call
         return weight.kernel_call(), rows
+    call = getattr(weight, "kernel_call", None)  # a wrapper over one (zserve.tp.quantized)
+    if call is not None and dtype == torch.float32:
+        wrapped: KernelCall | None = call()
+        return None if wrapped is None else (wrapped, rows)
     return None
 
 

@@ -190,6 +190,21 @@ class PaddedInput:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.inner(F.pad(x, (self.front, self.back)))
 
+    def kernel_call(self) -> tuple[Any, tuple[Any, ...], dict[str, Any]] | None:
+        """The decode program's call (:func:`zserve.model.native_decode.kernel_call`): the
+        inner kernel on the padded rows; None when the inner layer is not one kernel."""
+        inner = getattr(self.inner, "kernel_call", None)
+        if inner is None:
+            return None
+        kernel, args, kwargs = inner()
+
+        def call(x: Any, *args_: Any, **kw: Any) -> None:
+            *weights, out = args_
+            padded = F.pad(torch.from_numpy(x), (self.front, self.back))
+            kernel(padded.numpy(), *weights, out, **kw)
+
+        return call, args, kwargs
+
 
 @dataclass
 class GatheredInput:
@@ -216,6 +231,32 @@ class GatheredInput:
         y = torch.zeros(x.shape[0], self.hidden, dtype=part.dtype)
         y[:, self.rows[0] : self.rows[1]] = part
         return y
+
+    @property
+    def max_rows(self) -> int:
+        """The inner kernel's row limit (the step's routing and threading rule)."""
+        return int(getattr(self.inner, "max_rows", 0))
+
+    def kernel_call(self) -> tuple[Any, tuple[Any, ...], dict[str, Any]] | None:
+        """The decode program's call: gather, the inner kernel on the rank's rows, written
+        into the zeroed output; None when the inner layer is not one kernel."""
+        inner = getattr(self.inner, "kernel_call", None)
+        if inner is None:
+            return None
+        kernel, args, kwargs = inner()
+        a, b = self.rows
+
+        def call(x: Any, *args_: Any, **kw: Any) -> None:
+            *weights, out = args_
+            assert self.gather is not None
+            whole = self.gather(torch.from_numpy(x), self.widths)
+            part = torch.empty(whole.shape[0], b - a, dtype=whole.dtype)
+            kernel(whole.numpy(), *weights, part.numpy(), **kw)
+            y = torch.from_numpy(out)
+            y.zero_()
+            y[:, a:b] = part
+
+        return call, args, kwargs
 
 
 def connect(model: LlamaModel, group: TPGroup) -> None:
