@@ -148,21 +148,31 @@ def train(
         "ulysses", "--cp-mode", help="Attention across the --cp ranks: ulysses or ring."
     ),
     model: Path | None = typer.Option(
-        None, "--model", help="A Hugging Face model: trained by `z finetune` (it says how)."
+        None,
+        "--model",
+        help="A Hugging Face causal LM (LLaMA/Mistral/Qwen2 at --tp) trained on the plays "
+        "through `z finetune`.",
     ),
 ) -> None:
     """Train a GPT (or with `--moe` a Mixtral-style MoE) on Shakespeare with ZeRO on NPROC ranks."""
     from zcore.config import ConfigError
 
-    if model is not None:  # z finetune is the Hugging Face Trainer path (DeepSpeed's AutoTP)
-        nproc_hint = nproc if nproc % tp == 0 else tp
-        raise _fail(
-            f"`z train` trains its own GPT on Shakespeare; train the Hugging Face model "
-            f"`{model}` on your JSONL text with `z finetune {model} DATA.jsonl --tp {tp} "
-            f"--nproc {nproc_hint}` (its ds_config works there too, with "
-            '`"tensor_parallel": {"autotp_size": T}`)'
-        )
     explicit = _explicit(ctx)
+    if model is not None:  # a Hugging Face model: zcore.hf.Trainer, as `z finetune` runs it
+        from zstack import train_hf
+
+        bad = train_hf.refused(explicit)
+        if bad:
+            raise _fail(
+                f"{', '.join(bad)} shape `z train`'s own GPT; with `--model` the model is "
+                f"`{model}`'s config: drop {'them' if len(bad) > 1 else 'it'}"
+            )
+        if config is not None and explicit & {"stage", "bf16"}:
+            raise _fail(
+                "`--config` with `--stage`/`--bf16`: set zero_optimization.stage and bf16 in "
+                "the config, or drop `--config`"
+            )
+        raise typer.Exit(train_hf.run(_z_script(), model, ctx.params, explicit))
     opts = TrainOptions(
         out=out,
         preset=preset,
