@@ -22,6 +22,7 @@ def test_z_train_defaults_are_the_train_options_defaults() -> None:
     command = typer.main.get_command(app).commands["train"]  # type: ignore[attr-defined]
     flags = {p.name: p.default for p in command.params}
     assert flags.pop("nproc") == 2  # the world size the plan test uses
+    assert flags.pop("model") is None  # a Hugging Face model goes to z finetune (train_hf.py)
     fields = {f.name: f.default for f in dataclasses.fields(TrainOptions) if f.name != "explicit"}
     assert flags == fields
 

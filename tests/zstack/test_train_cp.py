@@ -28,7 +28,7 @@ Z = Path(sys.executable).parent / "z"
         (["--nproc", "2", "--cp", "3"], "`--cp 3` does not divide `--nproc 2`"),
         (["--nproc", "4", "--cp", "3"], "pass `--nproc 3`, or a `--cp` that divides 4"),
         (["--nproc", "2", "--cp", "2", "--seq-len", "1"], "`--seq-len 1` is shorter than"),
-        (["--nproc", "4", "--cp", "2", "--tp", "2"], "`--cp` with `--pp`/`--tp` is not built"),
+        (["--nproc", "4", "--cp", "2", "--pp", "2"], "`--cp` with `--pp` is not built"),
         (["--nproc", "2", "--cp", "2", "--moe"], "`--cp` with `--moe` is not built"),
     ],
 )
