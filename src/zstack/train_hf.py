@@ -14,18 +14,14 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from ztrain.moe_plan import MOE_FLAGS
+
 #: `z train` options with no meaning for a Hugging Face model (its config is the model's).
 GPT_ONLY = (
     "preset",
     "vocab_size",
     "moe",
-    "moe_experts",
-    "moe_top_k",
-    "moe_layers",
-    "moe_capacity_factor",
-    "moe_dropless",
-    "moe_ep",
-    "moe_aux_coef",
+    *MOE_FLAGS,
     "dense_twin",
     "pp",
     "schedule",
