@@ -10,6 +10,7 @@ Policy = Literal["splitfuse", "prefill-first", "static"]
 DType = Literal["float32", "bfloat16", "float16"]
 Speculative = Literal["ngram", "self-draft"]
 Offload = Literal["cpu", "nvme"]
+TPCollectives = Literal["shm", "gloo"]
 
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 """Seeds accepted (engine and per request): a signed 64-bit integer, OpenAI's `seed`;
@@ -110,6 +111,11 @@ class EngineConfig(BaseModel):
     tp_timeout_s: float = Field(default=120.0, gt=0)
     """Seconds a step's collective waits for a tensor-parallel rank before the engine stops
     with an error naming it."""
+
+    tp_collectives: TPCollectives = "shm"
+    """What carries the tensor-parallel layers' all-reduces and gathers: `shm`, a shared-memory
+    segment of this host (:mod:`zserve.tp.shm`; gloo where it cannot be mapped), or `gloo`
+    over loopback."""
 
     @model_validator(mode="before")
     @classmethod

@@ -118,7 +118,13 @@ class Engine:
         if config.tp > 1:  # this process is rank 0 of `tp` (zserve.tp)
             from zserve.tp.runner import TPRunner
 
-            runner = TPRunner(model_dir, config.tp, timeout_s=config.tp_timeout_s, **options)
+            runner = TPRunner(
+                model_dir,
+                config.tp,
+                timeout_s=config.tp_timeout_s,
+                collectives=config.tp_collectives,
+                **options,
+            )
         else:
             runner = ModelRunner(model_dir, **options)
         self._setup(runner, Tokenizer(model_dir), config, Path(model_dir).name)

@@ -13,6 +13,10 @@ Two groups over the same ranks:
   requests, for as long as the server is idle, so its timeout is long; rank 0 posts it
   asynchronously and the step's compute collectives are what notice a missing rank.
 
+With ``collectives="shm"`` (the default; the ranks are all on this host) the compute
+collectives go through a shared-memory segment (:mod:`zserve.tp.shm`) instead of gloo, with
+the same timeout and the same errors; gloo remains where it cannot be mapped.
+
 Every collective error on rank 0 becomes a :class:`TPRankError` naming the op, the step and
 the rank (by its process's exit code when it died, else every rank still alive is named as
 possibly stuck).
@@ -24,15 +28,22 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import partial
+from typing import Literal
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
+from zserve.tp.shm import ShmCollectives
+
 IDLE_TIMEOUT = timedelta(days=30)
 """How long a worker waits for rank 0's next step (the server may sit idle)."""
 STARTUP = timedelta(minutes=15)
 """How long the rendezvous and the ready barrier wait for every rank to load its shard."""
+
+Collectives = Literal["shm", "gloo"]
+"""How the compute collectives travel: a shared-memory segment of this host, or gloo."""
 
 
 class TPRankError(RuntimeError):
@@ -66,11 +77,31 @@ class TPGroup:
         default=None, repr=False
     )
     """Rank 0's: turns a failed collective into a :class:`TPRankError` naming the rank."""
+    shm: ShmCollectives | None = field(default=None, repr=False)
+    """The shared-memory collectives, when they carry the compute collectives."""
+
+    def __post_init__(self) -> None:
+        self._reduce: Callable[[torch.Tensor], object] = (
+            self.shm.all_reduce
+            if self.shm is not None
+            else partial(dist.all_reduce, group=self.compute)
+        )
+
+    @property
+    def collectives(self) -> Collectives:
+        """What carries the compute collectives."""
+        return "shm" if self.shm is not None else "gloo"
 
     @classmethod
-    def join(cls, rank: int, size: int, port: int, timeout_s: float) -> TPGroup:
+    def join(
+        cls, rank: int, size: int, port: int, timeout_s: float, collectives: Collectives = "shm"
+    ) -> TPGroup:
         """Join the ``size``-rank group whose rank 0 listens on loopback ``port`` (the
-        rendezvous waits up to :data:`STARTUP` for every rank's process to come up)."""
+        rendezvous waits up to :data:`STARTUP` for every rank's process to come up).
+        ``collectives="shm"`` maps the group's shared-memory segment (gloo where that fails
+        on any rank)."""
+        if collectives not in ("shm", "gloo"):
+            raise ValueError(f"tp collectives {collectives!r}: use 'shm' or 'gloo'")
         dist.init_process_group(
             "gloo",
             init_method=f"tcp://127.0.0.1:{port}",
@@ -84,7 +115,8 @@ class TPGroup:
             "cpu", (size,), mesh_dim_names=("tp",), backend_override={"tp": ("gloo", bounded)}
         )
         control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
-        return cls(rank, size, mesh.get_group("tp"), control, timeout_s)
+        shm = ShmCollectives.open(rank, size, timeout_s) if collectives == "shm" else None
+        return cls(rank, size, mesh.get_group("tp"), control, timeout_s, shm=shm)
 
     def begin_step(self) -> None:
         self.step += 1
@@ -102,7 +134,7 @@ class TPGroup:
         k = self._ops
         self._ops += 1
         try:
-            dist.all_reduce(t, group=self.compute)
+            self._reduce(t)
         except RuntimeError as exc:
             part = "attention" if k % 2 == 0 else "mlp"
             raise self._failed(f"all_reduce after layer {k // 2} ({part})", exc) from exc
@@ -110,33 +142,46 @@ class TPGroup:
     def all_gather_columns(self, local: torch.Tensor, widths: list[int]) -> torch.Tensor:
         """Every rank's ``(n, widths[r])`` columns side by side ``(n, sum)``, on every rank
         (the input of a projection cut by output rows, :mod:`zserve.tp.quantized`)."""
-        wide = max(widths)
-        if local.shape[1] < wide:
-            local = torch.nn.functional.pad(local, (0, wide - local.shape[1]))
-        local = local.contiguous()
-        parts = [torch.empty_like(local) for _ in widths]
         try:
-            dist.all_gather(parts, local, group=self.compute)
+            parts = self._gather(local, widths, everyone=True)
         except RuntimeError as exc:
             raise self._failed(f"all_gather before layer {self._ops // 2}", exc) from exc
+        assert parts is not None
         return torch.cat([q[:, :w] for q, w in zip(parts, widths, strict=True)], dim=1)
 
     def gather_columns(self, local: torch.Tensor, widths: list[int]) -> torch.Tensor | None:
         """Rank 0: every rank's ``(n, widths[r])`` columns side by side ``(n, sum)``; other
         ranks send theirs and get None."""
-        wide = max(widths)
-        if local.shape[1] < wide:
-            local = torch.nn.functional.pad(local, (0, wide - local.shape[1]))
-        local = local.contiguous()
-        parts = [torch.empty_like(local) for _ in widths] if self.rank == 0 else None
         try:
-            dist.gather(local, parts, dst=0, group=self.compute)
+            parts = self._gather(local, widths, everyone=False)
         except RuntimeError as exc:
             raise self._failed("gather of the logits", exc) from exc
         if parts is None:
             return None
         return torch.cat([p[:, :w] for p, w in zip(parts, widths, strict=True)], dim=1)
 
+    def _gather(
+        self, local: torch.Tensor, widths: list[int], everyone: bool
+    ) -> list[torch.Tensor] | None:
+        """Every rank's ``local`` padded to ``max(widths)`` columns, in rank order, on every
+        rank (``everyone``) or on rank 0 only (None elsewhere)."""
+        wide = max(widths)
+        if local.shape[1] < wide:
+            local = torch.nn.functional.pad(local, (0, wide - local.shape[1]))
+        local = local.contiguous()
+        keep = everyone or self.rank == 0
+        if self.shm is not None:
+            stacked = self.shm.all_gather(local, keep=keep)
+            return None if stacked is None else list(stacked.unbind(0))
+        parts = [torch.empty_like(local) for _ in widths] if keep else None
+        if everyone:
+            dist.all_gather(parts, local, group=self.compute)  # type: ignore[arg-type]
+        else:
+            dist.gather(local, parts, dst=0, group=self.compute)
+        return parts
+
     def close(self) -> None:
+        if self.shm is not None:
+            self.shm.close()
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -31,7 +31,7 @@ import torch.multiprocessing as mp
 from zserve.model.config import LlamaConfig
 from zserve.runner import ModelRunner, SeqChunk
 from zserve.tp import wire
-from zserve.tp.group import TPGroup, TPRankError, free_port
+from zserve.tp.group import Collectives, TPGroup, TPRankError, free_port
 from zserve.tp.quantized import connect, plan_dir
 
 log = logging.getLogger(__name__)
@@ -50,12 +50,21 @@ class TPRunner:
         model_dir: HF model directory (plain safetensors), or a `z quantize` directory.
         tp: ranks, ``2 <= tp <= num_attention_heads`` (:func:`zserve.tp.plan.plan`).
         timeout_s: how long a collective of a step waits for a rank before the engine stops.
+        collectives: what carries the layers' collectives: ``"shm"`` (a shared-memory
+            segment of this host, :mod:`zserve.tp.shm`; gloo where it cannot be mapped) or
+            ``"gloo"``.
         runner_kwargs: :class:`~zserve.runner.ModelRunner`'s keyword arguments, the same on
             every rank.
     """
 
     def __init__(
-        self, model_dir: str | Path, tp: int, *, timeout_s: float = 120.0, **runner_kwargs: Any
+        self,
+        model_dir: str | Path,
+        tp: int,
+        *,
+        timeout_s: float = 120.0,
+        collectives: Collectives = "shm",
+        **runner_kwargs: Any,
     ) -> None:
         shards = plan_dir(model_dir, tp)  # a bad --tp fails here, before any process starts
         if dist.is_initialized():
@@ -78,7 +87,7 @@ class TPRunner:
         self.procs = {
             r: ctx.Process(
                 target=worker_main,
-                args=(r, tp, port, str(model_dir), runner_kwargs, timeout_s, threads),
+                args=(r, tp, port, str(model_dir), runner_kwargs, timeout_s, threads, collectives),
                 name=f"zserve-tp{r}",
                 daemon=True,
             )
@@ -88,7 +97,7 @@ class TPRunner:
             p.start()
         self._finalizer = weakref.finalize(self, _stop_procs, list(self.procs.values()))
         try:
-            self.group = self._join(port, timeout_s)
+            self.group = self._join(port, timeout_s, collectives)
             self.group.describe_failure = self._describe
             self.local.model.reduce = self.group.all_reduce
             connect(self.local.model, self.group)
@@ -200,14 +209,14 @@ class TPRunner:
                 f"{list(dead.values())}) while {what}; see their error above"
             )
 
-    def _join(self, port: int, timeout_s: float) -> TPGroup:
+    def _join(self, port: int, timeout_s: float, collectives: Collectives) -> TPGroup:
         """Rank 0's rendezvous, in a thread polled so that a rank that dies before joining
         is named at once instead of waited for."""
         joined: list[TPGroup | BaseException] = []
 
         def join() -> None:
             try:
-                joined.append(TPGroup.join(0, self.tp, port, timeout_s))
+                joined.append(TPGroup.join(0, self.tp, port, timeout_s, collectives))
             except BaseException as exc:  # handed to the caller
                 joined.append(exc)
 
@@ -275,13 +284,14 @@ def worker_main(
     runner_kwargs: dict[str, Any],
     timeout_s: float,
     threads: int,
+    collectives: Collectives = "shm",
 ) -> None:
     """Rank ``rank`` (>= 1): load the shard, then run each step rank 0 broadcasts."""
     os.environ["ZNATIVE_NUM_THREADS"] = str(threads)  # before the first kernel starts the pool
     torch.set_num_threads(threads)
     parent = os.getppid()
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
-    group = TPGroup.join(rank, tp, port, timeout_s)
+    group = TPGroup.join(rank, tp, port, timeout_s, collectives)
     shards = plan_dir(model_dir, tp)
     runner = ModelRunner(model_dir, tp=shards[rank], **runner_kwargs)
     runner.model.reduce = group.all_reduce

@@ -1,0 +1,316 @@
+"""All-reduce and all-gather through shared memory, for tensor-parallel ranks on one host.
+
+A decode step of an ``L``-layer model runs ``2 L`` all-reduces of a few KB each; over gloo's
+TCP loopback each costs a round trip through the kernel's network stack, which at batch 1
+outweighs the layer's own compute. Here every rank of the group maps one POSIX shared
+memory segment (a file under ``/dev/shm``) and a collective is a copy in, a flag, a wait for
+the peers' flags and a read of their slots.
+
+Layout (byte offsets)::
+
+    0                      magic token (int64: the ranks check they mapped the same file)
+    64 * (1 + p)           rank p's line: [seq (int64), pid (int64)], one cache line each
+    data = align(64 * (1 + size), 4096)
+    data + (b * size + p) * slot_bytes      buffer b (0 or 1), rank p's slot
+
+A collective is numbered by ``seq`` (1, 2, ...; every rank runs the same sequence, as with
+any process group) and uses buffer ``seq % 2``: rank p copies its data into its slot, stores
+``seq`` in its line, waits until every peer's line reads ``>= seq``, then reads the peers'
+slots. Two buffers make this safe without a second flag: a rank can only write buffer ``b``
+again at ``seq + 2``, after every peer has reached ``seq + 1``, that is, after each has
+finished reading ``seq``'s slots. A tensor larger than a slot goes in slot-sized pieces, one
+sequence number each.
+
+The sum is taken in rank order ``((x_0 + x_1) + x_2) + ...`` on every rank, so every rank
+gets the same bits (at 2 ranks they are gloo's: fp addition of two terms commutes).
+
+A wait spins briefly, then yields the CPU (``sched_yield``), then sleeps in short naps; it
+looks up the awaited peer's process every :data:`CHECK_S` and raises ``RuntimeError`` at
+once when it has exited, or when ``timeout_s`` passes, so a dead or stopped rank never hangs
+the others.
+
+The segment is created by rank 0 with ``O_EXCL`` and its space reserved
+(``posix_fallocate``: a full ``/dev/shm`` fails here, not later with SIGBUS), its name
+broadcast over the process group, and unlinked as soon as every rank has mapped it (or the
+set-up failed): nothing is left under ``/dev/shm`` even if a rank is killed later.
+
+The flag protocol relies on x86-64's store ordering (a rank's data stores are visible before
+its later flag store); elsewhere :func:`supported` is False and the group keeps gloo.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import platform
+import secrets
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+SLOT_BYTES = 1 << 20
+"""Bytes of one rank's slot in one buffer (a larger tensor goes in pieces)."""
+SHM_DIR = Path("/dev/shm")
+LINE = 64
+"""Bytes of a rank's flag line (a cache line: ranks never write the same line)."""
+SPINS = 2000
+"""Flag reads before a wait starts yielding the CPU (tens of microseconds)."""
+YIELD_S = 0.002
+"""Seconds of ``sched_yield`` before a wait sleeps instead."""
+NAP_S = 50e-6
+"""One sleep of a long wait."""
+CHECK_S = 0.02
+"""How often a long wait looks for the awaited peer's process and the timeout."""
+_VIEWS = 256
+"""Sizes whose slot views are kept (a step's shapes repeat)."""
+
+
+def supported() -> bool:
+    """Whether this host can run the shared-memory collectives (Linux ``/dev/shm`` on
+    x86-64, whose stores are seen by other cores in program order)."""
+    return platform.machine().lower() in ("x86_64", "amd64") and SHM_DIR.is_dir()
+
+
+_PENDING: set[Path] = set()
+"""Segments created here and not yet unlinked (set-up under way)."""
+
+
+@atexit.register
+def _unlink_pending() -> None:
+    for path in list(_PENDING):
+        path.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
+
+
+def _data_offset(size: int) -> int:
+    return -(-LINE * (1 + size) // 4096) * 4096
+
+
+class ShmCollectives:
+    """The shared-memory collectives of rank ``rank`` of ``size`` (see the module docstring).
+
+    Build it with :meth:`open` on every rank at once; use it only while every rank is on the
+    same host (the group's ranks are spawned on loopback).
+    """
+
+    def __init__(
+        self, mem: torch.Tensor, rank: int, size: int, slot_bytes: int, timeout_s: float
+    ) -> None:
+        self.rank, self.size, self.slot_bytes, self.timeout_s = rank, size, slot_bytes, timeout_s
+        self.seq = 0
+        self._mem = mem  # uint8 (total,), MAP_SHARED
+        # int64 lines read and written as Python ints (a memoryview: no numpy scalars)
+        self._lines = memoryview(mem[: _data_offset(size)].view(torch.int64).numpy())
+        self._mine = LINE // 8 * (1 + rank)
+        self._peers = [(p, LINE // 8 * (1 + p)) for p in range(size) if p != rank]
+        data = _data_offset(size)
+        self._slots = [
+            [
+                mem[data + (b * size + p) * slot_bytes : data + (b * size + p + 1) * slot_bytes]
+                for p in range(size)
+            ]
+            for b in range(2)
+        ]
+        self._views: dict[tuple[torch.Size, torch.dtype], list[list[torch.Tensor]]] = {}
+
+    @staticmethod
+    def segment_bytes(size: int, slot_bytes: int = SLOT_BYTES) -> int:
+        """Bytes of the segment of ``size`` ranks."""
+        return _data_offset(size) + 2 * size * slot_bytes
+
+    @classmethod
+    def open(
+        cls,
+        rank: int,
+        size: int,
+        timeout_s: float,
+        *,
+        slot_bytes: int = SLOT_BYTES,
+        group: dist.ProcessGroup | None = None,
+    ) -> ShmCollectives | None:
+        """Map the group's segment on every rank of ``group`` (a collective over it: every
+        rank calls this at once). None on every rank when any rank could not map it (no
+        ``/dev/shm``, no space, another host): the caller keeps its process group's
+        collectives."""
+        if slot_bytes <= 0 or slot_bytes % 4096:
+            raise ValueError(f"slot_bytes {slot_bytes} must be a positive multiple of 4096")
+        total = cls.segment_bytes(size, slot_bytes)
+        path: Path | None = None
+        mem: torch.Tensor | None = None
+        token = 0
+        try:
+            if rank == 0 and supported():
+                token = secrets.randbits(62) + 1
+                try:
+                    path, mem = _create(total, token)
+                except (OSError, RuntimeError):  # no space or no /dev/shm: every rank keeps gloo
+                    path, mem = None, None
+            shared: list[object] = [str(path) if path else None, token]
+            dist.broadcast_object_list(shared, src=0, group=group)
+            if rank != 0 and shared[0] is not None:
+                mem = _attach(Path(str(shared[0])), total, int(shared[1]))  # type: ignore[arg-type]
+            if mem is not None:
+                lines = mem[: _data_offset(size)].view(torch.int64)
+                lines[LINE // 8 * (1 + rank) + 1] = os.getpid()
+            ok = torch.tensor([int(mem is not None)], dtype=torch.int64)
+            dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)  # every rank has mapped it
+        finally:
+            if path is not None:
+                path.unlink(missing_ok=True)
+                _PENDING.discard(path)
+        if not int(ok):
+            return None
+        assert mem is not None
+        return cls(mem, rank, size, slot_bytes, timeout_s)
+
+    # -- the collectives ---------------------------------------------------------------
+    def all_reduce(self, t: torch.Tensor) -> None:
+        """Sum ``t`` over the ranks in place (rank order, the same bits on every rank)."""
+        if t.is_contiguous() and t.numel() * t.element_size() <= self.slot_bytes:
+            self._reduce(t)  # a layer's all-reduce: one piece, slots shaped like ``t``
+            return
+        flat = t.contiguous().view(-1)
+        per = self.slot_bytes // flat.element_size()
+        for start in range(0, flat.numel(), per):
+            self._reduce(flat[start : start + per])
+        if flat.data_ptr() != t.data_ptr():
+            t.copy_(flat.view(t.shape))
+
+    def _reduce(self, piece: torch.Tensor) -> None:
+        slots = self._publish(piece)
+        torch.add(slots[0], slots[1], out=piece)
+        for s in slots[2:]:
+            piece.add_(s)
+
+    def all_gather(self, t: torch.Tensor, *, keep: bool = True) -> torch.Tensor | None:
+        """Every rank's ``t`` (the same shape on each) stacked ``(size, *t.shape)``; with
+        ``keep=False`` this rank only gives its own and gets None (a gather to the others)."""
+        flat = t.reshape(-1)
+        n = flat.numel()
+        out = torch.empty((self.size, n), dtype=t.dtype) if keep else None
+        per = self.slot_bytes // flat.element_size()
+        for start in range(0, n, per):
+            end = min(n, start + per)
+            slots = self._publish(flat[start:end])
+            if out is not None:
+                for p, s in enumerate(slots):
+                    out[p, start:end].copy_(s)
+        return None if out is None else out.view(self.size, *t.shape)
+
+    def _publish(self, piece: torch.Tensor) -> list[torch.Tensor]:
+        """Copy ``piece`` (contiguous, at most a slot) into this rank's slot of the next
+        sequence number, announce it, wait for every peer's, and return every rank's slot
+        viewed as ``piece``'s shape and dtype, in rank order (valid until the sequence number
+        after next)."""
+        self.seq += 1
+        seq = self.seq
+        key = (piece.shape, piece.dtype)
+        views = self._views.get(key)
+        if views is None:
+            views = self._shaped(piece)
+        slots = views[seq & 1]
+        slots[self.rank].copy_(piece)
+        lines = self._lines
+        lines[self._mine] = seq
+        for p, i in self._peers:
+            if lines[i] < seq:
+                self._wait(p, i, seq)
+        return slots
+
+    def _shaped(self, piece: torch.Tensor) -> list[list[torch.Tensor]]:
+        """Both buffers' slots viewed as ``piece``'s shape and dtype (kept for the next)."""
+        if len(self._views) >= _VIEWS:
+            self._views.clear()
+        nbytes = piece.numel() * piece.element_size()
+        views = [
+            [s[:nbytes].view(piece.dtype).view(piece.shape) for s in buf] for buf in self._slots
+        ]
+        self._views[(piece.shape, piece.dtype)] = views
+        return views
+
+    def _wait(self, peer: int, line: int, seq: int) -> None:
+        """Until rank ``peer``'s flag reads ``>= seq``: spin, yield, then nap; raises
+        ``RuntimeError`` when ``peer``'s process is gone or ``timeout_s`` passes."""
+        lines = self._lines
+        for _ in range(SPINS):
+            if lines[line] >= seq:
+                return
+        now = time.monotonic()
+        deadline, check, naps_from = now + self.timeout_s, now + CHECK_S, now + YIELD_S
+        pid = int(lines[line + 1])
+        while lines[line] < seq:
+            if now < naps_from:
+                os.sched_yield()
+            else:
+                time.sleep(NAP_S)
+            now = time.monotonic()
+            if now >= check:
+                if lines[line] >= seq:
+                    return
+                if not _alive(pid):
+                    raise RuntimeError(
+                        f"rank {peer} (pid {pid}) exited while rank {self.rank} waited for it "
+                        f"in shared-memory collective {seq}"
+                    )
+                if now >= deadline:
+                    raise RuntimeError(
+                        f"rank {peer} did not reach shared-memory collective {seq} within "
+                        f"{self.timeout_s:g} s (rank {self.rank} waited)"
+                    )
+                check = now + CHECK_S
+
+    def close(self) -> None:
+        """Unmap the segment (when the last view of it goes)."""
+        self._views.clear()
+        self._slots = []
+        self._lines = None  # type: ignore[assignment]
+        self._mem = None  # type: ignore[assignment]
+
+
+def _create(total: int, token: int) -> tuple[Path, torch.Tensor]:
+    """Rank 0's new segment of ``total`` bytes, its space reserved, stamped with ``token``."""
+    path = SHM_DIR / f"zserve-tp-{os.getpid()}-{secrets.token_hex(6)}"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        try:
+            os.posix_fallocate(fd, 0, total)
+        finally:
+            os.close(fd)
+        mem = torch.from_file(str(path), shared=True, size=total, dtype=torch.uint8)
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    _PENDING.add(path)  # unlinked at exit if this process ends before every rank mapped it
+    mem[:LINE].view(torch.int64)[0] = token
+    return path, mem
+
+
+def _attach(path: Path, total: int, token: int) -> torch.Tensor | None:
+    """The segment rank 0 made, or None when this rank cannot see it (another host)."""
+    try:
+        if path.stat().st_size != total:
+            return None
+        mem = torch.from_file(str(path), shared=True, size=total, dtype=torch.uint8)
+    except (OSError, RuntimeError):
+        return None
+    if int(mem[:LINE].view(torch.int64)[0]) != token:
+        return None
+    return mem
