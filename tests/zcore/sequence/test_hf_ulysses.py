@@ -53,7 +53,16 @@ def batches(rows: int, steps: int = STEPS, seq: int = SEQ) -> list[torch.Tensor]
 
 
 def _rank(
-    rank: int, world: int, path: str, out: str, data: list, cp: int, mb: int, tile: bool, mode: str
+    rank: int,
+    world: int,
+    path: str,
+    out: str,
+    data: list,
+    cp: int,
+    mb: int,
+    tile: bool,
+    mode: str,
+    offload: bool,
 ) -> dict:
     import torch.distributed as dist
     from transformers import LlamaForCausalLM
@@ -67,6 +76,10 @@ def _rank(
         from zcore.sequence.tiling import tile_causal_lm
 
         tile_causal_lm(model, loss_tile=4, mlp_tile=3)
+    if offload:
+        from zcore.sequence.offload import checkpoint_layers
+
+        checkpoint_layers(model.model.layers, offload=True)
     engine, *_ = zcore.initialize(model, config=cfg)
     engine.train()
     losses = []
@@ -111,11 +124,12 @@ def check(
     data: list[torch.Tensor] | None = None,
     weights_atol: float = 5e-5,
     mode: str = "ulysses",
+    offload: bool = False,
 ) -> list[dict]:
     src, out = src or tiny(tmp_path / "tiny"), tmp_path / "out"
     data = data or batches(mb * world // cp)
     results = run_ranks(
-        _rank, world, args=(str(src), str(out), data, cp, mb, tile, mode), timeout=timeout
+        _rank, world, args=(str(src), str(out), data, cp, mb, tile, mode, offload), timeout=timeout
     )
     ref_losses, ref = baseline(src, data)
     for r in results:

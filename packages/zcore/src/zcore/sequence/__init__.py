@@ -6,11 +6,14 @@ heads around any local attention; :mod:`zcore.sequence.hf` plugs it into Hugging
 LLaMA-family models (slicing the batch, position ids, the loss over the whole sequence);
 :mod:`zcore.sequence.ring` is ring attention (``DistributedAttention(mode="ring")``: key/value
 blocks passed around the ``cp`` ranks, no head-count cap);
-:mod:`zcore.sequence.tiling` is ALST's tiling (the loss and the MLP a tile of tokens at a time).
+:mod:`zcore.sequence.tiling` is ALST's tiling (the loss and the MLP a tile of tokens at a time);
+:mod:`zcore.sequence.offload` its activation checkpoints kept in host memory
+(:func:`checkpoint_layers`).
 """
 
 from zcore.sequence.alltoall import even_split
 from zcore.sequence.attention import DistributedAttention, SequenceParallelError, head_plan
+from zcore.sequence.offload import checkpoint_layers, host_checkpoint
 from zcore.sequence.ring import RingLayout, ring_attention
 from zcore.sequence.tiling import tile_causal_lm, tile_mlp, tiled_loss
 
@@ -18,8 +21,10 @@ __all__ = [
     "DistributedAttention",
     "RingLayout",
     "SequenceParallelError",
+    "checkpoint_layers",
     "even_split",
     "head_plan",
+    "host_checkpoint",
     "ring_attention",
     "tile_causal_lm",
     "tile_mlp",
