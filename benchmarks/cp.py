@@ -19,6 +19,11 @@ The longest sequence within ``budget_mib`` (the larger rank's peak) is found by 
 from ``start_seq`` and then bisecting to 1/16. ``max_seq_ratio`` is cp2_tiled's over cp1's
 (issue 45's target: >= 2.5). At ``seq`` tokens every variant also times ``steps`` steps:
 tokens/s of the job (cp1 trains 2 sequences a step, cp2 one) and the step's peak memory.
+The variants run one after another in the same run, cp1 first (the baseline of every
+ratio). ``targets`` in the JSON holds issue 45's three (:data:`TARGETS`: ``max_seq_ratio``
+>= 2.5; at ``seq`` cp2's tokens/s >= 0.8x cp1's and its peak <= 0.55x), each with its value
+and ``met``; the report prints each as met / NOT met (not measured when ``--variants``
+leaves out a side).
 
 Run: ``z bench cp --json``. ``--model small`` (default) is a random 4-layer model with
 SmolLM2-135M's head layout (9 query / 3 key-value heads) at a quarter of its width and 8192
@@ -242,7 +247,15 @@ def run(
     out.update(options={k: v for k, v in spec.items() if k not in ("path", "overrides")})
     out.update(layers=layers, variants=rows, params=next(iter(rows.values()))["params"])
     out.update(_ratios(rows))
+    out["targets"] = targets(out)
     return out
+
+
+TARGETS = (  # issue 45's, as (ratio key, comparison, bound, what it compares)
+    ("max_seq_ratio", ">=", 2.5, "longest sequence, cp2_tiled over cp1"),
+    ("tokens_per_s_ratio_cp2", ">=", 0.8, "tokens/s at --seq, cp2 over cp1"),
+    ("fixed_peak_ratio_cp2", "<=", 0.55, "step peak memory at --seq, cp2 over cp1"),
+)
 
 
 def _ratios(rows: dict[str, Any]) -> dict[str, Any]:
@@ -269,6 +282,17 @@ def _ratios(rows: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def targets(ratios: dict[str, Any]) -> dict[str, Any]:
+    """Each of :data:`TARGETS` with its value and whether it is met; a target whose variants
+    did not run (cp1 and the cp2 variant in the same ``--variants``) has value and met None."""
+    out = {}
+    for key, op, bound, what in TARGETS:
+        value = ratios.get(key)
+        met = None if value is None else (value >= bound if op == ">=" else value <= bound)
+        out[key] = {"value": value, "op": op, "bound": bound, "met": met, "what": what}
+    return out
+
+
 def report(result: dict[str, Any]) -> str:
     opt = result["options"]
     lines = [
@@ -281,14 +305,17 @@ def report(result: dict[str, Any]) -> str:
         lines.append(
             f"{name:<10} {row['max_seq']:>8} {row['fixed_peak_mib']:>13.1f} {row['tokens_per_s']:>9.1f}"
         )
-    keys = ("max_seq_ratio", "tokens_per_s_ratio_cp2", "fixed_peak_ratio_cp2")
-    for key in (
-        *keys,
-        "tokens_per_s_ratio_ring_over_ulysses",
-        "fixed_peak_ratio_ring_over_ulysses",
-    ):
+    for key in ("tokens_per_s_ratio_ring_over_ulysses", "fixed_peak_ratio_ring_over_ulysses"):
         if key in result:
             lines.append(f"{key}: {result[key]:.2f}")
+    for key, t in result.get("targets", {}).items():
+        if t["met"] is None:
+            lines.append(f"target {key} ({t['what']}) {t['op']} {t['bound']:g}: not measured")
+        else:
+            flag = "met" if t["met"] else "NOT met"
+            lines.append(
+                f"target {key} ({t['what']}): {t['value']:.2f} {t['op']} {t['bound']:g}: {flag}"
+            )
     return "\n".join(lines)
 
 

@@ -26,6 +26,27 @@ def test_ratios_are_against_cp1() -> None:
     assert load("cp")._ratios({"cp2": rows["cp2"]}) == {}
 
 
+def test_each_target_is_flagged_met_or_not_and_printed() -> None:
+    cp = load("cp")
+    rows = {"cp1": _row(1000, 100.0, 200.0), "cp2": _row(1900, 79.0, 110.0)}
+    rows["cp2_tiled"] = _row(2500, 70.0, 60.0)
+    t = cp.targets(cp._ratios(rows))
+    assert t["max_seq_ratio"]["met"] is True and t["max_seq_ratio"]["value"] == 2.5
+    assert t["tokens_per_s_ratio_cp2"]["met"] is False  # 0.79 < 0.8
+    assert t["fixed_peak_ratio_cp2"]["met"] is True  # 0.55 <= 0.55
+    result = {"model": "small", "params": 2e6, "variants": rows, "targets": t}
+    result["options"] = {"stage": 3, "budget_mib": 256.0, "seq": 2048}
+    text = cp.report(result)
+    assert "target max_seq_ratio (longest sequence, cp2_tiled over cp1): 2.50 >= 2.5: met" in text
+    assert (
+        "target tokens_per_s_ratio_cp2 (tokens/s at --seq, cp2 over cp1): 0.79 >= 0.8: NOT met"
+        in text
+    )
+    alone = cp.targets(cp._ratios({"cp2_tiled": rows["cp2_tiled"]}))
+    assert all(v["met"] is None for v in alone.values())
+    assert "not measured" in cp.report({**result, "targets": alone})
+
+
 @pytest.mark.parametrize(
     ("options", "match"),
     [({"variants": "cp3"}, "cp3"), ({"seq": 1}, "--seq >= 2"), ({"model": "nowhere"}, "nowhere")],
