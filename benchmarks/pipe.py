@@ -2,7 +2,9 @@
 
 A GPT of 6 ``z train`` blocks (width 576, vocabulary 2048, untied head: ~26.6M parameters)
 on 2 gloo ranks, ``micro_batches`` micro-batches of ``micro_batch`` sequences of ``seq``
-tokens per step, AdamW, fp32. The contenders, each in fresh rank processes:
+tokens per step, AdamW (``lr``, ``weight_decay`` 0.01 on every side), fp32, ``threads``
+threads per rank (torch's and zcore's native kernels alike). The contenders, each in fresh
+rank processes:
 
 - ``ours``: ``zcore.pipe.PipelineModule`` + ``zcore.initialize`` (``pipeline.schedule``
   1F1B, ZeRO stage ``zero_stage``), ``engine.train_batch``;
@@ -19,7 +21,10 @@ from it. The bubble is measured from per-rank timelines: the time each rank spen
 ``PipelineStage``'s forward/backward computations, against the wall time of the
 schedule's ``step`` (``1 - busy / wall``, mean over ranks), next to the 1F1B theory
 ``(p - 1) / (m + p - 1)``. Then one run per contender alone gives each rank's peak RSS
-(``VmHWM``): the memory per stage.
+(``VmHWM``): the memory per stage. Each step's time is also split into phases per rank
+(``phases_s_per_rank``: the schedule, gradient reduction, norm, optimizer, publish,
+``zero_grad``, loss, other; ``benchmarks/_pipe_phases.py``), so a gap between the sides
+shows where it lies.
 
 Run: ``z bench pipe --json`` (or ``python benchmarks/pipe.py``).
 """
@@ -39,6 +44,7 @@ from typing import Any
 from zcore.bench import load
 
 _ranks = load("_ranks", Path(__file__).parent)
+_phases = load("_pipe_phases", Path(__file__).parent)
 
 SIDES = ("ours", "torch_1f1b", "ddp")
 
@@ -110,8 +116,9 @@ class _Timeline:
         return run
 
 
-def _build(side: str, opt: dict[str, Any], rank: int, world: int) -> Any:
-    """A ``step(batch) -> loss`` for ``side`` (``batch``: the step's micro-batches)."""
+def _build(side: str, opt: dict[str, Any], rank: int, world: int, phases: Any) -> Any:
+    """A ``step(batch) -> loss`` for ``side`` (``batch``: the step's micro-batches), its
+    phases timed into ``phases`` (``_pipe_phases``)."""
     import torch
     from torch import nn
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
@@ -136,11 +143,15 @@ def _build(side: str, opt: dict[str, Any], rank: int, world: int) -> Any:
         config = {
             "train_micro_batch_size_per_gpu": opt["micro_batch"],
             "gradient_accumulation_steps": m,
-            "optimizer": {"type": "AdamW", "params": {"lr": opt["lr"]}},
+            "optimizer": {
+                "type": "AdamW",
+                "params": {"lr": opt["lr"], "weight_decay": opt["weight_decay"]},
+            },
             "zero_optimization": {"stage": opt["zero_stage"]},
             "pipeline": {"schedule": "zbv" if zbv else "1f1b"},
         }
         engine, *_ = zcore.initialize(model, config=config)
+        _phases.time_engine(phases, engine)
         return lambda batch: float(engine.train_batch(iter(batch)))
 
     def seeded(idx: int) -> nn.Module:
@@ -150,21 +161,27 @@ def _build(side: str, opt: dict[str, Any], rank: int, world: int) -> Any:
     if side == "ddp":
         model = nn.Sequential(*[seeded(i) for i in range(len(specs))])
         ddp = DistributedDataParallel(model)
-        adam = torch.optim.AdamW(model.parameters(), lr=opt["lr"])
+        adam = _adam(model, opt, phases)
         share = m // world
 
-        def ddp_step(batch: list[Any]) -> float:
-            mine = batch[rank * share : (rank + 1) * share]
-            total = 0.0
+        def forward_backward(mine: list[Any]) -> list[Any]:
+            losses = []
             for i, (x, y) in enumerate(mine):
                 ctx = ddp.no_sync() if i < share - 1 else _null()
                 with ctx:
                     loss = _loss(ddp(x), y) / share
                     loss.backward()
-                total += float(loss.detach())
+                losses.append(loss.detach())
+            return losses
+
+        run_mbs = phases.wrap("schedule", forward_backward)
+        total = phases.wrap("loss", lambda losses: float(sum(float(v) for v in losses)))
+
+        def ddp_step(batch: list[Any]) -> float:
+            losses = run_mbs(batch[rank * share : (rank + 1) * share])
             adam.step()
             adam.zero_grad()
-            return total
+            return total(losses)
 
         return ddp_step
     bounds = PipelineModule(specs, num_stages=world, partition_method="parameters").parts
@@ -181,7 +198,9 @@ def _build(side: str, opt: dict[str, Any], rank: int, world: int) -> Any:
         output_args=logits if rank == world - 1 else act,
     )
     sched = Schedule1F1B(stage, m, loss_fn=_loss)
-    adam = torch.optim.AdamW(own.parameters(), lr=opt["lr"])
+    adam = _adam(own, opt, phases)
+    phases.patch(sched, "step", "schedule")
+    mean = phases.wrap("loss", lambda losses: float(sum(float(v) for v in losses) / m))
 
     def torch_step(batch: list[Any]) -> float:
         losses: list[Any] = []
@@ -190,9 +209,20 @@ def _build(side: str, opt: dict[str, Any], rank: int, world: int) -> Any:
         sched.step(arg_mbs=args, return_outputs=False, **kw)
         adam.step()
         adam.zero_grad()
-        return float(sum(float(v) for v in losses) / m) if losses else 0.0
+        return mean(losses) if losses else 0.0
 
     return torch_step
+
+
+def _adam(model: Any, opt: dict[str, Any], phases: Any) -> Any:
+    """``torch.optim.AdamW`` with zcore's hyperparameters (lr, weight decay; torch's
+    defaults otherwise, as zcore's), its step and ``zero_grad`` timed."""
+    import torch
+
+    adam = torch.optim.AdamW(model.parameters(), lr=opt["lr"], weight_decay=opt["weight_decay"])
+    phases.patch(adam, "step", "optimizer")
+    phases.patch(adam, "zero_grad", "zero_grad")
+    return adam
 
 
 class _null:
@@ -213,25 +243,29 @@ def _rank_main(spec: dict[str, Any]) -> None:
     torch.set_num_threads(opt["threads"])
     dist.init_process_group("gloo", rank=rank, world_size=world)
     timeline = _Timeline()
-    steps = {side: _build(side, opt, rank, world) for side in sides}
+    phases = _phases.Phases()
+    steps = {side: _build(side, opt, rank, world, phases) for side in sides}
     g = torch.Generator().manual_seed(opt["seed"])
     total = opt["warmup"] + opt["steps"]
     shape = (total, opt["micro_batches"], opt["micro_batch"], opt["seq"] + 1)
     tokens = torch.randint(0, opt["vocab"], shape, generator=g)
-    out = {s: {"times": [], "busy": [], "losses": []} for s in sides}
+    out = {s: {"times": [], "busy": [], "losses": [], "phases": []} for s in sides}
     for t in range(total):
         batch = [(mb[:, :-1], mb[:, 1:]) for mb in tokens[t]]
         for k in range(len(sides)):
             side = sides[(t + k) % len(sides)]
             dist.barrier()
             timeline.busy = 0.0
+            phases.reset()
             start = time.perf_counter()
             loss = steps[side](batch)
             dist.barrier()
             if t >= opt["warmup"]:
-                out[side]["times"].append(time.perf_counter() - start)
+                took = time.perf_counter() - start
+                out[side]["times"].append(took)
                 out[side]["busy"].append(timeline.busy)
                 out[side]["losses"].append(loss)
+                out[side]["phases"].append(phases.split(took))
     result = {"sides": out, "peak_rss_mb": _ranks.memory_mb()["VmHWM"]}
     dist.destroy_process_group()
     _ranks.write_result(spec, result)
@@ -239,7 +273,8 @@ def _rank_main(spec: dict[str, Any]) -> None:
 
 def _launch(sides: list[str], opt: dict[str, Any], tmp: str) -> list[dict[str, Any]]:
     spec = {"sides": sides, "options": opt}
-    env = {**os.environ, "OMP_NUM_THREADS": str(opt["threads"])}
+    threads = str(opt["threads"])  # torch's kernels and zcore's native ones alike
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "ZNATIVE_NUM_THREADS": threads}
     return _ranks.launch(
         __file__, 2, spec, tmp, timeout_s=opt["timeout_s"], what=f"pipe {sides}", env=env
     )
@@ -262,6 +297,7 @@ def _summary(ranks: list[dict[str, Any]], side: str, m: int, p: int) -> dict[str
         "bubble": statistics.mean(bubbles) if bubbles else None,
         "bubble_theory_1f1b": (p - 1) / (m + p - 1),
         "final_loss": losses[-1],
+        "phases_s_per_rank": _phases.median_per_rank([r["phases"] for r in per]),
     }
 
 
@@ -278,6 +314,7 @@ def run(
     zbv: bool = True,
     threads: int = 1,
     lr: float = 1e-4,
+    weight_decay: float = 0.01,
     seed: int = 0,
     memory: bool = True,
     timeout_s: float = 1800,
@@ -300,6 +337,7 @@ def run(
         zero_stage=zero_stage,
         threads=threads,
         lr=lr,
+        weight_decay=weight_decay,
         seed=seed,
         timeout_s=timeout_s,
     )
@@ -370,6 +408,13 @@ def report(result: dict[str, Any]) -> str:
             f"{side:<11} {s['median_step_s']:7.3f}   {bub:<21} {s['bubble_theory_1f1b']:6.3f}"
             f"  {rss:>16}  {s['final_loss']:.4f}"
         )
+    names = list(next(iter(result["sides"].values()))["phases_s_per_rank"])
+    lines.append("phases, ms per step (rank 0/rank 1):")
+    lines.append("side        " + " ".join(f"{n:>13}" for n in names))
+    for side, s in result["sides"].items():
+        per = s["phases_s_per_rank"]
+        cells = ["/".join(f"{1000 * v:.0f}" for v in per[n]) for n in names]
+        lines.append(f"{side:<11} " + " ".join(f"{c:>13}" for c in cells))
     lines.append(
         f"ours / torch 1F1B {result['vs_torch_1f1b']:.3f}x, ours / DDP {result['vs_ddp']:.3f}x, "
         f"torch 1F1B / DDP {result['torch_1f1b_vs_ddp']:.3f}x"
