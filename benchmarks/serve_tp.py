@@ -10,6 +10,9 @@ requests of ``prompt_tokens`` Shakespeare tokens and ``decode_tokens`` outputs:
 * batch-1 decode: tokens/s of the decode steps after the first token (median of rounds);
 * ``concurrent`` requests added at once: output tokens / wall time, prefill included.
 
+tp=N carries its layers' all-reduces through shared memory (zserve's default); with ``gloo``
+(on by default) a ``tpN_gloo`` contender runs the same ranks over gloo, for reference.
+
 Peers (``peers``, both by default), at tp=N on the same cores, one thread a rank: DeepSpeed
 AutoTP (``deepspeed.init_inference``, installed beside) and transformers' own tensor
 parallelism (``from_pretrained(tp_plan="auto")``, DTensor), each in ``_serve_tp_peer.py``. A
@@ -159,6 +162,7 @@ def run(
     peers: str = "deepspeed,transformers",
     quantized: str = "",
     quant_dir: str | None = None,
+    gloo: bool = True,
 ) -> dict[str, Any]:
     """tp=``tp`` (1 thread a rank) vs tp=1 (``tp`` threads), and each peer of ``peers``
     (DeepSpeed AutoTP, transformers' ``tp_plan``) at tp=``tp``, alternating ``repeats``
@@ -185,6 +189,8 @@ def run(
         "tp1_1thread": {"tp": 1, "threads": 1},  # a reference: one process on one core
         f"tp{tp}": {"tp": tp, "threads": 1},
     }
+    if gloo:  # a reference: the same ranks, their collectives over gloo
+        contenders[f"tp{tp}_gloo"] = {"tp": tp, "threads": 1, "collectives": "gloo"}
     recipes = _quantized(mdir, quantized, quant_dir)
     for recipe, qdir in recipes.items():
         contenders[f"tp1_{recipe}"] = {"tp": 1, "threads": tp, "model_dir": str(qdir)}
@@ -247,6 +253,11 @@ def run(
         key: med(many, key) / med("tp1_1thread", key)
         for key in ("batch1_tokens_per_s", "concurrent_tokens_per_s")
     }
+    if gloo:
+        result[f"vs_tp{tp}_gloo"] = {
+            key: med(many, key) / med(f"tp{tp}_gloo", key)
+            for key in ("batch1_tokens_per_s", "concurrent_tokens_per_s")
+        }
     result["targets"] = {
         "batch1_ratio >= 0.8": result["batch1_ratio"] >= 0.8,
         "concurrent_ratio >= 1.0": result["concurrent_ratio"] >= 1.0,
@@ -304,6 +315,12 @@ def report(r: dict[str, Any]) -> str:
         f"ratios: batch-1 {r['batch1_ratio']:.2f} (target >= 0.8), concurrent "
         f"{r['concurrent_ratio']:.2f} (target >= 1.0); same greedy tokens: {r['same_tokens']}"
     )
+    if f"vs_tp{r['tp']}_gloo" in r:
+        v = r[f"vs_tp{r['tp']}_gloo"]
+        lines.append(
+            f"shared-memory collectives vs gloo at tp={r['tp']}: batch-1 "
+            f"{v['batch1_tokens_per_s']:.2f}x, concurrent {v['concurrent_tokens_per_s']:.2f}x"
+        )
     for q, v in r.get("quantized", {}).items():
         lines.append(
             f"{q} tp={r['tp']} / tp=1: batch-1 {v['batch1_ratio']:.2f}, concurrent "

@@ -25,10 +25,12 @@ def test_bench_serve_tp_tiny(tmp_path: Path) -> None:
         peers="",
     )
     assert "errors" not in result, result.get("errors")
-    assert set(result["batch1_tokens_per_s"]) == {"tp1", "tp1_1thread", "tp2"}
+    assert set(result["batch1_tokens_per_s"]) == {"tp1", "tp1_1thread", "tp2", "tp2_gloo"}
     assert result["batch1_ratio"] > 0 and result["concurrent_ratio"] > 0
-    assert result["same_tokens"] is True
+    assert result["same_tokens"] is True  # shared-memory and gloo collectives alike
+    assert set(result["vs_tp2_gloo"]) == {"batch1_tokens_per_s", "concurrent_tokens_per_s"}
     assert "ratios: batch-1" in bench.report(result)
+    assert "shared-memory collectives vs gloo at tp=2" in bench.report(result)
 
 
 @pytest.mark.slow(reason="4 processes importing torch and zserve, and a W4 quantization")
@@ -43,6 +45,7 @@ def test_bench_serve_tp_tiny_quantized_rows(tmp_path: Path) -> None:
         rounds=1,
         repeats=1,
         peers="",
+        gloo=False,
         quantized="w4",
         quant_dir=str(tmp_path / "q"),
     )
@@ -65,6 +68,7 @@ def test_bench_serve_tp_tiny_with_transformers_tp_peer(tmp_path: Path) -> None:
         rounds=1,
         repeats=1,
         peers="transformers",
+        gloo=False,
     )
     assert "errors" not in result and "transformers_error" not in result, result
     assert set(result["vs_transformers"]) == {"batch1_tokens_per_s", "concurrent_tokens_per_s"}
