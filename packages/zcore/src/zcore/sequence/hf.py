@@ -4,15 +4,17 @@
 sequence across the ``cp`` ranks:
 
 * every ``cp`` rank is given the *whole* batch (the ranks of a sequence read the same data:
-  ``engine.data_rank`` counts them once); a forward pre-hook keeps this rank's consecutive
-  slice of ``input_ids``, ``position_ids`` (the slice's own positions, so rotary embeddings
-  see where the slice sits) and of the labels *shifted on the whole sequence* (the last
-  token of a slice predicts the first of the next one);
+  ``engine.data_rank`` counts them once); a forward pre-hook keeps this rank's positions of
+  ``input_ids``, ``position_ids`` (the slice's own positions, so rotary embeddings see where
+  the slice sits) and of the labels *shifted on the whole sequence* (the last token of a
+  slice predicts the first of the next one): a consecutive slice for Ulysses, the zig-zag
+  layout for ring attention (:meth:`RingLayout.zigzag`: chunks ``r`` and ``2 cp - 1 - r`` of
+  ``2 cp``, so every rank does the same causal work);
 * attention runs as the implementation ``"zcore_ulysses"``, registered with the
   ``AttentionInterface`` the model's attention layers dispatch through: the model's
   projections hand it this slice's q/k/v and :class:`~zcore.sequence.DistributedAttention`
   runs torch's sdpa, causal over the whole sequence, on this rank's heads (or, with
-  ``sequence_parallel_mode`` "ring", ring attention over consecutive slices);
+  ``sequence_parallel_mode`` "ring", ring attention over the zig-zag layout);
 * the loss of each rank is ``cp x (its real tokens' summed loss) / (real tokens of the
   whole sequence)``, so the engine's gradient average over ``dp x cp`` is the sum over the
   slices; the value each rank returns is the whole sequence's loss (one scalar all-reduce).
@@ -36,6 +38,7 @@ from torch import nn
 from zcore.comm import Comm, Mesh
 from zcore.sequence.alltoall import even_split
 from zcore.sequence.attention import DistributedAttention, SequenceParallelError
+from zcore.sequence.ring import RingLayout
 
 NAME = "zcore_ulysses"
 """The attention implementation :func:`parallelize` registers and sets."""
@@ -48,6 +51,7 @@ class _State:
 
     attention: DistributedAttention
     seq_lens: list[int] = field(default_factory=list)
+    layout: RingLayout | None = None
 
 
 def _local_sdpa(
@@ -89,6 +93,7 @@ def ulysses_attention(
         key.transpose(1, 2),
         value.transpose(1, 2),
         seq_lens=state.seq_lens,
+        layout=state.layout,
         scale=scaling,
         dropout=dropout,
     )
@@ -172,14 +177,16 @@ class _SliceBatch:
                 "Ulysses attention here is full causal; set sliding_window=None or shorter "
                 "sequences"
             )
-        lens = even_split(total, cp)
-        lo = sum(lens[: self.comm.rank])
-        hi = lo + lens[self.comm.rank]
-        self.state.seq_lens = lens
+        ring = self.state.attention.mode == "ring"
+        lay = (
+            RingLayout.zigzag(total, cp) if ring else RingLayout.consecutive(even_split(total, cp))
+        )
+        self.state.seq_lens, self.state.layout = lay.lens, lay
+        mine = lay.index(self.comm.rank, ids.device)
         positions = kwargs.get("position_ids")
         if positions is None:
             positions = torch.arange(total, device=ids.device).expand(ids.shape[0], total)
-        out = dict(kwargs, input_ids=ids[:, lo:hi], position_ids=positions[:, lo:hi])
+        out = dict(kwargs, input_ids=ids[:, mine], position_ids=positions[:, mine])
         out["use_cache"] = False
         mask = kwargs.get("attention_mask")
         if mask is not None and not bool(mask.all()):
@@ -196,7 +203,7 @@ class _SliceBatch:
             real = kwargs.get("num_items_in_batch")
             if real is None:
                 real = (shifted != -100).sum()
-            out["labels"] = out["shift_labels"] = shifted[:, lo:hi].contiguous()
+            out["labels"] = out["shift_labels"] = shifted[:, mine.to(shifted.device)]
             out["num_items_in_batch"] = real / cp  # loss = cp x this slice's sum / real tokens
         return (), out
 
