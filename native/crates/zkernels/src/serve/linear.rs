@@ -23,6 +23,10 @@ const ROWS_PER_TASK: usize = 256;
 /// Activation rows a kernel call dots with each weight row while it is in registers.
 pub(super) const GROUP: usize = 4;
 
+/// Activation rows from which an AVX2 (or AVX-512) CPU runs the call as a register-blocked
+/// GEMM (`super::linear_gemm_avx2`) instead of dotting each weight row with [`GROUP`] rows.
+pub(super) const GEMM_MIN_ROWS: usize = 9;
+
 /// `out[m, n] = sum_k x[m, k] * w[n, k]` for `m < rows`; see the module docs.
 pub fn linear_rows<E: Elem>(
     x: &[E],
@@ -47,8 +51,20 @@ pub fn linear_rows<E: Elem>(
     check_len("out", out.len(), rows * n, || {
         format!("rows ({rows}) * out_features ({n})")
     })?;
-    let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
     let dst = Shared(out.as_mut_ptr());
+    #[cfg(target_arch = "x86_64")]
+    if rows >= GEMM_MIN_ROWS && crate::simd::active() >= crate::simd::SimdLevel::Avx2 {
+        use super::linear_gemm_avx2::{pack_rows, task, ROWS_PER_TASK as PER};
+        let packed = pack_rows(x, rows, k);
+        for_tasks(n.div_ceil(PER), rows * n * k, |t| {
+            let (j0, j1) = (t * PER, ((t + 1) * PER).min(n));
+            // SAFETY: `active()` only reports AVX2 or above when the CPU has AVX2 and FMA;
+            // `packed` holds `rows` rows of `k`, and task t writes only columns j0..j1.
+            unsafe { task(&packed, rows, k, &w[j0 * k..j1 * k], j0, n, dst.ptr()) };
+        });
+        return Ok(());
+    }
+    let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
     let tasks = n.div_ceil(ROWS_PER_TASK);
     for_tasks(tasks, rows * n * k, |t| {
         let (j0, j1) = (t * ROWS_PER_TASK, ((t + 1) * ROWS_PER_TASK).min(n));
@@ -190,14 +206,19 @@ mod tests {
     #[test]
     fn f32_matches_the_definition_at_every_level() {
         use crate::simd::{detected, set_override, SimdLevel};
-        // Every group size (1-4 rows, 5 = a group of 4 and one of 1), K with and without a
-        // tail past the 64-wide step, and more weight rows than one task.
+        // Every group size (1-4 rows; 5 = a group of 4 and one of 1), the GEMM from 9 rows
+        // (a part-filled two-vector panel; 17 = a full panel and a one-vector panel of 1;
+        // part-filled weight-row groups), K with and without a tail past the 64-wide step,
+        // and more weight rows than one task.
         for &(m, n, k) in &[
             (1, 301, 576),
             (4, 7, 1536),
             (2, 5, 37),
             (3, 260, 100),
             (5, 9, 64),
+            (17, 13, 37),
+            (64, 50, 576),
+            (9, 97, 5),
         ] {
             let x: Vec<f32> = (0..m * k)
                 .map(|i| ((i * 13 % 17) as f32 - 8.0) / 5.0)
@@ -229,7 +250,7 @@ mod tests {
     #[test]
     fn bf16_matches_the_definition_at_every_level() {
         use crate::simd::{detected, set_override, SimdLevel};
-        for &(m, n, k) in &[(3, 300, 37), (5, 11, 576), (1, 7, 1536)] {
+        for &(m, n, k) in &[(3, 300, 37), (5, 11, 576), (1, 7, 1536), (20, 53, 100)] {
             let x: Vec<u16> = (0..m * k)
                 .map(|i| f32_to_bf16(((i * 13 % 17) as f32 - 8.0) / 5.0))
                 .collect();

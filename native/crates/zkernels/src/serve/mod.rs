@@ -19,6 +19,8 @@ mod attention_avx2;
 mod linear;
 #[cfg(target_arch = "x86_64")]
 mod linear_avx2;
+#[cfg(target_arch = "x86_64")]
+mod linear_gemm_avx2;
 mod norm;
 #[cfg(target_arch = "x86_64")]
 mod norm_avx2;
@@ -79,6 +81,11 @@ unsafe impl<T> Send for Shared<T> {}
 unsafe impl<T> Sync for Shared<T> {}
 
 impl<T> Shared<T> {
+    /// The buffer's start (callers write only their own elements through it).
+    fn ptr(&self) -> *mut T {
+        self.0
+    }
+
     /// The sub-slice `start..start + len`.
     ///
     /// # Safety
