@@ -13,7 +13,9 @@ and released after the reduction, before the optimizer steps the shards
 parameters live for the step). The gradient norm and the fp16 overflow flag are summed
 over ``pp``, a ``disjoint`` axis (:mod:`zcore.zero.axes`). Stage shapes are static: the
 first batch's micro-batch shape is sent once along ``pp`` and every stage infers its
-activations on the ``meta`` device (:meth:`PipelineModule.stage_shapes`).
+activations on the ``meta`` device (:meth:`PipelineModule.stage_shapes`). A stage that
+checkpoints its layers runs a zero-bubble schedule's weight pass as one graph task
+(:mod:`zcore.pipe.weight_pass`), so each layer is recomputed once for it.
 
 With ``tp > 1`` (``tensor_parallel.autotp_size``, or a model ``zcore.tensor.parallelize``
 cut already) each stage's layers are cut over ``tp`` (:mod:`zcore.pipe.tensor`) and each
@@ -44,6 +46,7 @@ from zcore.pipe.module import PipelineModule
 from zcore.pipe.schedules import check_layout
 from zcore.pipe.stage3 import HeldParameters
 from zcore.pipe.ties import Ties
+from zcore.pipe.weight_pass import CheckpointedWeightStage
 from zcore.zero import GatheredParameters
 from zcore.zero.axes import mesh_request
 
@@ -227,7 +230,7 @@ class PipelineEngine(ZEngine):
         acts = model.stage_shapes(torch.empty(shape, dtype=dtype, device="meta"), self.dtype)
         group = self.mesh.group("pp")
         stages = [
-            PipelineStage(
+            (CheckpointedWeightStage if s.interval > 0 else PipelineStage)(
                 s,
                 s.index,
                 model.total_stages,
