@@ -8,6 +8,9 @@ pair of rank processes:
 - ``cp1_tiled``: the same with the loss and the MLP computed in tiles;
 - ``cp2``: one sequence split over both ranks (``sequence_parallel_size`` 2), untiled;
 - ``cp2_tiled``: cp=2 with tiling (ALST's two factors together);
+- ``cp2_tiled_ckpt`` (only when asked for): cp2_tiled with every decoder layer checkpointed,
+  its checkpoints kept in host memory (``zcore.sequence.checkpoint_layers``: ALST's third
+  piece; on a CPU they are there already, so this measures the checkpointing alone);
 - ``cp2_ring``, ``cp2_ring_tiled`` (only when asked for in ``--variants``): cp=2 with ring
   attention (``sequence_parallel_mode`` "ring") instead of Ulysses.
 
@@ -54,6 +57,7 @@ VARIANTS = {  # name: (cp, tiled, sequence_parallel_mode)
     "cp2_ring": (2, False, "ring"),
     "cp2_ring_tiled": (2, True, "ring"),
 }
+CHECKPOINTED = {"cp2_tiled_ckpt": "cp2_tiled"}  # name: the variant it checkpoints
 DEFAULT_VARIANTS = "cp1,cp1_tiled,cp2,cp2_tiled"
 SMALL = dict(
     vocab_size=8192,
@@ -110,13 +114,17 @@ def _rank(spec: dict[str, Any]) -> None:
     import zcore.hf
     from zcore.sequence import tile_causal_lm
 
-    cp, tiled, mode = VARIANTS[spec["variant"]]
+    cp, tiled, mode = VARIANTS[CHECKPOINTED.get(spec["variant"], spec["variant"])]
     cfg = ds_config(cp, spec["stage"], mode)
     model = zcore.hf.from_pretrained(
         LlamaForCausalLM, spec["path"], ds_config=cfg, strict=False, **spec["overrides"]
     )
     if tiled:
         tile_causal_lm(model, loss_tile=spec["loss_tile"], mlp_tile=spec["mlp_tile"])
+    if spec["variant"] in CHECKPOINTED:
+        from zcore.sequence import checkpoint_layers
+
+        checkpoint_layers(model.model.layers, offload=True)
     engine, *_ = zcore.initialize(model, config=cfg)
     engine.train()
     vocab = model.config.vocab_size
@@ -202,9 +210,10 @@ def run(
 ) -> dict[str, Any]:
     """Every variant's longest sequence within ``budget_mib`` and tokens/s at ``seq``."""
     chosen = [v.strip() for v in variants.split(",") if v.strip()]
-    unknown = [v for v in chosen if v not in VARIANTS]
+    unknown = [v for v in chosen if v not in VARIANTS and v not in CHECKPOINTED]
     if unknown or not chosen:
-        raise ValueError(f"--variants {variants!r}: choose from {', '.join(VARIANTS)}")
+        names = ", ".join([*VARIANTS, *CHECKPOINTED])
+        raise ValueError(f"--variants {variants!r}: choose from {names}")
     if min(budget_mib, seq, start_seq, steps, loss_tile, mlp_tile, threads) <= 0 or seq < 2:
         raise ValueError(
             f"need positive --budget-mib, --seq >= 2, --start-seq, --steps, tiles and threads "
@@ -272,10 +281,10 @@ def _ratios(rows: dict[str, Any]) -> dict[str, Any]:
         return out
     if "cp2_tiled" in rows and base["max_seq"]:
         out["max_seq_ratio"] = rows["cp2_tiled"]["max_seq"] / base["max_seq"]
-    for v in ("cp1_tiled", "cp2"):
+    for v in ("cp1_tiled", "cp2", "cp2_tiled_ckpt"):
         if v in rows and base["max_seq"]:
             out[f"max_seq_ratio_{v}"] = rows[v]["max_seq"] / base["max_seq"]
-    for v in ("cp2", "cp2_tiled", "cp2_ring", "cp2_ring_tiled"):
+    for v in ("cp2", "cp2_tiled", "cp2_tiled_ckpt", "cp2_ring", "cp2_ring_tiled"):
         if v in rows:
             out[f"tokens_per_s_ratio_{v}"] = rows[v]["tokens_per_s"] / base["tokens_per_s"]
             out[f"fixed_peak_ratio_{v}"] = rows[v]["fixed_peak_mib"] / base["fixed_peak_mib"]
@@ -299,16 +308,17 @@ def report(result: dict[str, Any]) -> str:
         f"cp bench: {result['model']} ({result['params'] / 1e6:.1f}M params), 2 ranks, "
         f"ZeRO-{opt['stage']}; "
         f"budget {opt['budget_mib']:g} MiB/rank above the pre-step RSS; fixed length {opt['seq']}",
-        f"{'variant':<10} {'max seq':>8} {'peak@seq MiB':>13} {'tokens/s':>9}",
+        f"{'variant':<14} {'max seq':>8} {'peak@seq MiB':>13} {'tokens/s':>9}",
     ]
     for name, row in result["variants"].items():
         lines.append(
-            f"{name:<10} {row['max_seq']:>8} {row['fixed_peak_mib']:>13.1f} {row['tokens_per_s']:>9.1f}"
+            f"{name:<14} {row['max_seq']:>8} {row['fixed_peak_mib']:>13.1f} {row['tokens_per_s']:>9.1f}"
         )
-    for key in ("tokens_per_s_ratio_ring_over_ulysses", "fixed_peak_ratio_ring_over_ulysses"):
-        if key in result:
-            lines.append(f"{key}: {result[key]:.2f}")
-    for key, t in result.get("targets", {}).items():
+    targets = result.get("targets", {})
+    for key, value in result.items():  # the other ratios, measured but not targets
+        if "_ratio" in key and key not in targets:
+            lines.append(f"{key}: {value:.2f}")
+    for key, t in targets.items():
         if t["met"] is None:
             lines.append(f"target {key} ({t['what']}) {t['op']} {t['bound']:g}: not measured")
         else:

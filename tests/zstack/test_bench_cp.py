@@ -24,6 +24,11 @@ def test_ratios_are_against_cp1() -> None:
     assert r["max_seq_ratio_cp1_tiled"] == 2.0 and r["max_seq_ratio_cp2"] == 1.9
     assert r["tokens_per_s_ratio_cp2"] == 0.9 and r["fixed_peak_ratio_cp2"] == 0.55
     assert load("cp")._ratios({"cp2": rows["cp2"]}) == {}
+    ckpt = load("cp")._ratios({"cp1": rows["cp1"], "cp2_tiled_ckpt": _row(8000, 50.0, 40.0)})
+    assert (
+        ckpt["max_seq_ratio_cp2_tiled_ckpt"] == 8.0
+        and ckpt["fixed_peak_ratio_cp2_tiled_ckpt"] == 0.2
+    )
 
 
 def test_each_target_is_flagged_met_or_not_and_printed() -> None:
@@ -36,7 +41,8 @@ def test_each_target_is_flagged_met_or_not_and_printed() -> None:
     assert t["fixed_peak_ratio_cp2"]["met"] is True  # 0.55 <= 0.55
     result = {"model": "small", "params": 2e6, "variants": rows, "targets": t}
     result["options"] = {"stage": 3, "budget_mib": 256.0, "seq": 2048}
-    text = cp.report(result)
+    text = cp.report({**result, "max_seq_ratio_cp2": 1.9})
+    assert "max_seq_ratio_cp2: 1.90" in text
     assert "target max_seq_ratio (longest sequence, cp2_tiled over cp1): 2.50 >= 2.5: met" in text
     assert (
         "target tokens_per_s_ratio_cp2 (tokens/s at --seq, cp2 over cp1): 0.79 >= 0.8: NOT met"
