@@ -19,6 +19,7 @@ b = load('serve_tp_collectives'); print(b.report(b.run()))"``.
 
 from __future__ import annotations
 
+import os
 import platform
 import statistics
 import sys
@@ -48,6 +49,7 @@ def run(
             f"(each >= 1) and rows {rows!r} (a list of counts) are needed"
         )
     spec = dict(hidden=hidden, rows=shapes, iters=iters, repeats=repeats)
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="tp-collectives-") as work:
         outs = _ranks.launch(
             __file__, world, spec, work, timeout_s=timeout_s, what="serve_tp_collectives"
@@ -74,16 +76,29 @@ def run(
         collectives=first["collectives"],
         iters=iters,
         repeats=repeats,
-        cpu=platform.processor() or platform.machine(),
+        cpu=_cpu(),
+        load_avg=[load_before[0], os.getloadavg()[0]],
         results=results,
     )
 
 
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def report(result: dict[str, Any]) -> str:
+    load_avg = result["load_avg"]
     lines = [
         f"all-reduce, {result['world']} ranks, fp32, median us per op "
         f"({result['iters']} ops x {result['repeats']} repeats; group uses "
-        f"{result['collectives']})"
+        f"{result['collectives']}); {result['cpu']}, load {load_avg[0]:.1f} -> "
+        f"{load_avg[1]:.1f}"
     ]
     for r in result["results"]:
         lines.append(

@@ -9,7 +9,8 @@ the peers' flags and a read of their slots.
 Layout (byte offsets)::
 
     0                      magic token (int64: the ranks check they mapped the same file)
-    64 * (1 + p)           rank p's line: [seq (int64), pid (int64)], one cache line each
+    64 * (1 + p)           rank p's line, one cache line each: [seq, pid, asleep] (int64):
+                           asleep is q + 1 while rank p sleeps on rank q's seq, else 0
     data = align(64 * (1 + size), 4096)
     data + (b * size + p) * slot_bytes      buffer b (0 or 1), rank p's slot
 
@@ -24,8 +25,12 @@ sequence number each.
 The sum is taken in rank order ``((x_0 + x_1) + x_2) + ...`` on every rank, so every rank
 gets the same bits (at 2 ranks they are gloo's: fp addition of two terms commutes).
 
-A wait spins briefly, then yields the CPU (``sched_yield``), then sleeps in short naps; it
-looks up the awaited peer's process every :data:`CHECK_S` and raises ``RuntimeError`` at
+A wait spins briefly (a peer a few microseconds behind), then sleeps on the peer's flag word
+(a Linux futex on the shared page; the peer, after storing its flag, wakes it when the
+waiter's ``asleep`` says so): a waiting rank gives its core to the peer it waits for, which
+matters when the ranks share cores with other work. Each sleep is at most :data:`NAP_S` (a
+wake lost to the store/load race between ``asleep`` and the flag costs no more); every
+:data:`CHECK_S` the wait looks up the awaited peer's process and raises ``RuntimeError`` at
 once when it has exited, or when ``timeout_s`` passes, so a dead or stopped rank never hangs
 the others.
 
@@ -41,6 +46,7 @@ its later flag store); elsewhere :func:`supported` is False and the group keeps 
 from __future__ import annotations
 
 import atexit
+import ctypes
 import os
 import platform
 import secrets
@@ -55,12 +61,10 @@ SLOT_BYTES = 1 << 20
 SHM_DIR = Path("/dev/shm")
 LINE = 64
 """Bytes of a rank's flag line (a cache line: ranks never write the same line)."""
-SPINS = 2000
-"""Flag reads before a wait starts yielding the CPU (tens of microseconds)."""
-YIELD_S = 0.002
-"""Seconds of ``sched_yield`` before a wait sleeps instead."""
-NAP_S = 50e-6
-"""One sleep of a long wait."""
+SPINS = 1000
+"""Flag reads before a wait sleeps on the flag (tens of microseconds)."""
+NAP_S = 0.005
+"""The longest sleep on a flag: a wake lost to a race costs at most this."""
 CHECK_S = 0.02
 """How often a long wait looks for the awaited peer's process and the timeout."""
 _VIEWS = 256
@@ -81,6 +85,48 @@ _PENDING: set[Path] = set()
 def _unlink_pending() -> None:
     for path in list(_PENDING):
         path.unlink(missing_ok=True)
+
+
+_SYS_FUTEX = 202  # x86-64
+_FUTEX_WAIT, _FUTEX_WAKE = 0, 1  # shared between processes: not FUTEX_PRIVATE_FLAG
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+_NAP = _Timespec(0, int(NAP_S * 1e9))
+_syscall = ctypes.CDLL(None, use_errno=True).syscall  # releases the GIL while it sleeps
+_syscall.restype = ctypes.c_long
+
+
+def _futex_wait(addr: int, seen: int) -> None:
+    """Sleep until woken on the 32-bit word at ``addr`` (the low half of a flag), unless it
+    no longer holds ``seen``'s low half, for at most :data:`NAP_S`."""
+    low = seen & 0xFFFFFFFF
+    low = low - (1 << 32) if low >= 1 << 31 else low
+    _syscall(
+        ctypes.c_long(_SYS_FUTEX),
+        ctypes.c_void_p(addr),
+        ctypes.c_int(_FUTEX_WAIT),
+        ctypes.c_int(low),
+        ctypes.byref(_NAP),
+        None,
+        ctypes.c_int(0),
+    )
+
+
+def _futex_wake(addr: int) -> None:
+    """Wake every process sleeping on the word at ``addr``."""
+    _syscall(
+        ctypes.c_long(_SYS_FUTEX),
+        ctypes.c_void_p(addr),
+        ctypes.c_int(_FUTEX_WAKE),
+        ctypes.c_int(2**31 - 1),
+        None,
+        None,
+        ctypes.c_int(0),
+    )
 
 
 def _alive(pid: int) -> bool:
@@ -119,8 +165,12 @@ class ShmCollectives:
         self._mem = mem  # uint8 (total,), MAP_SHARED
         # int64 lines read and written as Python ints (a memoryview: no numpy scalars)
         self._lines = memoryview(mem[: _data_offset(size)].view(torch.int64).numpy())
+        self._addr = mem.data_ptr()
         self._mine = LINE // 8 * (1 + rank)
+        self._asleep = self._mine + 2  # whom this rank sleeps on, plus one (0: nobody)
+        self._me = rank + 1
         self._peers = [(p, LINE // 8 * (1 + p)) for p in range(size) if p != rank]
+        self._sleepers = [i + 2 for _, i in self._peers]
         data = _data_offset(size)
         self._slots = [
             [
@@ -230,6 +280,10 @@ class ShmCollectives:
         slots[self.rank].copy_(piece)
         lines = self._lines
         lines[self._mine] = seq
+        for i in self._sleepers:
+            if lines[i] == self._me:  # a peer sleeps on this rank's flag
+                _futex_wake(self._addr + 8 * self._mine)
+                break
         for p, i in self._peers:
             if lines[i] < seq:
                 self._wait(p, i, seq)
@@ -247,35 +301,40 @@ class ShmCollectives:
         return views
 
     def _wait(self, peer: int, line: int, seq: int) -> None:
-        """Until rank ``peer``'s flag reads ``>= seq``: spin, yield, then nap; raises
-        ``RuntimeError`` when ``peer``'s process is gone or ``timeout_s`` passes."""
+        """Until rank ``peer``'s flag reads ``>= seq``: spin, then sleep on the flag (a
+        futex ``peer`` wakes); raises ``RuntimeError`` when ``peer``'s process is gone or
+        ``timeout_s`` passes."""
         lines = self._lines
         for _ in range(SPINS):
             if lines[line] >= seq:
                 return
         now = time.monotonic()
-        deadline, check, naps_from = now + self.timeout_s, now + CHECK_S, now + YIELD_S
-        pid = int(lines[line + 1])
-        while lines[line] < seq:
-            if now < naps_from:
-                os.sched_yield()
-            else:
-                time.sleep(NAP_S)
-            now = time.monotonic()
-            if now >= check:
+        deadline, check = now + self.timeout_s, now + CHECK_S
+        pid, addr = int(lines[line + 1]), self._addr + 8 * line
+        try:
+            while True:
+                lines[self._asleep] = peer + 1  # wake me (read by peer after its flag store)
+                seen = lines[line]
+                if seen >= seq:
+                    return
+                _futex_wait(addr, seen)  # until woken, the flag changes, or NAP_S
                 if lines[line] >= seq:
                     return
-                if not _alive(pid):
-                    raise RuntimeError(
-                        f"rank {peer} (pid {pid}) exited while rank {self.rank} waited for it "
-                        f"in shared-memory collective {seq}"
-                    )
-                if now >= deadline:
-                    raise RuntimeError(
-                        f"rank {peer} did not reach shared-memory collective {seq} within "
-                        f"{self.timeout_s:g} s (rank {self.rank} waited)"
-                    )
-                check = now + CHECK_S
+                now = time.monotonic()
+                if now >= check:
+                    if not _alive(pid):
+                        raise RuntimeError(
+                            f"rank {peer} (pid {pid}) exited while rank {self.rank} waited "
+                            f"for it in shared-memory collective {seq}"
+                        )
+                    if now >= deadline:
+                        raise RuntimeError(
+                            f"rank {peer} did not reach shared-memory collective {seq} within "
+                            f"{self.timeout_s:g} s (rank {self.rank} waited)"
+                        )
+                    check = now + CHECK_S
+        finally:
+            lines[self._asleep] = 0
 
     def close(self) -> None:
         """Unmap the segment (when the last view of it goes)."""

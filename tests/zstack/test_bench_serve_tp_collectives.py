@@ -1,0 +1,23 @@
+"""The per-layer collective benchmark (gloo vs shared memory, 2 rank processes) on a tiny
+size: both timed, the sums bit-identical (timings not asserted)."""
+
+from __future__ import annotations
+
+import pytest
+
+from zstack.bench import load
+
+
+@pytest.mark.slow(reason="2 rank processes importing torch and zserve: ~15-30 s on 2 cores")
+def test_bench_serve_tp_collectives_tiny() -> None:
+    bench = load("serve_tp_collectives")
+    result = bench.run(hidden=8, rows="1,3", iters=5, repeats=1)
+    assert result["collectives"] == "shm"
+    assert [r["rows"] for r in result["results"]] == [1, 3]
+    assert all(r["same_sum"] and r["gloo_us"] > 0 and r["shm_us"] > 0 for r in result["results"])
+    assert "gloo/shm" in bench.report(result)
+
+
+def test_bad_options_are_named() -> None:
+    with pytest.raises(ValueError, match=r"world 1 \(>= 2\)"):
+        load("serve_tp_collectives").run(world=1)
