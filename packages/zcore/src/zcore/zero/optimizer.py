@@ -36,6 +36,12 @@ CPU_GATHER_ELEMS = 1 << 24
 ask for fewer). gloo, which carries CPU tensors, gathers through a temporary as large as its
 output: a model-sized gather would hold a second copy of the model at the step's peak."""
 
+CPU_BUCKET_ELEMS = 1 << 24
+"""Elements per gradient bucket of CPU parameters at most (``reduce_bucket_size`` may ask for
+fewer). A bucket buffer is kept from one backward to the next and is idle while the optimizer
+steps: with DeepSpeed's default ``reduce_bucket_size`` (5e8) it is as large as the model, and
+its pages would stay resident through the step's peak (the inner optimizer's temporaries)."""
+
 
 class ZeroOptimizer:
     """Master weights, gradient partitions and the inner optimizer of one rank."""
@@ -95,6 +101,8 @@ class ZeroOptimizer:
         self.store.attach(self.partition(), make_optimizer, hyper)
         # one reducer per axis in use (dense first): each buckets its groups' gradients
         self.reducers: dict[str, GradReducer] = {}
+        on_cpu = all(p.device.type == "cpu" for ps in self.params for p in ps)
+        bucket_elems = min(reduce_bucket_elems, CPU_BUCKET_ELEMS) if on_cpu else reduce_bucket_elems
         for axis in dict.fromkeys(["dp", *self.group_axis]):
             ax = self.axes[axis]
             world = ax.shard.size if stage >= 1 else 1
@@ -107,7 +115,7 @@ class ZeroOptimizer:
                 ax.shard,
                 self.store.accumulate,
                 world,
-                reduce_bucket_elems,
+                bucket_elems,
                 overlap_comm,
                 comm_dtype,
                 predivide=float(data_parallel if predivide is None else predivide),
@@ -327,6 +335,9 @@ class ZeroOptimizer:
             return
         for ps in self.params:
             self.all_gather_params(ps)
+        # a gather buffer of its own (a parameter larger than any idle bucket) is not kept
+        # resident through the next backward and step
+        self._gather_out.clear()
 
     def all_gather_params(self, params: list[nn.Parameter]) -> None:
         """Every rank's slots of ``params`` → their full ``.data``, in buckets (one run of
@@ -380,7 +391,8 @@ class ZeroOptimizer:
     def _gather_buffer(self, inp: torch.Tensor, elems: int) -> torch.Tensor:
         """``elems`` elements to all-gather ``inp`` into: an idle gradient bucket when one is
         large enough (backward is over whenever parameters are gathered here, so the bucket
-        memory serves both, as DeepSpeed's flat buffers do), else a buffer kept for it."""
+        memory serves both, as DeepSpeed's flat buffers do), else a buffer of its own, kept
+        until :meth:`publish` ends."""
         for reducer in self.reducers.values():
             spare = reducer.spare(inp.dtype, elems)
             if spare is not None and spare.device == inp.device:
