@@ -14,6 +14,8 @@ from pathlib import Path
 
 import typer
 
+from zstack.relaunch import relaunch
+
 
 def _fail(message: str) -> typer.Exit:
     typer.echo(f"error: {message}", err=True)
@@ -107,7 +109,7 @@ def finetune(
         from ztrain.finetune import run
 
         raise typer.Exit(run(plan))
-    raise typer.Exit(_launch(ctx, nproc))
+    raise typer.Exit(relaunch(_rank_argv(ctx), nproc))
 
 
 def _rank_argv(ctx: typer.Context) -> list[str]:
@@ -123,25 +125,6 @@ def _rank_argv(ctx: typer.Context) -> list[str]:
             continue
         argv += [p.opts[0], str(value)]
     return argv
-
-
-def _launch(ctx: typer.Context, nproc: int) -> int:
-    """This command on `nproc` ranks; the launcher's exit code."""
-    from zstack.cmd_train import _z_script
-    from zstack.launch import main as launch
-
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (cores or 1) // nproc)))
-    return launch(
-        script=_z_script(),
-        script_args=_rank_argv(ctx),
-        nproc=nproc,
-        nnodes="1",
-        node_rank=0,
-        master_addr="127.0.0.1",
-        master_port=0,
-        rdzv_endpoint="",
-    )
 
 
 def register(app: typer.Typer, bench_app: typer.Typer) -> None:

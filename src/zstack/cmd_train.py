@@ -9,14 +9,13 @@ same run and runs `ztrain.train.run` on it.
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import typer
 
+from zstack.relaunch import relaunch, z_script
 from ztrain.train_options import DEFAULT_STEPS, TrainError, TrainOptions
 
 checkpoint_app = typer.Typer(
@@ -54,20 +53,6 @@ def _rank_argv(ctx: typer.Context, explicit: frozenset[str]) -> list[str]:
             else:
                 argv += [p.opts[0], str(value)]
     return argv
-
-
-def _z_script() -> str:
-    """The `z` console script to run on every rank (torchrun runs a script file)."""
-    here = Path(sys.argv[0])
-    if here.name == "z" and here.is_file():
-        return str(here)
-    beside = Path(sys.executable).with_name("z")
-    if beside.is_file():
-        return str(beside)
-    # the module that defines `z`, found without importing it (it imports this module)
-    spec = importlib.util.find_spec("zstack.cli")
-    assert spec is not None and spec.origin is not None
-    return spec.origin
 
 
 def train(
@@ -172,7 +157,7 @@ def train(
                 "`--config` with `--stage`/`--bf16`: set zero_optimization.stage and bf16 in "
                 "the config, or drop `--config`"
             )
-        raise typer.Exit(train_hf.run(_z_script(), model, ctx.params, explicit))
+        raise typer.Exit(train_hf.run(z_script(), model, ctx.params, explicit))
     opts = TrainOptions(
         out=out,
         preset=preset,
@@ -221,28 +206,11 @@ def train(
         for warning in plan.warnings:
             typer.echo(f"warning: {warning}", err=True)
         with hold_run_dir(opts.out):
-            raise typer.Exit(run(plan) if nproc == 1 else _launch(ctx, explicit, nproc))
+            raise typer.Exit(
+                run(plan) if nproc == 1 else relaunch(_rank_argv(ctx, explicit), nproc)
+            )
     except (ConfigError, TrainError) as err:
         raise _fail(str(err)) from None
-
-
-def _launch(ctx: typer.Context, explicit: frozenset[str], nproc: int) -> int:
-    """Run `z train` with the options given here on `nproc` ranks; the launcher's exit code."""
-    from zstack.launch import main as launch
-
-    # torchrun would set 1 thread per rank with a warning; say it first (and divide the cores).
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (cores or 1) // nproc)))
-    return launch(
-        script=_z_script(),
-        script_args=_rank_argv(ctx, explicit),
-        nproc=nproc,
-        nnodes="1",
-        node_rank=0,
-        master_addr="127.0.0.1",
-        master_port=0,  # `--standalone`: a free port
-        rdzv_endpoint="",
-    )
 
 
 def _load_model(path: Path) -> tuple[Any, Any]:
