@@ -50,8 +50,10 @@ import ctypes
 import os
 import platform
 import secrets
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -72,9 +74,14 @@ _VIEWS = 256
 
 
 def supported() -> bool:
-    """Whether this host can run the shared-memory collectives (Linux ``/dev/shm`` on
-    x86-64, whose stores are seen by other cores in program order)."""
-    return platform.machine().lower() in ("x86_64", "amd64") and SHM_DIR.is_dir()
+    """Whether this host can run the shared-memory collectives (Linux ``/dev/shm`` and
+    futexes on x86-64, whose stores are seen by other cores in program order)."""
+    return (
+        sys.platform == "linux"
+        and platform.machine().lower() in ("x86_64", "amd64")
+        and _syscall is not None
+        and SHM_DIR.is_dir()
+    )
 
 
 _PENDING: set[Path] = set()
@@ -96,8 +103,12 @@ class _Timespec(ctypes.Structure):
 
 
 _NAP = _Timespec(0, int(NAP_S * 1e9))
-_syscall = ctypes.CDLL(None, use_errno=True).syscall  # releases the GIL while it sleeps
-_syscall.restype = ctypes.c_long
+_syscall: Any
+try:  # libc's syscall(), which releases the GIL while it sleeps; Linux only
+    _syscall = ctypes.CDLL(None, use_errno=True).syscall
+    _syscall.restype = ctypes.c_long
+except (OSError, AttributeError, TypeError):  # no libc to load (not a POSIX host)
+    _syscall = None
 
 
 def _futex_wait(addr: int, seen: int) -> None:
@@ -164,7 +175,8 @@ class ShmCollectives:
         self.seq = 0
         self._mem = mem  # uint8 (total,), MAP_SHARED
         # int64 lines read and written as Python ints (a memoryview: no numpy scalars)
-        self._lines = memoryview(mem[: _data_offset(size)].view(torch.int64).numpy())
+        header = mem[: _data_offset(size)].view(torch.int64).numpy()
+        self._lines = memoryview(header)  # type: ignore[arg-type]
         self._addr = mem.data_ptr()
         self._mine = LINE // 8 * (1 + rank)
         self._asleep = self._mine + 2  # whom this rank sleeps on, plus one (0: nobody)
@@ -216,7 +228,7 @@ class ShmCollectives:
             shared: list[object] = [str(path) if path else None, token]
             dist.broadcast_object_list(shared, src=0, group=group)
             if rank != 0 and shared[0] is not None:
-                mem = _attach(Path(str(shared[0])), total, int(shared[1]))  # type: ignore[arg-type]
+                mem = _attach(Path(str(shared[0])), total, int(shared[1]))  # type: ignore[call-overload]
             if mem is not None:
                 lines = mem[: _data_offset(size)].view(torch.int64)
                 lines[LINE // 8 * (1 + rank) + 1] = os.getpid()
