@@ -52,7 +52,8 @@ def launch(
     ``LOCAL_WORLD_SIZE``) and ``ZSTACK_LAUNCHER_PID`` (this process, for
     ``zcore.lifetime.die_with_parent``); ``per_rank(r)`` may give a command prefix (a network
     namespace's ``ip netns exec``) and variables that replace those. Its output goes to a log
-    file under ``work``. A rank that exits with an error, or no result, fails the launch, as
+    file under ``work``; what a peer's ranks leave in ``/dev/shm`` for ``port`` is removed once
+    they are gone. A rank that exits with an error, or no result, fails the launch, as
     does ``timeout_s`` passing (every rank is then killed): ``RuntimeError`` naming ``what``,
     the exit codes and the last lines of each failed rank's log."""
     port = free_port() if port is None else port
@@ -94,6 +95,7 @@ def launch(
                 p.wait()
         for log in logs:
             log.close()
+        _remove_peer_shm(port)
     outs = [run_dir / f"rank{r}.json" for r in range(world)]
     failed = [r for r in range(world) if codes is None or codes[r] != 0 or not outs[r].is_file()]
     if failed:
@@ -104,6 +106,14 @@ def launch(
         )
         raise RuntimeError(f"{what}: the {world} ranks failed ({why})\n{tails}")
     return [json.loads(o.read_text()) for o in outs]
+
+
+def _remove_peer_shm(port: int) -> None:
+    """Remove what DeepSpeed's CPU shared-memory all-reduce leaves in ``/dev/shm`` for this
+    launch's rendezvous port (``deepspeed_allreduce_buffer_<rank>_<addr>_<port>_<n>``, about
+    64 MiB a rank, never unlinked by DeepSpeed): the ranks are gone, nothing maps them."""
+    for leftover in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_127.0.0.1_{port}_*"):
+        leftover.unlink(missing_ok=True)
 
 
 def _tail(run_dir: Path, rank: int) -> str:

@@ -30,6 +30,9 @@ if spec.get("fail") == spec["rank"]:
     sys.exit(3)
 if spec.get("sleep"):
     time.sleep(spec["sleep"])
+if spec.get("shm"):  # what DeepSpeed's CPU shm all-reduce leaves behind, named by the port
+    name = "deepspeed_allreduce_buffer_%d_127.0.0.1_%d_0" % (spec["rank"], spec["port"])
+    open("/dev/shm/" + name, "w").close()
 _ranks.write_result(spec, {{"spec": spec, "env": env, "extra": os.environ.get("EXTRA")}})
 """
 
@@ -86,3 +89,16 @@ def test_a_stuck_rank_is_killed_at_the_timeout(script: Path, tmp_path: Path) -> 
 
 def test_a_rank_command_line_is_recognised() -> None:
     assert _ranks.rank_spec(["zero.py", "--preset", "small"]) is None
+
+
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no /dev/shm on this system")
+def test_the_peers_shared_memory_for_this_port_is_removed(script: Path, tmp_path: Path) -> None:
+    other = Path("/dev/shm/deepspeed_allreduce_buffer_0_127.0.0.1_1_0")  # another launch's
+    other.write_text("")
+    try:
+        got = _ranks.launch(script, 2, {"shm": True}, tmp_path, timeout_s=60, what="test")
+        port = got[0]["spec"]["port"]
+        assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"))
+        assert other.exists()
+    finally:
+        other.unlink(missing_ok=True)
