@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 import tempfile
@@ -22,7 +23,7 @@ from typing import Any
 
 from zcore.process import free_port
 
-__all__ = ["free_port", "launch", "memory_mb", "rank_spec", "write_result"]
+__all__ = ["cpu_name", "free_port", "launch", "memory_mb", "rank_spec", "write_result"]
 
 SPEC_FLAG = "--rank-spec"
 """``python SCRIPT --rank-spec FILE``: how :func:`launch` starts a rank."""
@@ -131,6 +132,17 @@ def rank_spec(argv: list[str]) -> dict[str, Any] | None:
 def write_result(spec: dict[str, Any], result: Any) -> None:
     """This rank's result (JSON-ready), for :func:`launch` to return."""
     Path(spec["out"]).write_text(json.dumps(result))
+
+
+def cpu_name() -> str:
+    """This host's CPU model as ``/proc/cpuinfo`` names it (else what ``platform`` says)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def memory_mb() -> dict[str, float]:

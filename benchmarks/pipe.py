@@ -357,7 +357,7 @@ def run(
         "benchmark": "pipe",
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "host": platform.node(),
-        "cpu": _cpu(),
+        "cpu": _ranks.cpu_name(),
         "params": n_params,
         "world_size": 2,
         "options": opt,
@@ -372,16 +372,6 @@ def run(
 def _count(opt: dict[str, Any]) -> int:
     _, specs = _layers(opt)
     return sum(p.numel() for s in specs for p in s.build_meta().parameters())
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def report(result: dict[str, Any]) -> str:

@@ -20,7 +20,6 @@ b = load('serve_tp_collectives'); print(b.report(b.run()))"``.
 from __future__ import annotations
 
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -76,20 +75,10 @@ def run(
         collectives=first["collectives"],
         iters=iters,
         repeats=repeats,
-        cpu=_cpu(),
+        cpu=_ranks.cpu_name(),
         load_avg=[load_before[0], os.getloadavg()[0]],
         results=results,
     )
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def report(result: dict[str, Any]) -> str:
