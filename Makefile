@@ -106,9 +106,10 @@ test-python: setup
 	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile --durations=30
 
 # Every `slow` test, one at a time (they are the multi-rank and real-model runs that would
-# crowd each other); each has 900 s unless it says otherwise.
+# crowd each other); each has 900 s unless it says otherwise. tools/slow_lane.py runs them in one
+# pytest process per test directory, so one part's models are freed before the next part starts.
 test-slow: setup
-	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -m slow --durations=30
+	PYTHONDONTWRITEBYTECODE= $(PY) tools/slow_lane.py
 
 bench: setup
 	$(BIN)/z bench adam --numel $(NUMEL) --json
