@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -46,6 +45,7 @@ from typing import Any
 from zcore.bench import load
 
 _models = load("_models", Path(__file__).parent)
+_ranks = load("_ranks", Path(__file__).parent)
 
 CHILD = Path(__file__).resolve().parent / "_serve_tp_child.py"
 PEER_CHILD = Path(__file__).resolve().parent / "_serve_tp_peer.py"
@@ -131,18 +131,10 @@ def _quantized(model_dir: Path, recipes: str, quant_dir: str | None) -> dict[str
 
 
 def _cpu() -> dict[str, Any]:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     import znative
 
     return {
-        "cpu": model,
+        "cpu": _ranks.cpu_name(),
         "simd": znative.simd_level(),
         "cores_usable": len(os.sched_getaffinity(0)),
         "load_avg": os.getloadavg(),

@@ -22,6 +22,12 @@ def serve(
     tp: int = typer.Option(
         1, "--tp", min=1, help="Tensor-parallel ranks per engine (processes, gloo)."
     ),
+    tp_collectives: str | None = typer.Option(
+        None,
+        "--tp-collectives",
+        help="--tp: what carries the ranks' all-reduces: `shm` (shared memory, the default) "
+        "or `gloo`.",
+    ),
     policy: str = typer.Option(
         "splitfuse", "--policy", help="Scheduler: `splitfuse`, `prefill-first` or `static`."
     ),
@@ -80,6 +86,20 @@ def serve(
     from zserve.config import EngineConfig
     from zserve.server import serve as run_server
 
+    if tp_collectives is not None and tp_collectives not in ("shm", "gloo"):
+        typer.echo(
+            f"error: --tp-collectives {tp_collectives!r} is not one of `shm` (shared memory "
+            "of this host, the default) or `gloo` (loopback TCP); pass one of them",
+            err=True,
+        )
+        raise typer.Exit(2)
+    if tp_collectives is not None and tp < 2:
+        typer.echo(
+            f"error: --tp-collectives {tp_collectives} is for tensor-parallel ranks, but --tp "
+            f"is {tp}: add --tp N (N >= 2) or drop --tp-collectives",
+            err=True,
+        )
+        raise typer.Exit(2)
     options = {
         "policy": policy,
         "token_budget": token_budget,
@@ -100,6 +120,7 @@ def serve(
         "offload": offload,
         "offload_dir": offload_dir,
         "tp": tp,
+        "tp_collectives": tp_collectives,
     }
     try:
         config = EngineConfig(**{k: v for k, v in options.items() if v is not None})

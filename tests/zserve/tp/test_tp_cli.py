@@ -1,6 +1,7 @@
 """`z serve MODEL --tp N` as a user runs it (the tiny random LLaMA with SmolLM2's tokenizer, 4
-query / 2 KV heads): a --tp beyond the query heads fails at start naming the numbers, and a
-rank killed under a running server ends the `z serve` process with an error naming the rank."""
+query / 2 KV heads): a --tp beyond the query heads, or a bad --tp-collectives, fails at start
+naming the numbers, and a rank killed under a running server ends the `z serve` process with an
+error naming the rank."""
 
 from __future__ import annotations
 
@@ -23,6 +24,16 @@ def test_tp_beyond_query_heads_fails_at_start(tmp_path: Path) -> None:
     done = run_z("serve", str(model), "--tp", "5", ok=False, timeout=120)
     assert done.returncode == 2, done.stderr
     assert "tp 5 > num_attention_heads 4" in done.stderr and "--tp 4" in done.stderr
+
+
+def test_bad_tp_collectives_fail_at_start(tmp_path: Path) -> None:
+    model = write_tiny_lm(tmp_path / "lm")
+    done = run_z("serve", str(model), "--tp", "2", "--tp-collectives", "mpi", ok=False)
+    assert done.returncode == 2, done.stderr
+    assert "--tp-collectives 'mpi'" in done.stderr and "`shm`" in done.stderr, done.stderr
+    done = run_z("serve", str(model), "--tp-collectives", "gloo", ok=False)
+    assert done.returncode == 2, done.stderr
+    assert "--tp is 1" in done.stderr and "--tp N" in done.stderr, done.stderr
 
 
 def _children(pid: int) -> list[int]:

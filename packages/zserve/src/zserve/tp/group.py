@@ -33,6 +33,7 @@ from typing import Literal
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import Backend as C10dBackend
 from torch.distributed.device_mesh import init_device_mesh
 
 from zserve.tp.shm import ShmCollectives
@@ -109,12 +110,12 @@ class TPGroup:
             world_size=size,
             timeout=STARTUP,
         )
-        bounded = dist.ProcessGroupGloo._Options()
-        bounded._timeout = timedelta(seconds=timeout_s)
+        bounded = C10dBackend.Options("gloo", timedelta(seconds=timeout_s))
         mesh = init_device_mesh(
             "cpu", (size,), mesh_dim_names=("tp",), backend_override={"tp": ("gloo", bounded)}
         )
         control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+        assert isinstance(control, dist.ProcessGroup)  # every rank is a member
         shm = ShmCollectives.open(rank, size, timeout_s) if collectives == "shm" else None
         return cls(rank, size, mesh.get_group("tp"), control, timeout_s, shm=shm)
 
