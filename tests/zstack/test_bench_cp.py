@@ -8,8 +8,9 @@ import pytest
 from zstack.bench import load
 
 
-def _row(max_seq: int, tokens_per_s: float, peak: float) -> dict:
-    return {"max_seq": max_seq, "tokens_per_s": tokens_per_s, "fixed_peak_mib": peak}
+def _row(max_seq: int, tokens_per_s: float, peak: float, floor: float = 0.0) -> dict:
+    row = {"max_seq": max_seq, "tokens_per_s": tokens_per_s, "fixed_peak_mib": peak}
+    return {**row, "floor_peak_mib": floor, "activation_mib": peak - floor}
 
 
 def test_ratios_are_against_cp1() -> None:
@@ -24,6 +25,11 @@ def test_ratios_are_against_cp1() -> None:
     assert r["max_seq_ratio_cp1_tiled"] == 2.0 and r["max_seq_ratio_cp2"] == 1.9
     assert r["tokens_per_s_ratio_cp2"] == 0.9 and r["fixed_peak_ratio_cp2"] == 0.55
     assert load("cp")._ratios({"cp2": rows["cp2"]}) == {}
+    # activation memory: each side's peak less its floor step's, which does not halve with cp
+    act = load("cp")._ratios(
+        {"cp1": _row(1000, 1.0, 330.0, 60.0), "cp2": _row(1, 1.0, 200.0, 60.0)}
+    )
+    assert act["fixed_peak_ratio_cp2"] == 200.0 / 330.0 and act["activation_ratio_cp2"] == 140 / 270
     ckpt = load("cp")._ratios({"cp1": rows["cp1"], "cp2_tiled_ckpt": _row(8000, 50.0, 40.0)})
     assert (
         ckpt["max_seq_ratio_cp2_tiled_ckpt"] == 8.0
@@ -33,12 +39,12 @@ def test_ratios_are_against_cp1() -> None:
 
 def test_each_target_is_flagged_met_or_not_and_printed() -> None:
     cp = load("cp")
-    rows = {"cp1": _row(1000, 100.0, 200.0), "cp2": _row(1900, 79.0, 110.0)}
+    rows = {"cp1": _row(1000, 100.0, 200.0, 20.0), "cp2": _row(1900, 79.0, 110.0, 20.0)}
     rows["cp2_tiled"] = _row(2500, 70.0, 60.0)
     t = cp.targets(cp._ratios(rows))
     assert t["max_seq_ratio"]["met"] is True and t["max_seq_ratio"]["value"] == 2.5
     assert t["tokens_per_s_ratio_cp2"]["met"] is False  # 0.79 < 0.8
-    assert t["fixed_peak_ratio_cp2"]["met"] is True  # 0.55 <= 0.55
+    assert t["activation_ratio_cp2"]["met"] is True  # 90 / 180 = 0.5 <= 0.55
     result = {"model": "small", "params": 2e6, "variants": rows, "targets": t}
     result["options"] = {"stage": 3, "budget_mib": 256.0, "seq": 2048}
     text = cp.report({**result, "max_seq_ratio_cp2": 1.9})
@@ -55,7 +61,13 @@ def test_each_target_is_flagged_met_or_not_and_printed() -> None:
 
 @pytest.mark.parametrize(
     ("options", "match"),
-    [({"variants": "cp3"}, "cp3"), ({"seq": 1}, "--seq >= 2"), ({"model": "nowhere"}, "nowhere")],
+    [
+        ({"variants": "cp3"}, "cp3"),
+        ({"seq": 0}, "--seq"),
+        ({"floor_seq": 4096}, "--floor-seq < --seq"),
+        ({"probe_repeats": 0}, "--probe-repeats"),
+        ({"model": "nowhere"}, "nowhere"),
+    ],
 )
 def test_bad_options_are_named(options: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
