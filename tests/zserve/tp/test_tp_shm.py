@@ -5,7 +5,9 @@ Exact: the shared-memory sum is taken in rank order on every rank, so each rank'
 bit-identical to ``((x_0 + x_1) + x_2)`` computed locally, and at 2 ranks to gloo's. Slots of
 4 KiB make the (16, 576) tensors go in pieces. A peer that exits ends the waiting rank's
 collective with a TPRankError naming it within seconds (not at the timeout); a peer that
-stops answering, at the timeout.
+stops answering, at the timeout. Rank 0's step commands reach every rank through the
+segment's command slot (over the control group when too large, or without a segment), and a
+rank waiting for one waits past the timeout, until rank 0 exits.
 """
 
 from __future__ import annotations
@@ -121,3 +123,48 @@ def test_a_stalled_peer_times_out_naming_it() -> None:
 def test_a_bad_slot_size_is_refused() -> None:
     with pytest.raises(ValueError, match=r"slot_bytes 1000 must be a positive multiple of 4096"):
         shm.ShmCollectives.open(0, 2, 1.0, slot_bytes=1000)
+
+
+def _commands(rank: int, world: int) -> list[list[int]]:
+    """Rank 0's commands, through the shared-memory slot and (a payload past it, or no
+    segment at all) over the control group; back to back, and with a collective between."""
+    big = torch.arange(shm.CMD_BYTES // 8, dtype=torch.int64)  # past the slot with its header
+    sent = [(1, torch.arange(7)), (1, torch.empty(0, dtype=torch.int64)), (2, big), (1, big[:3])]
+    seen: list[list[int]] = []
+    g = dist.group.WORLD
+    assert g is not None
+    for group in (_group(rank, world, timeout_s=30.0), TPGroup(rank, world, g, g, 30.0)):
+        for i, (kind, payload) in enumerate(sent):
+            if rank == 0:
+                for work in group.post(kind, payload):
+                    work.wait()
+            else:
+                got_kind, got = group.receive()
+                assert got_kind == kind and torch.equal(got, payload), (i, group.collectives)
+                seen.append([got_kind, got.numel()])
+            if i % 2:
+                group.all_reduce(torch.ones(4))
+    return seen
+
+
+def test_commands_reach_every_rank() -> None:
+    outs = run_ranks(_commands, 3, timeout=60)
+    assert outs[1] == outs[2] == [[1, 7], [1, 0], [2, shm.CMD_BYTES // 8], [1, 3]] * 2
+
+
+def _rank0_exits(rank: int, world: int) -> float:
+    group = _group(rank, world, timeout_s=0.5)  # an idle wait outlives the timeout
+    if rank == 0:
+        group.post(1, torch.arange(3))
+        time.sleep(1.5)
+        return 0.0  # this rank's process ends
+    assert group.receive()[0] == 1
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"rank 0 \(pid \d+\) exited while rank 1 waited"):
+        group.receive()
+    return time.monotonic() - start
+
+
+def test_a_rank_waiting_for_commands_outlives_the_timeout_not_rank_0() -> None:
+    waited = run_ranks(_rank0_exits, 2, timeout=60)[1]
+    assert 1.0 <= waited < 10, f"rank 1 waited {waited:.1f} s for its next command"

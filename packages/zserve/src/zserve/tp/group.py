@@ -9,13 +9,15 @@ Two groups over the same ranks:
   raises on a closed connection at once, on a silent peer at the timeout), never a hang.
 * the default group (the rendezvous) — only the ready barrier after loading, bounded by
   :data:`STARTUP`;
-* ``control`` — rank 0's broadcast of each step's batch. Workers wait on it between
-  requests, for as long as the server is idle, so its timeout is long; rank 0 posts it
-  asynchronously and the step's compute collectives are what notice a missing rank.
+* ``control`` — rank 0's broadcast of each step's batch (:meth:`TPGroup.post`). Workers wait
+  on it between requests, for as long as the server is idle, so its timeout is long; rank 0
+  posts it asynchronously and the step's compute collectives are what notice a missing rank.
 
 With ``collectives="shm"`` (the default; the ranks are all on this host) the compute
 collectives go through a shared-memory segment (:mod:`zserve.tp.shm`) instead of gloo, with
-the same timeout and the same errors; gloo remains where it cannot be mapped.
+the same timeout and the same errors, and so does each step's batch (the segment's command
+slot; ``control`` carries only a batch too large for it); gloo remains where the segment
+cannot be mapped.
 
 Every collective error on rank 0 becomes a :class:`TPRankError` naming the op, the step and
 the rank (by its process's exit code when it died, else every rank still alive is named as
@@ -122,6 +124,43 @@ class TPGroup:
     def begin_step(self) -> None:
         self.step += 1
         self._ops = 0
+
+    def post(self, kind: int, payload: torch.Tensor) -> list[dist.Work]:
+        """Rank 0: command ``(kind, payload)`` (int64) to the other ranks, through the
+        shared-memory segment's command slot (a payload too large for it follows over
+        ``control``), else as two broadcasts over ``control``; the broadcasts still in flight
+        are returned (wait on them after the step's collectives)."""
+        header = None
+        if self.shm is not None:
+            try:
+                self.shm.post(kind, payload)
+            except RuntimeError as exc:
+                raise self._failed("command", exc) from exc
+            if self.shm.fits(payload.numel()):
+                return []
+        else:
+            header = torch.tensor([kind, payload.numel()], dtype=torch.int64)
+        works = []
+        for t in (header, payload):
+            if t is not None and t.numel():
+                work = dist.broadcast(t, 0, group=self.control, async_op=True)
+                assert work is not None
+                works.append(work)
+        return works
+
+    def receive(self) -> tuple[int, torch.Tensor]:
+        """A rank other than 0: rank 0's next :meth:`post`, as long as the server idles."""
+        if self.shm is not None:
+            kind, n, payload = self.shm.receive()
+        else:
+            header = torch.empty(2, dtype=torch.int64)
+            dist.broadcast(header, 0, group=self.control)
+            kind, n, payload = int(header[0]), int(header[1]), None
+        if payload is None:
+            payload = torch.empty(n, dtype=torch.int64)
+            if n:
+                dist.broadcast(payload, 0, group=self.control)
+        return kind, payload
 
     def _failed(self, op: str, exc: BaseException) -> BaseException:
         what = f"{op} of step {self.step}"

@@ -3,10 +3,10 @@
 The engine's process is rank 0: it runs the scheduler (and the HTTP server), and its
 :class:`TPRunner` is the engine's runner. It spawns ranks ``1 .. tp-1``
 (``torch.multiprocessing``, spawn), each building the same :class:`~zserve.runner.ModelRunner`
-over its :class:`~zserve.tp.plan.RankShard`. Each step rank 0 broadcasts the batch (token
-ids, positions, block tables: :mod:`zserve.tp.wire`), every rank runs the forward on its
-shard (an all-reduce after each o and each MLP), and rank 0 gathers the logits' columns and
-samples. One scheduler and one block manager drive every rank: a request's blocks are
+over its :class:`~zserve.tp.plan.RankShard`. Each step rank 0 posts the batch (token ids,
+positions, block tables: :mod:`zserve.tp.wire`, sent by :meth:`~zserve.tp.group.TPGroup.post`),
+every rank runs the forward on its shard (an all-reduce after each o and each MLP), and rank 0
+gathers the logits' columns and samples. One scheduler and one block manager drive every rank: a request's blocks are
 allocated, shared and freed once, and each rank's cache follows the same block ids.
 
 A rank that dies or stops answering ends the engine with a :class:`~zserve.tp.group.TPRankError`
@@ -159,16 +159,15 @@ class TPRunner:
             self.local._validate(c)
         g = self.group
         g.begin_step()
-        payload = wire.encode(chunks)
-        header = torch.tensor([STEP, payload.numel()], dtype=torch.int64)
-        sent = [dist.broadcast(t, 0, group=g.control, async_op=True) for t in (header, payload)]
         try:
+            sent = g.post(STEP, wire.encode(chunks))
             local = self.local.forward(chunks)
             if not local.shape[0]:
                 logits = torch.empty((0, self.vocab_size), dtype=torch.float32)
             else:
-                logits = g.gather_columns(local, self.widths)
-                assert logits is not None
+                gathered = g.gather_columns(local, self.widths)
+                assert gathered is not None
+                logits = gathered
             for w in sent:
                 w.wait()
         except BaseException as exc:
@@ -245,8 +244,8 @@ class TPRunner:
         self._closed = True
         if self.failure is None:
             try:  # the workers leave their loop and exit
-                stop = torch.tensor([STOP, 0], dtype=torch.int64)
-                dist.broadcast(stop, 0, group=self.group.control, async_op=True).wait()
+                for w in self.group.post(STOP, torch.empty(0, dtype=torch.int64)):
+                    w.wait()
             except RuntimeError:
                 pass
         # a worker past its loop has nothing left to do: no need to wait out its exit
@@ -298,13 +297,10 @@ def worker_main(
     connect(runner.model, group)
     widths = [s.vocab[1] - s.vocab[0] for s in shards]
     dist.barrier()  # ready (the default group, bounded by the start-up timeout)
-    header = torch.empty(2, dtype=torch.int64)
     while True:
-        dist.broadcast(header, 0, group=group.control)
-        if int(header[0]) == STOP:
+        kind, payload = group.receive()
+        if kind == STOP:
             break
-        payload = torch.empty(int(header[1]), dtype=torch.int64)
-        dist.broadcast(payload, 0, group=group.control)
         chunks = wire.decode(payload)
         group.begin_step()
         tokens = sum(len(c.token_ids) for c in chunks)

@@ -9,10 +9,12 @@ the peers' flags and a read of their slots.
 Layout (byte offsets)::
 
     0                      magic token (int64: the ranks check they mapped the same file)
-    64 * (1 + p)           rank p's line, one cache line each: [seq, pid, asleep] (int64):
-                           asleep is q + 1 while rank p sleeps on rank q's seq, else 0
+    64 * (1 + p)           rank p's line, one cache line each (int64 words):
+                           [seq, pid, asleep, cmd, cmd_asleep]: asleep is q + 1 while rank
+                           p sleeps on rank q's seq, cmd_asleep on rank q's cmd, else 0
     data = align(64 * (1 + size), 4096)
     data + (b * size + p) * slot_bytes      buffer b (0 or 1), rank p's slot
+    data + 2 * size * slot_bytes            the command slot: [kind, n, n int64s]
 
 A collective is numbered by ``seq`` (1, 2, ...; every rank runs the same sequence, as with
 any process group) and uses buffer ``seq % 2``: rank p copies its data into its slot, stores
@@ -21,6 +23,13 @@ slots. Two buffers make this safe without a second flag: a rank can only write b
 again at ``seq + 2``, after every peer has reached ``seq + 1``, that is, after each has
 finished reading ``seq``'s slots. A tensor larger than a slot goes in slot-sized pieces, one
 sequence number each.
+
+Commands (:meth:`ShmCollectives.post` / :meth:`ShmCollectives.receive`) carry rank 0's
+step to the other ranks on the same flags: rank 0 writes command ``k`` into the command slot
+and stores ``k`` in its ``cmd`` word; rank p reads it and stores ``k`` in its own ``cmd``
+word (the acknowledgement rank 0 waits for before it writes command ``k + 1``). A rank
+waiting for the next command may wait as long as the server is idle: only rank 0's exit
+ends that wait.
 
 The sum is taken in rank order ``((x_0 + x_1) + x_2) + ...`` on every rank, so every rank
 gets the same bits (at 2 ranks they are gloo's: fp addition of two terms commutes).
@@ -69,6 +78,12 @@ NAP_S = 0.005
 """The longest sleep on a flag: a wake lost to a race costs at most this."""
 CHECK_S = 0.02
 """How often a long wait looks for the awaited peer's process and the timeout."""
+IDLE_NAP_S = 0.1
+"""The longest sleep of a rank waiting a second or more for rank 0's next command."""
+CMD_BYTES = 1 << 20
+"""Bytes of the command slot (a larger command's payload travels another way)."""
+SEQ, PID, ASLEEP, CMD, CMD_ASLEEP = range(5)
+"""The int64 words of a rank's line."""
 _VIEWS = 256
 """Sizes whose slot views are kept (a step's shapes repeat)."""
 
@@ -103,6 +118,7 @@ class _Timespec(ctypes.Structure):
 
 
 _NAP = _Timespec(0, int(NAP_S * 1e9))
+_IDLE_NAP = _Timespec(0, int(IDLE_NAP_S * 1e9))
 _syscall: Any
 try:  # libc's syscall(), which releases the GIL while it sleeps; Linux only
     _syscall = ctypes.CDLL(None, use_errno=True).syscall
@@ -111,9 +127,9 @@ except (OSError, AttributeError, TypeError):  # no libc to load (not a POSIX hos
     _syscall = None
 
 
-def _futex_wait(addr: int, seen: int) -> None:
+def _futex_wait(addr: int, seen: int, nap: _Timespec = _NAP) -> None:
     """Sleep until woken on the 32-bit word at ``addr`` (the low half of a flag), unless it
-    no longer holds ``seen``'s low half, for at most :data:`NAP_S`."""
+    no longer holds ``seen``'s low half, for at most ``nap`` (:data:`NAP_S`)."""
     low = seen & 0xFFFFFFFF
     low = low - (1 << 32) if low >= 1 << 31 else low
     _syscall(
@@ -121,7 +137,7 @@ def _futex_wait(addr: int, seen: int) -> None:
         ctypes.c_void_p(addr),
         ctypes.c_int(_FUTEX_WAIT),
         ctypes.c_int(low),
-        ctypes.byref(_NAP),
+        ctypes.byref(nap),
         None,
         ctypes.c_int(0),
     )
@@ -161,6 +177,10 @@ def _data_offset(size: int) -> int:
     return -(-LINE * (1 + size) // 4096) * 4096
 
 
+def _cmd_offset(size: int, slot_bytes: int) -> int:
+    return _data_offset(size) + 2 * size * slot_bytes
+
+
 class ShmCollectives:
     """The shared-memory collectives of rank ``rank`` of ``size`` (see the module docstring).
 
@@ -192,11 +212,15 @@ class ShmCollectives:
             for b in range(2)
         ]
         self._views: dict[tuple[torch.Size, torch.dtype], list[list[torch.Tensor]]] = {}
+        at = _cmd_offset(size, slot_bytes)
+        self._cmd = mem[at : at + CMD_BYTES].view(torch.int64)  # [kind, n, payload...]
+        self.commands = 0
+        """Commands posted (rank 0) or received (the others) so far."""
 
     @staticmethod
     def segment_bytes(size: int, slot_bytes: int = SLOT_BYTES) -> int:
         """Bytes of the segment of ``size`` ranks."""
-        return _data_offset(size) + 2 * size * slot_bytes
+        return _cmd_offset(size, slot_bytes) + CMD_BYTES
 
     @classmethod
     def open(
@@ -231,7 +255,7 @@ class ShmCollectives:
                 mem = _attach(Path(str(shared[0])), total, int(shared[1]))  # type: ignore[call-overload]
             if mem is not None:
                 lines = mem[: _data_offset(size)].view(torch.int64)
-                lines[LINE // 8 * (1 + rank) + 1] = os.getpid()
+                lines[LINE // 8 * (1 + rank) + PID] = os.getpid()
             ok = torch.tensor([int(mem is not None)], dtype=torch.int64)
             dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)  # every rank has mapped it
         finally:
@@ -298,7 +322,7 @@ class ShmCollectives:
                 break
         for p, i in self._peers:
             if lines[i] < seq:
-                self._wait(p, i, seq)
+                self._wait(p, i, seq, self._asleep)
         return slots
 
     def _shaped(self, piece: torch.Tensor) -> list[list[torch.Tensor]]:
@@ -312,41 +336,95 @@ class ShmCollectives:
         self._views[(piece.shape, piece.dtype)] = views
         return views
 
-    def _wait(self, peer: int, line: int, seq: int) -> None:
-        """Until rank ``peer``'s flag reads ``>= seq``: spin, then sleep on the flag (a
-        futex ``peer`` wakes); raises ``RuntimeError`` when ``peer``'s process is gone or
-        ``timeout_s`` passes."""
+    def _wait(
+        self,
+        peer: int,
+        flag: int,
+        seq: int,
+        asleep: int,
+        what: str = "shared-memory collective",
+        idle: bool = False,
+    ) -> None:
+        """Until word ``flag`` of the header (rank ``peer``'s) reads ``>= seq``: spin, then
+        sleep on it (a futex ``peer`` wakes when this rank's word ``asleep`` says so); raises
+        ``RuntimeError`` when ``peer``'s process is gone or, unless ``idle``, ``timeout_s``
+        passes (an ``idle`` wait's naps grow to :data:`IDLE_NAP_S` after a second)."""
         lines = self._lines
         for _ in range(SPINS):
-            if lines[line] >= seq:
+            if lines[flag] >= seq:
                 return
         now = time.monotonic()
-        deadline, check = now + self.timeout_s, now + CHECK_S
-        pid, addr = int(lines[line + 1]), self._addr + 8 * line
+        start, check = now, now + CHECK_S
+        deadline = float("inf") if idle else now + self.timeout_s
+        pid = int(lines[LINE // 8 * (1 + peer) + PID])
+        addr, nap = self._addr + 8 * flag, _NAP
         try:
             while True:
-                lines[self._asleep] = peer + 1  # wake me (read by peer after its flag store)
-                seen = lines[line]
+                lines[asleep] = peer + 1  # wake me (read by peer after its flag store)
+                seen = lines[flag]
                 if seen >= seq:
                     return
-                _futex_wait(addr, seen)  # until woken, the flag changes, or NAP_S
-                if lines[line] >= seq:
+                _futex_wait(addr, seen, nap)  # until woken, the flag changes, or the nap
+                if lines[flag] >= seq:
                     return
                 now = time.monotonic()
                 if now >= check:
                     if not _alive(pid):
                         raise RuntimeError(
                             f"rank {peer} (pid {pid}) exited while rank {self.rank} waited "
-                            f"for it in shared-memory collective {seq}"
+                            f"for it in {what} {seq}"
                         )
                     if now >= deadline:
                         raise RuntimeError(
-                            f"rank {peer} did not reach shared-memory collective {seq} within "
+                            f"rank {peer} did not reach {what} {seq} within "
                             f"{self.timeout_s:g} s (rank {self.rank} waited)"
                         )
+                    if idle and now - start > 1.0:
+                        nap = _IDLE_NAP
                     check = now + CHECK_S
         finally:
-            lines[self._asleep] = 0
+            lines[asleep] = 0
+
+    # -- rank 0's commands ---------------------------------------------------------------
+    def fits(self, n: int) -> bool:
+        """Whether a command of ``n`` int64s fits the command slot."""
+        return 8 * (2 + n) <= CMD_BYTES
+
+    def post(self, kind: int, payload: torch.Tensor) -> None:
+        """Rank 0: command ``(kind, payload)`` (int64) to every other rank, once each has
+        read the last; a payload that does not :meth:`fits` is left out (its length still
+        goes: the caller sends it another way). Raises ``RuntimeError`` when a rank is gone or
+        has not read the last command within ``timeout_s``."""
+        lines, k = self._lines, self.commands
+        for p, i in self._peers:  # every rank has read command k (the slot is free)
+            if lines[i + CMD] < k:
+                self._wait(p, i + CMD, k, self._mine + CMD_ASLEEP, "command")
+        n = payload.numel()
+        if self.fits(n):
+            self._cmd[2 : 2 + n].copy_(payload)
+        self._cmd[0], self._cmd[1] = kind, n
+        self.commands = k + 1
+        lines[self._mine + CMD] = k + 1
+        for _, i in self._peers:
+            if lines[i + CMD_ASLEEP] == self._me:
+                _futex_wake(self._addr + 8 * (self._mine + CMD))
+                break
+
+    def receive(self) -> tuple[int, int, torch.Tensor | None]:
+        """A rank other than 0: rank 0's next command ``(kind, n, payload)`` (``payload`` a
+        copy of the ``n`` int64s, None when they did not fit), waiting as long as rank 0's
+        process lives."""
+        k = self.commands + 1
+        zero = LINE // 8
+        if self._lines[zero + CMD] < k:
+            self._wait(0, zero + CMD, k, self._mine + CMD_ASLEEP, "command", idle=True)
+        kind, n = (int(v) for v in self._cmd[:2].tolist())
+        payload = self._cmd[2 : 2 + n].clone() if self.fits(n) else None
+        self.commands = k
+        self._lines[self._mine + CMD] = k  # read: rank 0 may write the next
+        if self._lines[zero + CMD_ASLEEP] == self._me:
+            _futex_wake(self._addr + 8 * (self._mine + CMD))
+        return kind, n, payload
 
     def close(self) -> None:
         """Unmap the segment (when the last view of it goes)."""
