@@ -40,6 +40,8 @@ def _segments(pid: int) -> list[str]:
 
 
 def _reduce_and_gather(rank: int, world: int) -> dict[str, object]:
+    if world == 3:  # the waits spin on as on an idle host, whatever this one's load
+        shm.cpus_crowded = lambda: False  # type: ignore[assignment]
     coll = shm.ShmCollectives.open(rank, world, 10.0, slot_bytes=SLOT)
     assert coll is not None
     pids = [0] * world

@@ -37,7 +37,10 @@ gets the same bits (at 2 ranks they are gloo's: fp addition of two terms commute
 A wait spins briefly (a peer a few microseconds behind), then sleeps on the peer's flag word
 (a Linux futex on the shared page; the peer, after storing its flag, wakes it when the
 waiter's ``asleep`` says so): a waiting rank gives its core to the peer it waits for, which
-matters when the ranks share cores with other work. Each sleep is at most :data:`NAP_S` (a
+matters when the ranks share cores with other work. While the host's CPUs are not crowded
+(:func:`zserve.tp.futex.cpus_crowded`: every rank has a core) a wait spins on for twice the
+last wait that ended in a sleep, up to :data:`SPIN_MAX_S`: a sleeping rank wakes tens of
+microseconds after its peer's flag, and 60 such waits a decode step add up. Each sleep is at most :data:`NAP_S` (a
 wake lost to the store/load race between ``asleep`` and the flag costs no more); every
 :data:`CHECK_S` the wait looks up the awaited peer's process and raises ``RuntimeError`` at
 once when it has exited, or when ``timeout_s`` passes, so a dead or stopped rank never hangs
@@ -55,17 +58,17 @@ its later flag store); elsewhere :func:`supported` is False and the group keeps 
 from __future__ import annotations
 
 import atexit
-import ctypes
 import os
 import platform
 import secrets
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from zserve.tp.futex import Timespec, alive, cpus_crowded, futex_wait, futex_wake, syscall
 
 SLOT_BYTES = 1 << 20
 """Bytes of one rank's slot in one buffer (a larger tensor goes in pieces)."""
@@ -80,12 +83,16 @@ CHECK_S = 0.02
 """How often a long wait looks for the awaited peer's process and the timeout."""
 IDLE_NAP_S = 0.1
 """The longest sleep of a rank waiting a second or more for rank 0's next command."""
+SPIN_MAX_S = 0.002
+"""The longest a wait spins before it sleeps, while the host's CPUs are not crowded."""
 CMD_BYTES = 1 << 20
 """Bytes of the command slot (a larger command's payload travels another way)."""
 SEQ, PID, ASLEEP, CMD, CMD_ASLEEP = range(5)
 """The int64 words of a rank's line."""
 _VIEWS = 256
 """Sizes whose slot views are kept (a step's shapes repeat)."""
+_NAP = Timespec(0, int(NAP_S * 1e9))
+_IDLE_NAP = Timespec(0, int(IDLE_NAP_S * 1e9))
 
 
 def supported() -> bool:
@@ -94,7 +101,7 @@ def supported() -> bool:
     return (
         sys.platform == "linux"
         and platform.machine().lower() in ("x86_64", "amd64")
-        and _syscall is not None
+        and syscall is not None
         and SHM_DIR.is_dir()
     )
 
@@ -107,70 +114,6 @@ _PENDING: set[Path] = set()
 def _unlink_pending() -> None:
     for path in list(_PENDING):
         path.unlink(missing_ok=True)
-
-
-_SYS_FUTEX = 202  # x86-64
-_FUTEX_WAIT, _FUTEX_WAKE = 0, 1  # shared between processes: not FUTEX_PRIVATE_FLAG
-
-
-class _Timespec(ctypes.Structure):
-    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
-
-
-_NAP = _Timespec(0, int(NAP_S * 1e9))
-_IDLE_NAP = _Timespec(0, int(IDLE_NAP_S * 1e9))
-_syscall: Any
-try:  # libc's syscall(), which releases the GIL while it sleeps; Linux only
-    _syscall = ctypes.CDLL(None, use_errno=True).syscall
-    _syscall.restype = ctypes.c_long
-except (OSError, AttributeError, TypeError):  # no libc to load (not a POSIX host)
-    _syscall = None
-
-
-def _futex_wait(addr: int, seen: int, nap: _Timespec = _NAP) -> None:
-    """Sleep until woken on the 32-bit word at ``addr`` (the low half of a flag), unless it
-    no longer holds ``seen``'s low half, for at most ``nap`` (:data:`NAP_S`)."""
-    low = seen & 0xFFFFFFFF
-    low = low - (1 << 32) if low >= 1 << 31 else low
-    _syscall(
-        ctypes.c_long(_SYS_FUTEX),
-        ctypes.c_void_p(addr),
-        ctypes.c_int(_FUTEX_WAIT),
-        ctypes.c_int(low),
-        ctypes.byref(nap),
-        None,
-        ctypes.c_int(0),
-    )
-
-
-def _futex_wake(addr: int) -> None:
-    """Wake every process sleeping on the word at ``addr``."""
-    _syscall(
-        ctypes.c_long(_SYS_FUTEX),
-        ctypes.c_void_p(addr),
-        ctypes.c_int(_FUTEX_WAKE),
-        ctypes.c_int(2**31 - 1),
-        None,
-        None,
-        ctypes.c_int(0),
-    )
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` still runs (a zombie does not)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except FileNotFoundError:
-        return False
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass
-        return True
-    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
 
 
 def _data_offset(size: int) -> int:
@@ -216,6 +159,8 @@ class ShmCollectives:
         self._cmd = mem[at : at + CMD_BYTES].view(torch.int64)  # [kind, n, payload...]
         self.commands = 0
         """Commands posted (rank 0) or received (the others) so far."""
+        self._spin = [0.0, 0.0]
+        """Seconds a collective's wait, a command's, spins on after :data:`SPINS` reads."""
 
     @staticmethod
     def segment_bytes(size: int, slot_bytes: int = SLOT_BYTES) -> int:
@@ -318,7 +263,7 @@ class ShmCollectives:
         lines[self._mine] = seq
         for i in self._sleepers:
             if lines[i] == self._me:  # a peer sleeps on this rank's flag
-                _futex_wake(self._addr + 8 * self._mine)
+                futex_wake(self._addr + 8 * self._mine)
                 break
         for p, i in self._peers:
             if lines[i] < seq:
@@ -353,8 +298,16 @@ class ShmCollectives:
         for _ in range(SPINS):
             if lines[flag] >= seq:
                 return
+        kind = int(what == "command")
+        spin, start = self._spin[kind], time.monotonic()
+        if spin and not cpus_crowded():  # each rank has a core: spin on, as long as is worth it
+            end = start + spin
+            while time.monotonic() < end:
+                for _ in range(64):
+                    if lines[flag] >= seq:
+                        return
         now = time.monotonic()
-        start, check = now, now + CHECK_S
+        check = now + CHECK_S
         deadline = float("inf") if idle else now + self.timeout_s
         pid = int(lines[LINE // 8 * (1 + peer) + PID])
         addr, nap = self._addr + 8 * flag, _NAP
@@ -364,12 +317,14 @@ class ShmCollectives:
                 seen = lines[flag]
                 if seen >= seq:
                     return
-                _futex_wait(addr, seen, nap)  # until woken, the flag changes, or the nap
+                futex_wait(addr, seen, nap)  # until woken, the flag changes, or the nap
                 if lines[flag] >= seq:
+                    waited = time.monotonic() - start  # a sleep: would a longer spin have done?
+                    self._spin[kind] = min(SPIN_MAX_S, 2 * waited) if waited < SPIN_MAX_S else 0.0
                     return
                 now = time.monotonic()
                 if now >= check:
-                    if not _alive(pid):
+                    if not alive(pid):
                         raise RuntimeError(
                             f"rank {peer} (pid {pid}) exited while rank {self.rank} waited "
                             f"for it in {what} {seq}"
@@ -407,7 +362,7 @@ class ShmCollectives:
         lines[self._mine + CMD] = k + 1
         for _, i in self._peers:
             if lines[i + CMD_ASLEEP] == self._me:
-                _futex_wake(self._addr + 8 * (self._mine + CMD))
+                futex_wake(self._addr + 8 * (self._mine + CMD))
                 break
 
     def receive(self) -> tuple[int, int, torch.Tensor | None]:
@@ -423,7 +378,7 @@ class ShmCollectives:
         self.commands = k
         self._lines[self._mine + CMD] = k  # read: rank 0 may write the next
         if self._lines[zero + CMD_ASLEEP] == self._me:
-            _futex_wake(self._addr + 8 * (self._mine + CMD))
+            futex_wake(self._addr + 8 * (self._mine + CMD))
         return kind, n, payload
 
     def close(self) -> None:
