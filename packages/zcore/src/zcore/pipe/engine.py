@@ -11,11 +11,14 @@ stage's ranks). At stage 3 the stage's parameters are gathered once before the s
 and released after the reduction, before the optimizer steps the shards
 (:mod:`zcore.pipe.stage3`: one all-gather per parameter per step; the stage's full
 parameters live for the step). The gradient norm and the fp16 overflow flag are summed
-over ``pp``, a ``disjoint`` axis (:mod:`zcore.zero.axes`). Stage shapes are static: the
-first batch's micro-batch shape is sent once along ``pp`` and every stage infers its
-activations on the ``meta`` device (:meth:`PipelineModule.stage_shapes`). A stage that
-checkpoints its layers runs a zero-bubble schedule's weight pass as one graph task
-(:mod:`zcore.pipe.weight_pass`), so each layer is recomputed once for it.
+over ``pp``, a ``disjoint`` axis (:mod:`zcore.zero.axes`). The gradient partitions are kept
+between steps, and where a stage's fp32 master would be a copy of its fp32 parameters (one
+slot per parameter: ``dp`` 1 or ZeRO stage 0) the parameters become views of the master
+(:meth:`~zcore.zero.store.OptimizerStore.share_params`): no copy to publish. Stage shapes
+are static: the first batch's micro-batch shape is sent once along ``pp`` and every stage
+infers its activations on the ``meta`` device (:meth:`PipelineModule.stage_shapes`). A
+stage that checkpoints its layers runs a zero-bubble schedule's weight pass as one graph
+task (:mod:`zcore.pipe.weight_pass`), so each layer is recomputed once for it.
 
 With ``tp > 1`` (``tensor_parallel.autotp_size``, or a model ``zcore.tensor.parallelize``
 cut already) each stage's layers are cut over ``tp`` (:mod:`zcore.pipe.tensor`) and each
@@ -120,6 +123,11 @@ class PipelineEngine(ZEngine):
                 f"{model.num_stages}; build the MeshSpec with pp={model.num_stages}"
             )
         super().__init__(model, config, optimizer, model_parameters, lr_scheduler, mesh)
+        # Every gradient of a step exists before its one reduction (after the schedule), so
+        # stage 0-1's partitions are kept between steps at no extra peak; and a stage whose
+        # fp32 master is its parameters (dp 1, or stage 0) steps them in place.
+        self.zopt.store.keep_grad_partitions = True
+        self.zopt.store.share_params()
         tp = self.mesh.spec.tp
         given = self.pipe.model_fields_set & {"pipe_partitioned", "grad_partitioned"}
         if tp > 1 and any(getattr(self.pipe, k) for k in given):

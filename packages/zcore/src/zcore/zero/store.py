@@ -38,6 +38,19 @@ class OptimizerStore(ABC):
     optimizer: torch.optim.Optimizer
     """The inner optimizer; its ``param_groups`` carry each group's hyperparameters."""
 
+    keep_grad_partitions: bool = False
+    """Set by a caller that holds every gradient of a cycle before its first reduction (the
+    pipeline engine reduces once, after its schedule): stage 0-1's gradient partitions are
+    then kept and zeroed between cycles, as stage 2-3's are, instead of allocated each cycle.
+    Their memory stays below the cycle's peak, where partition and gradients coexist."""
+
+    def share_params(self) -> int:
+        """Let the master of every group that is the parameters themselves (one rank's
+        whole fp32 group, no offload) hold them: each parameter's ``.data`` becomes a view
+        of its master slot, so the step updates the model in place and publishing copies
+        nothing. Returns the number of groups shared (0: this store never shares)."""
+        return 0
+
     @abstractmethod
     def attach(self, part: Partition, make_optimizer: OptimizerFactory, hyper: list[dict]) -> None:
         """Build the master partition of every group of ``part`` (from ``part.slot_of``),
@@ -174,12 +187,41 @@ class MemoryStore(OptimizerStore):
                 device = self.master[0].device if self.master else torch.device("cpu")
                 numel = self.part.layouts[g].numel
                 t = torch.zeros(numel, dtype=self.part.grad_accum_dtype, device=device)
-                if self.part.stage >= 2:
+                if self.part.stage >= 2 or self.keep_grad_partitions:
                     self._kept[g] = t
             else:
                 t.zero_()
             self.grads[g] = t
         return t
+
+    def share_params(self) -> int:
+        return sum(self._share(g) for g in range(len(self.master)))
+
+    def _share(self, g: int) -> bool:
+        """Group ``g``'s parameters become views of its master when the master is exactly
+        their values laid end to end: one slot per parameter (world 1), fp32, contiguous,
+        on the master's device, not stage-3 shards, not pinned host memory."""
+        ps, layout, master = self.part.params[g], self.part.layouts[g], self.master[g]
+        s3 = self.part.stage3.params if self.part.stage3 is not None else {}
+        at = 0
+        for p, shard in zip(ps, layout.shards, strict=True):
+            if (
+                p in s3
+                or p.dtype != torch.float32
+                or p.device != master.device
+                or not p.data.is_contiguous()
+                or shard.offset != at
+                or shard.shard_size != p.numel()
+            ):
+                return False
+            at += p.numel()
+        if not ps or layout.world != 1 or at != master.numel() or self.pin_memory:
+            return False
+        for p, shard in zip(ps, layout.shards, strict=True):
+            view = master[shard.offset : shard.offset + shard.shard_size].view(p.shape)
+            view.copy_(p.data)  # the same values (the master was taken from them)
+            p.data = view
+        return True
 
     def accumulate(self, g: int, shard: ParamShard, values: torch.Tensor, alpha: float) -> None:
         dst = self.partition(g)[shard.offset : shard.offset + shard.shard_size]

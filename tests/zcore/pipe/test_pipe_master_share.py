@@ -1,0 +1,87 @@
+"""The pipeline engine's dp-1 shortcuts change no number: where a stage's fp32 master is its
+fp32 parameters laid end to end (one slot per parameter), the parameters become views of the
+master (:meth:`~zcore.zero.store.OptimizerStore.share_params`, so publishing copies nothing),
+and stage 0-1's gradient partitions are kept between steps instead of allocated each step.
+
+pp 2 on 2 ranks (tied embedding across the stages), ZeRO 0-2: 4 steps with the shortcuts
+and 4 without (``share_params`` switched off, partitions dropped each step) give the same
+losses and parameters bit for bit. Stage 3 and a bf16 model keep their master apart."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import zcore
+from tests.utils.distributed import run_ranks
+from tests.zcore.pipe.common import config, local_params, make_pipe, micro_batches, train
+from zcore.zero.store import MemoryStore
+
+STEPS, MB, GAS = 4, 2, 4
+
+
+def _plain(store: MemoryStore) -> int:
+    """What the engine ran before the shortcuts: no sharing, partitions per cycle."""
+    store.keep_grad_partitions = False
+    return 0
+
+
+def _shares_storage(p: torch.Tensor, master: torch.Tensor) -> bool:
+    return p.untyped_storage().data_ptr() == master.untyped_storage().data_ptr()
+
+
+def _run(rank: int, world: int) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for stage in (0, 1, 2):
+        engine, *_ = zcore.initialize(make_pipe(2), config=config(stage, mb=MB, gas=GAS))
+        store = engine.zopt.store
+        shared = all(
+            _shares_storage(p, engine.zopt.master[engine.zopt.where[p][0]])
+            for p in engine.module.parameters()
+        )
+        losses = train(engine, 1, MB, GAS)
+        kept = [t.data_ptr() for t in store._kept if t is not None]
+        for step in range(1, STEPS):  # train()'s later steps, one at a time
+            losses.append(_step(engine, step))
+        still = [t.data_ptr() for t in store._kept if t is not None]
+        out[f"fast{stage}"] = (losses, local_params(engine), shared, kept, still)
+        engine.destroy()
+
+        original = MemoryStore.share_params
+        MemoryStore.share_params = _plain  # type: ignore[method-assign]
+        try:
+            engine, *_ = zcore.initialize(make_pipe(2), config=config(stage, mb=MB, gas=GAS))
+        finally:
+            MemoryStore.share_params = original  # type: ignore[method-assign]
+        losses = train(engine, STEPS, MB, GAS)
+        out[f"plain{stage}"] = (losses, local_params(engine), engine.zopt.store._kept)
+        engine.destroy()
+    for name, extra in (("stage3", {}), ("bf16", {"bf16": {"enabled": True}})):
+        stage = 3 if name == "stage3" else 1
+        engine, *_ = zcore.initialize(make_pipe(2), config=config(stage, **extra))
+        out[name] = engine.zopt.store.share_params()
+        engine.destroy()
+    return out
+
+
+def _step(engine: Any, step: int) -> float:
+    """``train``'s step ``step`` alone."""
+    batch = micro_batches(step, engine.world_size, MB, GAS)[engine.data_rank]
+    return float(engine.train_batch(iter(batch)))
+
+
+def test_dp1_master_shares_parameters_bit_for_bit() -> None:
+    for rank, out in enumerate(run_ranks(_run, 2, timeout=300)):
+        for stage in (0, 1, 2):
+            losses, params, shared, kept, still = out[f"fast{stage}"]
+            plain_losses, plain_params, plain_kept = out[f"plain{stage}"]
+            assert shared, f"rank {rank} stage {stage}: parameters are not views of the master"
+            assert kept and kept == still, f"rank {rank} stage {stage}: partition not kept"
+            if stage < 2:
+                assert all(t is None for t in plain_kept)
+            assert losses == plain_losses, (rank, stage, losses, plain_losses)
+            assert params.keys() == plain_params.keys()
+            for k in params:
+                assert torch.equal(params[k], plain_params[k]), (rank, stage, k)
+        assert out["stage3"] == 0 and out["bf16"] == 0, (rank, out["stage3"], out["bf16"])
