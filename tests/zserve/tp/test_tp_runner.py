@@ -5,7 +5,8 @@ single-process ModelRunner on the same ragged steps.
 Tolerance: fp32, max |logit difference| <= 1e-4 (tensor parallelism only changes the order
 the o and down projections' partial sums are added in; measured ~1e-6 here).
 
-A rank killed mid-request, or stopped (SIGSTOP) past the collective timeout, ends the
+The greedy tokens of a step found without gathering the logits (each rank's largest logit
+of a row and its column) are the gathered logits' argmax. A rank killed mid-request, or stopped (SIGSTOP) past the collective timeout, ends the
 runner with a TPRankError naming the rank and the op, within seconds.
 """
 
@@ -76,6 +77,10 @@ def test_tp2_logits_equal_single_process(tiny_dir: Path, tp_runner: TPRunner) ->
         assert a.shape == b.shape, step
         diff = (a - b).abs().max().item()
         assert diff <= ATOL, f"step {step}: max |logit diff| {diff}"
+    # the same steps again (the same keys and values rewritten), each rank sending only its
+    # columns' largest logit per row: the argmax of the gathered logits, row for row
+    for step, (chunks, logits) in enumerate(zip(_steps(), cut, strict=True)):
+        assert tp_runner.forward_greedy(chunks) == logits.argmax(dim=-1).tolist(), step
     # rank 0 caches its own 1 of the 3 KV heads, in as many blocks as the whole model
     assert tp_runner.local.kv_cache.num_kv_heads == 1
     assert tp_runner.num_blocks == OPTIONS["num_blocks"]

@@ -308,6 +308,11 @@ class Engine:
         """The forward of one scheduled step and everything after it: sampling,
         verification of drafts, the step's outputs."""
         results: list[RequestOutput] = []
+        if self._greedy_only(sched, chunks):  # each rank finds its rows' argmax
+            tokens = self.runner.forward_greedy(chunks)  # type: ignore[attr-defined]
+            self.scheduler.update(sched)
+            sampled = [c.seq for c in sched.chunks if c.want_logits]
+            return [self._append(seq, tok) for seq, tok in zip(sampled, tokens, strict=True)]
         logits = self.runner.forward(chunks)
         self.scheduler.update(sched)
         last_rows = []
@@ -342,6 +347,20 @@ class Engine:
             if c.num_lookahead and not c.seq.finished:
                 self.scheduler.commit_lookahead(c.seq, accepted.get(c.seq.seq_id, 0))
         return results
+
+    def _greedy_only(self, sched: Any, chunks: list[Any]) -> bool:
+        """Whether this step needs no more than each sampled row's argmax, and the runner finds
+        it without gathering the logits (a tensor-parallel runner's ``forward_greedy``): no
+        drafts, no scored prompt, every sampled request greedy without logprobs or grammar."""
+        if self.spec is not None or not hasattr(self.runner, "forward_greedy"):
+            return False
+        if any(ch.all_logits for ch in chunks):
+            return False
+        return all(
+            c.seq.params.greedy and c.seq.params.logprobs is None and "grammar" not in c.seq.extra
+            for c in sched.chunks
+            if c.want_logits
+        )
 
     def _verify(
         self, seq: Sequence, draft: list[int], rows: torch.Tensor, results: list[RequestOutput]

@@ -36,7 +36,9 @@ from zserve.tp.quantized import connect, plan_dir
 
 log = logging.getLogger(__name__)
 
-STOP, STEP = 0, 1
+STOP, STEP, GREEDY = 0, 1, 2
+"""Rank 0's commands: stop; run a step, gather its logits; run a step, gather each logits
+row's largest value and its column (:meth:`TPRunner.forward_greedy`)."""
 
 
 class TPRunner:
@@ -151,21 +153,40 @@ class TPRunner:
             ValueError: a bad chunk (checked before any rank sees the batch).
             TPRankError: a rank died or stopped answering (now, or at an earlier step).
         """
-        if self.failure is not None:
-            raise self.failure
         if not chunks:
             return self.local.forward(chunks)
+        return self._step(chunks, STEP)
+
+    def forward_greedy(self, chunks: list[SeqChunk]) -> list[int]:
+        """The greedy token of each logits row :meth:`forward` would return (its argmax, the
+        first column of the largest value, as ``Sampler.sample`` picks), without gathering
+        the logits: each rank sends its columns' largest value and where it is."""
+        if not chunks:
+            return []
+        best = self._step(chunks, GREEDY)
+        if not best.shape[0]:
+            return []
+        values, columns = best[:, 0::2], best[:, 1::2]
+        rank = values.argmax(dim=-1, keepdim=True)  # ties: the lowest rank, lowest columns
+        return [int(c) for c in columns.gather(1, rank).view(-1).tolist()]
+
+    def _step(self, chunks: list[SeqChunk], kind: int) -> torch.Tensor:
+        """Every rank's forward of ``chunks``; the gathered logits (``STEP``) or each rank's
+        ``(largest value, its vocab column)`` per row side by side (``GREEDY``)."""
+        if self.failure is not None:
+            raise self.failure
         for c in chunks:
             self.local._validate(c)
         g = self.group
         g.begin_step()
         try:
-            sent = g.post(STEP, wire.encode(chunks))
+            sent = g.post(kind, wire.encode(chunks))
             local = self.local.forward(chunks)
             if not local.shape[0]:
-                logits = torch.empty((0, self.vocab_size), dtype=torch.float32)
+                width = self.vocab_size if kind == STEP else 2 * self.tp
+                logits = torch.empty((0, width), dtype=torch.float32)
             else:
-                gathered = g.gather_columns(local, self.widths)
+                gathered = _gather(g, local, kind, self.widths)
                 assert gathered is not None
                 logits = gathered
             for w in sent:
@@ -253,6 +274,20 @@ class TPRunner:
         self.group.close()
 
 
+def _gather(
+    group: TPGroup, local: torch.Tensor, kind: int, widths: list[int]
+) -> torch.Tensor | None:
+    """Rank 0: the logits' columns of every rank (``STEP``), or each rank's largest logit of
+    each row and its vocab column, ``(rows, 2 * tp)`` (``GREEDY``); None elsewhere."""
+    if kind == STEP:
+        return group.gather_columns(local, widths)
+    column = local.argmax(dim=-1, keepdim=True)
+    start = sum(widths[: group.rank])
+    # fp32 holds every vocab column exactly (below 2**24)
+    mine = torch.cat([local.gather(1, column), (column + start).float()], dim=1)
+    return group.gather_columns(mine, [2] * len(widths))
+
+
 def _stop_procs(procs: list[Any], grace_s: float = 2.0) -> None:
     """Join ``procs``, terminating (then killing) those still running after ``grace_s``."""
     deadline = time.monotonic() + grace_s
@@ -308,5 +343,5 @@ def worker_main(
         with runner.model.step_threads(tokens, rows):
             local = runner.forward(chunks)
         if rows:
-            group.gather_columns(local, widths)
+            _gather(group, local, kind, widths)
     group.close()
