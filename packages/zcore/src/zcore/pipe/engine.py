@@ -14,11 +14,13 @@ parameters live for the step). The gradient norm and the fp16 overflow flag are 
 over ``pp``, a ``disjoint`` axis (:mod:`zcore.zero.axes`). The gradient partitions are kept
 between steps, and where a stage's fp32 master would be a copy of its fp32 parameters (one
 slot per parameter: ``dp`` 1 or ZeRO stage 0) the parameters become views of the master
-(:meth:`~zcore.zero.store.OptimizerStore.share_params`): no copy to publish. Stage shapes
-are static: the first batch's micro-batch shape is sent once along ``pp`` and every stage
-infers its activations on the ``meta`` device (:meth:`PipelineModule.stage_shapes`). A
-stage that checkpoints its layers runs a zero-bubble schedule's weight pass as one graph
-task (:mod:`zcore.pipe.weight_pass`), so each layer is recomputed once for it.
+(:meth:`~zcore.zero.store.OptimizerStore.share_params`): no copy to publish; at ``dp`` 1
+the schedule also accumulates the gradients straight into the partition
+(:mod:`zcore.pipe.grad_views`): no copy to reduce. Stage shapes are static: the first
+batch's micro-batch shape is sent once along ``pp`` and every stage infers its activations
+on the ``meta`` device (:meth:`PipelineModule.stage_shapes`). A stage that checkpoints its
+layers runs a zero-bubble schedule's weight pass as one graph task
+(:mod:`zcore.pipe.weight_pass`), so each layer is recomputed once for it.
 
 With ``tp > 1`` (``tensor_parallel.autotp_size``, or a model ``zcore.tensor.parallelize``
 cut already) each stage's layers are cut over ``tp`` (:mod:`zcore.pipe.tensor`) and each
@@ -44,6 +46,7 @@ from zcore.comm.mesh import spec_from_config
 from zcore.config import ZConfig
 from zcore.engine import ZEngine
 from zcore.pipe.config import PipelineConfig
+from zcore.pipe.grad_views import GradViews
 from zcore.pipe.model16 import save_pipeline_16bit
 from zcore.pipe.module import PipelineModule
 from zcore.pipe.schedules import check_layout
@@ -128,6 +131,7 @@ class PipelineEngine(ZEngine):
         # fp32 master is its parameters (dp 1, or stage 0) steps them in place.
         self.zopt.store.keep_grad_partitions = True
         self.zopt.store.share_params()
+        self.grad_views = GradViews(self.zopt)  # .grad as partition views where valid
         tp = self.mesh.spec.tp
         given = self.pipe.model_fields_set & {"pipe_partitioned", "grad_partitioned"}
         if tp > 1 and any(getattr(self.pipe, k) for k in given):
@@ -330,12 +334,14 @@ class PipelineEngine(ZEngine):
         self.mesh.set_step(self.global_steps)
         self._sync = False  # the gradient hooks leave p.grad alone: reduced once, below
         with self._gathered():  # stage 3: gathered once for every micro-batch
+            self.grad_views.lend()
             with self.no_sync():
                 self._run(xs, ys, train=True)
             self.ties.reduce_grads()
             if self.ties.crosses_ranks:  # each holder's copy counts once in the norm
                 overlap = self.ties.norm_overlap([self.comm, self.replicas], self.stage)
                 self.zopt.norm_overlap = overlap
+            self.grad_views.take_back()
             if self.held is not None:  # reduce-scatter now, so the step runs released
                 self.zopt.reduce_leftovers()
         self.micro_steps += gas - 1
