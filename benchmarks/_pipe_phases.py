@@ -7,7 +7,8 @@ side's step is longer than another's:
   micro-batches, with their sends); for DDP its forward/backward loop (its gradient
   all-reduce included, which DDP overlaps with the backward);
 - ``grad_reduce``: gradients into what the optimizer steps (zcore: the tied layers' sum
-  over ``pp`` and ``reduce_leftovers``, the ZeRO reduction into the fp32 partition);
+  over ``pp`` and ``reduce_leftovers``, the ZeRO reduction into the fp32 partition; at dp 1
+  lending and taking back the partition's zeroed views as ``.grad``, ``zcore.pipe.grad_views``);
 - ``norm``: the global gradient norm (zcore; its scalar all-reduce over ``pp`` waits for
   the other stage, so this phase holds that wait);
 - ``optimizer``: the optimizer's update (torch's ``AdamW.step``; zcore's inner step on the
@@ -75,6 +76,8 @@ def time_engine(phases: Phases, engine: Any) -> None:
     phases.patch(engine, "_run", "schedule")
     phases.patch(engine.ties, "reduce_grads", "grad_reduce")
     phases.patch(zopt, "reduce_leftovers", "grad_reduce")
+    phases.patch(engine.grad_views, "lend", "grad_reduce")
+    phases.patch(engine.grad_views, "take_back", "grad_reduce")
     phases.patch(zopt, "global_grad_norm", "norm")
     phases.patch(zopt, "grads_overflow", "norm")
     phases.patch(zopt, "update", "optimizer")
