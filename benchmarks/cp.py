@@ -6,13 +6,18 @@ pair of rank processes:
 
 - ``cp1``: data parallelism (each rank trains its own whole sequence), untiled;
 - ``cp1_tiled``: the same with the loss and the MLP computed in tiles;
-- ``cp2``: one sequence split over both ranks (``sequence_parallel_size`` 2), untiled;
-- ``cp2_tiled``: cp=2 with tiling (ALST's two factors together);
+- ``cp2``: one sequence split over both ranks (``sequence_parallel_size`` 2), untiled, in
+  the default ``sequence_parallel_mode`` "auto" (Ulysses where the query heads divide over
+  cp; ring attention where they do not, as with the default model's 9 heads at cp=2: the
+  row's ``mode`` says which ran);
+- ``cp2_tiled``: cp=2 with tiling (ALST's two factors together), "auto" as ``cp2``;
 - ``cp2_tiled_ckpt`` (only when asked for): cp2_tiled with every decoder layer checkpointed,
   its checkpoints kept in host memory (``zcore.sequence.checkpoint_layers``: ALST's third
   piece; on a CPU they are there already, so this measures the checkpointing alone);
-- ``cp2_ring``, ``cp2_ring_tiled`` (only when asked for in ``--variants``): cp=2 with ring
-  attention (``sequence_parallel_mode`` "ring") instead of Ulysses.
+- ``cp2_ring``, ``cp2_ring_tiled``, ``cp2_ulysses``, ``cp2_ulysses_tiled`` (only when asked
+  for in ``--variants``): cp=2 with the mode named (``sequence_parallel_mode`` "ring" or
+  "ulysses") rather than "auto"; Ulysses with 9 heads at cp=2 gives one rank 5 heads to
+  attend and hold, the other 4.
 
 Memory is a training step's peak resident memory above the rank's memory before the step
 (``VmHWM`` reset through ``/proc/self/clear_refs``, free heap returned with ``malloc_trim``
@@ -56,12 +61,14 @@ from zcore.bench import load
 _ranks = load("_ranks", Path(__file__).parent)
 
 VARIANTS = {  # name: (cp, tiled, sequence_parallel_mode)
-    "cp1": (1, False, "ulysses"),
-    "cp1_tiled": (1, True, "ulysses"),
-    "cp2": (2, False, "ulysses"),
-    "cp2_tiled": (2, True, "ulysses"),
+    "cp1": (1, False, "auto"),
+    "cp1_tiled": (1, True, "auto"),
+    "cp2": (2, False, "auto"),
+    "cp2_tiled": (2, True, "auto"),
     "cp2_ring": (2, False, "ring"),
     "cp2_ring_tiled": (2, True, "ring"),
+    "cp2_ulysses": (2, False, "ulysses"),
+    "cp2_ulysses_tiled": (2, True, "ulysses"),
 }
 CHECKPOINTED = {"cp2_tiled_ckpt": "cp2_tiled"}  # name: the variant it checkpoints
 DEFAULT_VARIANTS = "cp1,cp1_tiled,cp2,cp2_tiled"
@@ -78,7 +85,7 @@ SMALL = dict(
 WORLD = 2
 
 
-def ds_config(cp: int, stage: int = 3, mode: str = "ulysses") -> dict[str, Any]:
+def ds_config(cp: int, stage: int = 3, mode: str = "auto") -> dict[str, Any]:
     return {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
@@ -176,7 +183,10 @@ def _rank(spec: dict[str, Any]) -> None:
             times.append(float(took))
     sequences = WORLD // cp  # sequences the job trains per step
     median = statistics.median(times)
+    attention = getattr(model, "z_sequence_attention", None)
+    heads = model.config.num_attention_heads
     result = {
+        "mode": "none" if attention is None else attention.active_mode(heads, cp),
         "max_seq": lo,
         "trials": trials,
         "fixed_peak_mib": fixed_peak,
@@ -289,7 +299,7 @@ TARGETS = (  # issue 45's, as (ratio key, comparison, bound, what it compares)
 def _ratios(rows: dict[str, Any]) -> dict[str, Any]:
     """The issue's targets as ratios against cp1, where both sides ran."""
     out: dict[str, Any] = {}
-    ring, ulysses = rows.get("cp2_ring"), rows.get("cp2")
+    ring, ulysses = rows.get("cp2_ring"), rows.get("cp2_ulysses")
     if ring is not None and ulysses is not None:  # the same split, the other attention
         out["tokens_per_s_ratio_ring_over_ulysses"] = ring["tokens_per_s"] / ulysses["tokens_per_s"]
         out["fixed_peak_ratio_ring_over_ulysses"] = (
@@ -303,7 +313,8 @@ def _ratios(rows: dict[str, Any]) -> dict[str, Any]:
     for v in ("cp1_tiled", "cp2", "cp2_tiled_ckpt"):
         if v in rows and base["max_seq"]:
             out[f"max_seq_ratio_{v}"] = rows[v]["max_seq"] / base["max_seq"]
-    for v in ("cp2", "cp2_tiled", "cp2_tiled_ckpt", "cp2_ring", "cp2_ring_tiled"):
+    others = ("cp2_ring", "cp2_ring_tiled", "cp2_ulysses", "cp2_ulysses_tiled")
+    for v in ("cp2", "cp2_tiled", "cp2_tiled_ckpt", *others):
         if v in rows:
             out[f"tokens_per_s_ratio_{v}"] = rows[v]["tokens_per_s"] / base["tokens_per_s"]
             out[f"fixed_peak_ratio_{v}"] = rows[v]["fixed_peak_mib"] / base["fixed_peak_mib"]
@@ -329,12 +340,14 @@ def report(result: dict[str, Any]) -> str:
         f"cp bench: {result['model']} ({result['params'] / 1e6:.1f}M params), 2 ranks, "
         f"ZeRO-{opt['stage']}; "
         f"budget {opt['budget_mib']:g} MiB/rank above the pre-step RSS; fixed length {opt['seq']}",
-        f"{'variant':<14} {'max seq':>8} {'peak@seq MiB':>13} {'activations':>12} {'tokens/s':>9}",
+        f"{'variant':<17} {'mode':<7} {'max seq':>8} {'peak@seq MiB':>13} {'activations':>12} "
+        f"{'tokens/s':>9}",
     ]
     for name, row in result["variants"].items():
         act = row.get("activation_mib", float("nan"))
         lines.append(
-            f"{name:<14} {row['max_seq']:>8} {row['fixed_peak_mib']:>13.1f} {act:>12.1f} "
+            f"{name:<17} {row.get('mode', '?'):<7} {row['max_seq']:>8} "
+            f"{row['fixed_peak_mib']:>13.1f} {act:>12.1f} "
             f"{row['tokens_per_s']:>9.1f}"
         )
     targets = result.get("targets", {})

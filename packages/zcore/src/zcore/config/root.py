@@ -68,10 +68,14 @@ class ZConfig(ZModel):
     sequence_parallel_size: Int = Field(1, ge=1)
     """Ranks that share each sequence, each holding a consecutive slice (Ulysses; the
     mesh's ``cp`` axis, inside the ZeRO axis: see :mod:`zcore.sequence`)."""
-    sequence_parallel_mode: Literal["ulysses", "ring"] = "ulysses"
+    sequence_parallel_mode: Literal["ulysses", "ring", "auto"] = "auto"
     """zstack: how attention sees the whole sequence across the ``cp`` ranks: ``ulysses``
-    (all-to-all over heads) or ``ring`` (key/value blocks passed around; any head count);
-    :class:`~zcore.sequence.DistributedAttention` layers built without ``mode`` take it."""
+    (all-to-all over heads), ``ring`` (key/value blocks passed around; any head count) or
+    ``auto``: Ulysses where the query heads divide over ``cp``, the ring where they do not
+    and the attention is plain softmax attention (:class:`~zcore.sequence.DistributedAttention`'s
+    ``ring_ok``, as in Hugging Face models), Ulysses otherwise.
+    :class:`~zcore.sequence.DistributedAttention` layers built without ``mode`` take it;
+    under ``auto`` a layer built with a mode keeps it."""
     comm_timeout_s: Float = Field(1800.0, gt=0)
     """zstack: seconds before a collective that never completes ends the job."""
     fp16: FP16Config = Field(default_factory=empty_block)

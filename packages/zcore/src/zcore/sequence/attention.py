@@ -18,6 +18,15 @@ before the local attention, which therefore always sees as many key/value as que
 key/value blocks travel around the ``cp`` ranks; no head split, so no head-count cap. The
 local attention is then not called (the ring computes attention itself, ``causal`` saying
 which).
+
+``mode="auto"`` picks per call, from the head layout: Ulysses when the query heads divide
+over ``cp`` (every rank then attends as many heads, as DeepSpeed's Ulysses), ring attention
+when they do not (an uneven split leaves one rank more heads to attend and hold than the
+others, where the ring splits none), and ring for a non-consecutive layout. Only a module
+whose local attention is plain causal (or full) softmax attention may choose the ring, since
+the ring does not call ``local_attention``: one built with ``ring_ok=False`` (the default:
+its local attention may add masks or biases the ring would skip) takes Ulysses under
+``auto``. :func:`zcore.sequence.hf.parallelize` builds its module with ``ring_ok=True``.
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ from zcore.comm import Comm, Mesh
 from zcore.sequence.alltoall import even_split, heads_to_seq, seq_to_heads, starts
 from zcore.sequence.ring import RingLayout, ring_attention
 
-MODES = ("ulysses", "ring")
+MODES = ("ulysses", "ring", "auto")
 """Sequence-parallel attention modes (``sequence_parallel_mode``)."""
 
 
@@ -68,11 +77,15 @@ class DistributedAttention(nn.Module):
         scatter_idx, gather_idx: DeepSpeed's names for the head and sequence dimensions;
             only the batch-first layout ``(2, 1)`` is supported.
         axis: the mesh axis (``"cp"``).
-        mode: ``"ulysses"`` (all-to-all over heads) or ``"ring"`` (key/value blocks passed
-            around the ranks; see :mod:`zcore.sequence.ring`); None: the config's
-            ``sequence_parallel_mode`` (``zcore.initialize`` sets it), else ulysses.
+        mode: ``"ulysses"`` (all-to-all over heads), ``"ring"`` (key/value blocks passed
+            around the ranks; see :mod:`zcore.sequence.ring`) or ``"auto"`` (see the module
+            doc); None: the config's ``sequence_parallel_mode`` (``zcore.initialize`` sets
+            it), else ulysses.
         causal: ring mode only: causal over the whole sequence (the Ulysses mode leaves
             masking to ``local_attention``).
+        ring_ok: ``local_attention`` is plain softmax attention (causal as ``causal`` says,
+            scale and zero dropout its only options), so ``auto`` may run the ring in its
+            place.
     """
 
     def __init__(
@@ -85,12 +98,14 @@ class DistributedAttention(nn.Module):
         axis: str = "cp",
         mode: str | None = None,
         causal: bool = True,
+        ring_ok: bool = False,
     ) -> None:
         super().__init__()
         if mode is not None and mode not in MODES:
             raise SequenceParallelError(
                 f"sequence-parallel mode {mode!r} is not one of {MODES}; pass mode='ulysses' "
-                "(heads split over cp) or mode='ring' (key/value blocks passed around cp)"
+                "(heads split over cp), mode='ring' (key/value blocks passed around cp) or "
+                "mode='auto' (Ulysses where the heads divide over cp, else the ring)"
             )
         if (scatter_idx, gather_idx) != (2, 1):
             raise SequenceParallelError(
@@ -104,6 +119,18 @@ class DistributedAttention(nn.Module):
         self.chosen = mode is not None
         """Whether ``mode`` was given (else the config's ``sequence_parallel_mode`` rules)."""
         self.causal = causal
+        self.ring_ok = ring_ok
+
+    def active_mode(self, q_heads: int, cp: int, layout: RingLayout | None = None) -> str:
+        """The mode a call with ``q_heads`` local query heads over ``cp`` ranks runs:
+        ``mode`` itself, or under ``"auto"`` the choice the module doc describes."""
+        if self.mode != "auto":
+            return self.mode
+        if not self.ring_ok:
+            return "ulysses"
+        if layout is not None and layout != RingLayout.consecutive(layout.lens):
+            return "ring"
+        return "ulysses" if q_heads % cp == 0 else "ring"
 
     def bind_mesh(self, mesh: Mesh) -> None:
         """Take the ``axis`` collectives of the engine's mesh (the engine calls this)."""
@@ -148,12 +175,13 @@ class DistributedAttention(nn.Module):
                 f"{query.shape[1]} tokens at cp rank {comm.rank}; every rank needs >= 1 token: "
                 "the sequence must be at least as long as sequence_parallel_size"
             )
-        if layout is not None and self.mode != "ring" and layout != RingLayout.consecutive(lens):
+        mode = self.active_mode(query.shape[2], cp, layout)
+        if layout is not None and mode != "ring" and layout != RingLayout.consecutive(lens):
             raise SequenceParallelError(
                 f"Ulysses takes consecutive slices, not the layout {layout.runs}; use "
                 "RingLayout.consecutive(seq_lens) or mode='ring'"
             )
-        if self.mode == "ring":
+        if mode == "ring":
             return self._ring(
                 query, key, value, comm, layout or RingLayout.consecutive(lens), args, kwargs
             )
@@ -201,9 +229,12 @@ class DistributedAttention(nn.Module):
 def configure_modes(model: nn.Module, mode: str) -> None:
     """Give every :class:`DistributedAttention` of ``model`` built without a ``mode`` the
     config's ``sequence_parallel_mode`` ``mode``; one built with another mode is an error
-    naming both (the engine calls this once, at ``zcore.initialize``)."""
+    naming both, unless the config's mode is ``"auto"``, which leaves a chosen mode alone
+    (the engine calls this once, at ``zcore.initialize``)."""
     for name, m in model.named_modules():
         if not isinstance(m, DistributedAttention):
+            continue
+        if m.chosen and mode == "auto":
             continue
         if m.chosen and m.mode != mode:
             raise SequenceParallelError(

@@ -14,7 +14,9 @@ sequence across the ``cp`` ranks:
   ``AttentionInterface`` the model's attention layers dispatch through: the model's
   projections hand it this slice's q/k/v and :class:`~zcore.sequence.DistributedAttention`
   runs torch's sdpa, causal over the whole sequence, on this rank's heads (or, with
-  ``sequence_parallel_mode`` "ring", ring attention over the zig-zag layout);
+  ``sequence_parallel_mode`` "ring", ring attention over the zig-zag layout; with "auto",
+  the default, the ring where the query heads do not divide over ``cp`` and the attention
+  has no dropout, Ulysses otherwise);
 * the loss of each rank is ``cp x (its real tokens' summed loss) / (real tokens of the
   whole sequence)``, so the engine's gradient average over ``dp x cp`` is the sum over the
   slices; the value each rank returns is the whole sequence's loss (one scalar all-reduce).
@@ -52,6 +54,9 @@ class _State:
     attention: DistributedAttention
     seq_lens: list[int] = field(default_factory=list)
     layout: RingLayout | None = None
+    q_heads: int = 0
+    """Query heads of each attention layer on this rank (after a tensor-parallel cut), read
+    at the first forward; 0 before it."""
 
 
 def _local_sdpa(
@@ -100,6 +105,16 @@ def ulysses_attention(
     return out, None
 
 
+def _local_q_heads(model: nn.Module) -> int:
+    """Query heads of the model's first attention layer as its projection holds them (a
+    tensor-parallel cut keeps a share), or 0 where the layout is not readable."""
+    for m in model.modules():
+        proj, dim = getattr(m, "q_proj", None), getattr(m, "head_dim", None)
+        if hasattr(m, "num_key_value_groups") and proj is not None and dim:
+            return int(getattr(proj, "out_features", 0)) // int(dim)
+    return 0
+
+
 def _attention_modules(model: nn.Module) -> list[nn.Module]:
     """The model's attention layers, once :data:`NAME` is registered with the
     ``AttentionInterface`` they dispatch through (the model's own: zcore does not import
@@ -125,8 +140,8 @@ def _comm(where: Mesh | Comm) -> Comm:
 
 def parallelize(model: nn.Module, mesh: Mesh | Comm, mode: str | None = None) -> nn.Module:
     """Train ``model`` (a transformers causal LM) with each sequence split over ``mesh``'s
-    ``cp`` axis (or the given :class:`Comm`); see the module doc. ``mode``: ``"ulysses"``
-    or ``"ring"`` (:class:`DistributedAttention`'s); None: the ``sequence_parallel_mode`` of
+    ``cp`` axis (or the given :class:`Comm`); see the module doc. ``mode``: ``"ulysses"``,
+    ``"ring"`` or ``"auto"`` (:class:`DistributedAttention`'s); None: the ``sequence_parallel_mode`` of
     the config ``zcore.initialize`` is given. Returns ``model``."""
     comm = _comm(mesh)
     config = model.config
@@ -136,7 +151,8 @@ def parallelize(model: nn.Module, mesh: Mesh | Comm, mode: str | None = None) ->
             f"attention implementation {impl!r} cannot be wrapped by Ulysses (its kernel would "
             f"see one slice of the sequence); load the model with attn_implementation='sdpa'"
         )
-    state = _State(DistributedAttention(_local_sdpa, comm, mode=mode, causal=True))
+    attention = DistributedAttention(_local_sdpa, comm, mode=mode, causal=True, ring_ok=True)
+    state = _State(attention)
     model.z_sequence_attention = state.attention  # a submodule (no state): the engine sets its mode
     for m in _attention_modules(model):
         m._z_ulysses = state  # type: ignore[assignment]
@@ -152,6 +168,14 @@ class _SliceBatch:
     def __init__(self, comm: Comm, state: _State, config: Any) -> None:
         self.comm, self.state, self.config = comm, state, config
 
+    def active_mode(self) -> str:
+        """The attention this step runs (``auto`` resolved: Ulysses with attention dropout,
+        which the ring does not take; else the head layout decides)."""
+        attention = self.state.attention
+        if attention.mode == "auto" and getattr(self.config, "attention_dropout", 0.0):
+            return "ulysses"
+        return attention.active_mode(self.state.q_heads or self.comm.size, self.comm.size)
+
     def __call__(self, model: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         if args:
             kwargs = {"input_ids": args[0], **kwargs}
@@ -164,6 +188,8 @@ class _SliceBatch:
                 "generate without it (sequence_parallel_size 1)"
             )
         cp, total = self.comm.size, ids.shape[1]
+        if not self.state.q_heads:
+            self.state.q_heads = _local_q_heads(model)
         if total < cp:
             raise SequenceParallelError(
                 f"a sequence of {total} tokens cannot be split over sequence_parallel_size "
@@ -177,7 +203,7 @@ class _SliceBatch:
                 "Ulysses attention here is full causal; set sliding_window=None or shorter "
                 "sequences"
             )
-        ring = self.state.attention.mode == "ring"
+        ring = self.active_mode() == "ring"
         lay = (
             RingLayout.zigzag(total, cp) if ring else RingLayout.consecutive(even_split(total, cp))
         )
