@@ -48,6 +48,8 @@ def _run(rank: int, world: int) -> dict[str, object]:
         for step in range(1, STEPS):  # train()'s later steps, one at a time
             losses.append(_step(engine, step))
         still = [t.data_ptr() for t in store._kept if t is not None]
+        master = sum(m.numel() * m.element_size() for m in store.master)
+        out[f"bytes{stage}"] = (store.optimizer_bytes(), master)
         out[f"fast{stage}"] = (losses, local_params(engine), shared and views, kept, still)
         engine.destroy()
 
@@ -60,6 +62,7 @@ def _run(rank: int, world: int) -> dict[str, object]:
         assert not engine.grad_views.active
         losses = train(engine, STEPS, MB, GAS)
         out[f"plain{stage}"] = (losses, local_params(engine), engine.zopt.store._kept)
+        out[f"plain_bytes{stage}"] = engine.zopt.store.optimizer_bytes()
         engine.destroy()
     for name, extra in (("stage3", {}), ("bf16", {"bf16": {"enabled": True}})):
         stage = 3 if name == "stage3" else 1
@@ -86,6 +89,8 @@ def test_dp1_master_shares_parameters_bit_for_bit() -> None:
             assert kept and kept == still, f"rank {rank} stage {stage}: partition not kept"
             if stage < 2:
                 assert all(t is None for t in plain_kept)
+            shared_bytes, master = out[f"bytes{stage}"]  # a shared master is the parameters'
+            assert shared_bytes == out[f"plain_bytes{stage}"] - master > 0, (rank, stage)
             assert losses == plain_losses, (rank, stage, losses, plain_losses)
             assert params.keys() == plain_params.keys()
             for k in params:

@@ -159,10 +159,13 @@ class MemoryStore(OptimizerStore):
         self.device = device
         self.pin_memory = pin_memory and torch.cuda.is_available()
         self.master: list[torch.Tensor] = []
+        self.shared: set[int] = set()
+        """Groups whose master is the parameters themselves (:meth:`share_params`)."""
 
     def attach(self, part: Partition, make_optimizer: OptimizerFactory, hyper: list[dict]) -> None:
         self.part = part
         self.master = [self._initial(g) for g in range(len(part.params))]
+        self.shared = set()
         # Stage 0-1 accumulate model-sized gradients, so their partitions exist only while
         # a cycle has gradients (allocated by the first reduction, dropped after the step).
         # Stage 2-3 hold no model-sized gradient; their partitions are kept and zeroed.
@@ -202,6 +205,8 @@ class MemoryStore(OptimizerStore):
         their values laid end to end: one slot per parameter (world 1), fp32, contiguous,
         on the master's device, not stage-3 shards, not pinned host memory."""
         ps, layout, master = self.part.params[g], self.part.layouts[g], self.master[g]
+        if not ps or layout.world != 1 or self.pin_memory or g in self.shared:
+            return g in self.shared
         s3 = self.part.stage3.params if self.part.stage3 is not None else {}
         at = 0
         for p, shard in zip(ps, layout.shards, strict=True):
@@ -215,12 +220,13 @@ class MemoryStore(OptimizerStore):
             ):
                 return False
             at += p.numel()
-        if not ps or layout.world != 1 or at != master.numel() or self.pin_memory:
+        if at != master.numel():
             return False
         for p, shard in zip(ps, layout.shards, strict=True):
             view = master[shard.offset : shard.offset + shard.shard_size].view(p.shape)
             view.copy_(p.data)  # the same values (the master was taken from them)
             p.data = view
+        self.shared.add(g)
         return True
 
     def accumulate(self, g: int, shard: ParamShard, values: torch.Tensor, alpha: float) -> None:
@@ -279,7 +285,11 @@ class MemoryStore(OptimizerStore):
         return self.master
 
     def optimizer_bytes(self) -> int:
-        total = sum(m.numel() * m.element_size() for m in self.master)
+        """A master shared with the parameters (:meth:`share_params`) is their memory:
+        counted with the parameters, not here."""
+        total = sum(
+            m.numel() * m.element_size() for g, m in enumerate(self.master) if g not in self.shared
+        )
         for st in self.optimizer.state.values():
             for v in st.values():
                 if isinstance(v, torch.Tensor):
