@@ -15,6 +15,7 @@ def test_bench_pipe_tiny_two_ranks() -> None:
     assert result["benchmark"] == "pipe" and result["world_size"] == 2
     assert set(result["sides"]) == {"ours", "torch_1f1b", "ddp", "ours_zbv"}
     assert result["vs_torch_1f1b"] > 0 and result["vs_ddp"] > 0
+    assert result["vs_torch_1f1b_paired"] > 0 and len(result["vs_torch_1f1b_per_step"]) == 1
     losses = {s: r["final_loss"] for s, r in result["sides"].items()}
     assert max(losses.values()) - min(losses.values()) < 1e-4, losses  # same init, same data
     assert result["sides"]["ours"]["bubble_theory_1f1b"] == pytest.approx(1 / 9)
