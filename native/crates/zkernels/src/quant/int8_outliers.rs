@@ -21,6 +21,7 @@
 use super::error::{check_len, QuantError};
 use super::int8::{gemm, quantize_tokenwise, scaled, Epilogue};
 use super::SharedOut;
+use crate::simd::multiversion;
 
 struct OutlierOut<'a> {
     out: SharedOut<f32>,
@@ -51,14 +52,38 @@ impl Epilogue for OutlierOut<'_> {
     }
 }
 
+#[inline(always)]
+fn colmax_body(x: &[f32], k: usize, out: &mut [f32]) {
+    out.fill(0.0);
+    for row in x.chunks_exact(k) {
+        for (c, &v) in out.iter_mut().zip(row) {
+            let a = v.abs();
+            // NaN propagates, as torch's amax (a NaN column is the largest for topk).
+            *c = if a > *c || a.is_nan() { a } else { *c };
+        }
+    }
+}
+
+multiversion!(colmax_auto => colmax_body<>(x: &[f32], k: usize, out: &mut [f32]));
+
+/// `out[c] = max_i |x[i, c]|` over the rows of `x (m, k)` (`x.abs().amax(0)`, exact; a NaN
+/// in a column makes its maximum NaN, as torch's): the column maxima the outlier channels
+/// are chosen from.
+pub fn column_absmax(x: &[f32], m: usize, k: usize, out: &mut [f32]) -> Result<(), QuantError> {
+    check_len("x", x.len(), m * k, || format!("m·k = {m}·{k}"))?;
+    check_len("out", out.len(), k, || format!("k = {k}"))?;
+    if k > 0 {
+        colmax_auto(x, k, out);
+    }
+    Ok(())
+}
+
 /// The `t` channels of `x (m, k)` with the largest `max_i |x[i, c]|`, largest first
 /// (ties: lower index first), as `torch.topk` of the column maxima.
 pub fn outlier_channels(x: &[f32], m: usize, k: usize, t: usize) -> Vec<usize> {
     let mut colmax = vec![0f32; k];
-    for row in x.chunks_exact(k).take(m) {
-        for (c, &v) in colmax.iter_mut().zip(row) {
-            *c = c.max(v.abs());
-        }
+    if k > 0 {
+        colmax_auto(&x[..m * k], k, &mut colmax);
     }
     let mut idx: Vec<usize> = (0..k).collect();
     let by_max = |a: &usize, b: &usize| colmax[*b].total_cmp(&colmax[*a]).then(a.cmp(b));
@@ -290,6 +315,36 @@ mod tests {
         let mut wc = [0f32; 3];
         let r = int8_linear_split(&x, &w, &ws, None, &[1], &mut out, 2, 2, 4, &mut xo, &mut wc);
         assert!(matches!(r, Err(QuantError::Shape { what: "wc", .. })));
+    }
+
+    #[test]
+    fn column_absmax_is_exact_at_every_level() {
+        let (m, k) = (5, 37);
+        let mut x: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 29 % 31) as f32 - 15.0) * 0.37)
+            .collect();
+        x[3 * k + 4] = -1e30;
+        let want: Vec<f32> = (0..k)
+            .map(|c| (0..m).fold(0f32, |a, i| a.max(x[i * k + c].abs())))
+            .collect();
+        for &level in [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512]
+            .iter()
+            .filter(|&&l| l <= detected())
+        {
+            set_override(Some(level)).unwrap();
+            let mut out = vec![-1f32; k];
+            column_absmax(&x, m, k, &mut out).unwrap();
+            assert_eq!(out, want, "{level:?}");
+            x[2 * k + 9] = f32::NAN;
+            column_absmax(&x, m, k, &mut out).unwrap();
+            assert!(
+                out[9].is_nan() && out[10] == want[10],
+                "{level:?}: NaN propagates"
+            );
+            x[2 * k + 9] = 0.0;
+        }
+        set_override(None).unwrap();
+        assert!(column_absmax(&x, m, k, &mut [0f32; 3]).is_err());
     }
 
     #[test]
