@@ -62,3 +62,20 @@ def test_too_many_outliers_is_a_clear_error() -> None:
     out = torch.empty(1, 2).numpy()
     with pytest.raises(ValueError, match="outliers"):
         znative.int8_linear(x, w, torch.ones(2).numpy(), None, out, outliers=9)
+
+
+@pytest.mark.parametrize("simd", LEVELS)
+def test_column_absmax_is_torch_abs_amax(simd: str) -> None:
+    """`znative.column_absmax` (zserve's column maxima for a prompt's outlier channels) is
+    ``x.abs().amax(0)`` to the bit, NaN included, at every SIMD level."""
+    x = torch.randn(37, 100, generator=torch.Generator().manual_seed(5)) * 7
+    x[3, 9] = float("nan")
+    out = torch.empty(100)
+    znative.set_simd_level(simd)
+    try:
+        znative.column_absmax(x.numpy(), out.numpy())
+    finally:
+        znative.set_simd_level(None)
+    torch.testing.assert_close(out, x.abs().amax(0), rtol=0, atol=0, equal_nan=True)
+    with pytest.raises(ValueError, match="out"):
+        znative.column_absmax(x.numpy(), torch.empty(99).numpy())

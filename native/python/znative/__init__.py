@@ -19,7 +19,7 @@ Async file IO (:class:`AioHandle`, :func:`aligned_buffer`,
 file ended before the requested range.
 
 Quantization kernels for zquant (:func:`int8_gemm`, :func:`int8_linear`,
-:func:`int8_linear_split`, :func:`quantize_tokenwise`, :func:`dequantize_weight`,
+:func:`int8_linear_split`, :func:`column_absmax`, :func:`quantize_tokenwise`, :func:`dequantize_weight`,
 :func:`dequant_linear`) take int8/uint8/int32/float32 arrays in the layouts of ``zquant.packing``.
 
 Compressed-collective kernels for zcomm (:func:`pack_signs`, :func:`unpack_signs`,
@@ -52,6 +52,7 @@ from znative._native import (
     adagrad_step,
     adam_step,
     aligned_buffer,
+    column_absmax,
     dequant_linear,
     dequantize_blocks,
     dequantize_weight,
@@ -92,6 +93,7 @@ __all__ = [
     "adagrad_step",
     "adam_step",
     "aligned_buffer",
+    "column_absmax",
     "dequant_linear",
     "dequantize_blocks",
     "dequantize_weight",

@@ -19,6 +19,7 @@ __all__ = [
     "adagrad_step",
     "adam_step",
     "aligned_buffer",
+    "column_absmax",
     "dequant_linear",
     "dequantize_blocks",
     "dequantize_weight",
@@ -118,6 +119,7 @@ def quantize_tokenwise(x: _Array, q: _Array, scale: _Array, *, bits: int = 8) ->
 def int8_linear(
     x: _Array, w: _Array, w_scale: _Array, bias: _Array | None, out: _Array, *, outliers: int = 0
 ) -> None: ...
+def column_absmax(x: _Array, out: _Array) -> None: ...
 def int8_linear_split(
     x: _Array,
     w: _Array,

@@ -4,7 +4,7 @@
 //! host's waits for a core are left out: wall time there measured the load), and at one
 //! row the weight bytes read per second beside the calling thread's read bandwidth
 //! (`bw`: a 256 MiB buffer summed front to back):
-//! `ZNATIVE_NUM_THREADS=1 ZNATIVE_SIMD=avx2 cargo run --release --example kbench [int8|int4|fp6|bf16|f32|bw|attn|norm]`
+//! `ZNATIVE_NUM_THREADS=1 ZNATIVE_SIMD=avx2 cargo run --release --example kbench [int8|int8o|int4|fp6|bf16|f32|bw|attn|norm]`
 //! (`fp6`: per-channel FP6 e3m2; `norm`: RMSNorm of SmolLM2's 576-wide rows, GB/s of rows read);
 //! `attn`: one decode step's paged attention of a SmolLM2 layer (9 query heads, 3 KV heads of
 //! 64, blocks of 16) at 96 cached tokens, microseconds a call.
@@ -34,7 +34,9 @@ fn now() -> f64 {
     static START: OnceLock<Instant> = OnceLock::new();
     START.get_or_init(Instant::now).elapsed().as_secs_f64()
 }
-use zkernels::quant::{dequant_linear, int8_linear, PackedWeight, WeightFormat};
+use zkernels::quant::{
+    dequant_linear, int8_linear, int8_linear_outliers, PackedWeight, WeightFormat,
+};
 use zkernels::serve::{linear_rows, paged_decode_attention, rms_norm, AttnDims};
 
 fn best<F: FnMut()>(mut f: F, macs: usize) -> f64 {
@@ -122,6 +124,18 @@ fn main() {
             );
             let wb = gbs(m, g, macs, n * k + 4 * n);
             println!("int8  m={m:3} n={n:5} k={k}: {g:7.2} GMAC/s{wb}");
+        }
+        if only == "int8" || only == "int8o" {
+            // W8A8 with the recipe's 8 outlier channels kept in float32 (fused split).
+            let w: Vec<i8> = (0..n * k)
+                .map(|i| ((i * 7 % 255) as i32 - 127) as i8)
+                .collect();
+            let ws = vec![0.01f32; n];
+            let g = best(
+                || int8_linear_outliers(&x, &w, &ws, None, &mut out, m, n, k, 8).unwrap(),
+                macs,
+            );
+            println!("int8o m={m:3} n={n:5} k={k}: {g:7.2} GMAC/s (8 outlier channels)");
         }
         if only.is_empty() || only == "int4" {
             let data: Vec<u8> = (0..n * k / 2).map(|i| (i * 31) as u8).collect();

@@ -57,6 +57,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(quant::int8_gemm, m)?)?;
     m.add_function(wrap_pyfunction!(quant::int8_linear, m)?)?;
     m.add_function(wrap_pyfunction!(quant::int8_linear_split, m)?)?;
+    m.add_function(wrap_pyfunction!(quant::column_absmax, m)?)?;
     m.add_function(wrap_pyfunction!(quant::quantize_tokenwise, m)?)?;
     m.add_function(wrap_pyfunction!(quant::dequantize_weight, m)?)?;
     m.add_function(wrap_pyfunction!(quant::dequant_linear, m)?)?;

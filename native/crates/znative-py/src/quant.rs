@@ -202,6 +202,17 @@ pub fn int8_linear_split(
         .map_err(to_py)
 }
 
+/// `out (k,) = max_i |x[i, :]|` of `x (m, k) float32` (`x.abs().amax(0)`, exact; NaN propagates).
+#[pyfunction]
+pub fn column_absmax(py: Python<'_>, x: &Bound<'_, PyAny>, out: &Bound<'_, PyAny>) -> PyResult<()> {
+    let (m, k) = dims2("x", x)?;
+    let rx = ro::<f32>("x", x, "float32")?;
+    let mut r_out = rw::<f32>("out", out, "float32")?;
+    let (sx, so) = (slice("x", &rx)?, slice_mut("out", &mut r_out)?);
+    py.detach(|| quant::column_absmax(sx, m, k, so))
+        .map_err(to_py)
+}
+
 /// Borrowed buffers of a packed weight, kept alive while the kernel runs.
 struct Packed<'py> {
     data: PyReadonlyArrayDyn<'py, u8>,

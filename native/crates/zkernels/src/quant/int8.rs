@@ -38,6 +38,10 @@ pub fn vnni_available() -> bool {
 /// Where the int32 dot products go.
 pub(super) trait Epilogue: Sync {
     fn write(&self, i: usize, j: usize, acc: i32);
+    /// Called once a block's outputs `(0..m, j0..j1)` are all written, on the thread that
+    /// wrote them (a pass over the block while it is in cache).
+    #[inline(always)]
+    fn finish(&self, _m: usize, _j0: usize, _j1: usize) {}
 }
 
 struct I32Out {
@@ -253,6 +257,7 @@ pub(super) fn gemm<E: Epilogue>(a: &[i8], b: &[i8], m: usize, n: usize, k: usize
             // SAFETY: `vnni_available()` checked that the CPU has every enabled feature;
             // the tile reads stay inside a (m·k) and b (n·k) because rows/cols are clamped.
             unsafe { vnni::block(&a_u8, b, m, k, j0, j1, epi) }
+            epi.finish(m, j0, j1);
         });
         return;
     }
@@ -264,12 +269,14 @@ pub(super) fn gemm<E: Epilogue>(a: &[i8], b: &[i8], m: usize, n: usize, k: usize
             // SAFETY: `active()` reports AVX2 only when the CPU has AVX2 and FMA; a16 holds
             // m·k and b n·k elements.
             unsafe { super::int8_avx2::block(&a16, b, m, k, j0, j1, epi) }
+            epi.finish(m, j0, j1);
         });
         return;
     }
     for_blocks(blocks, |blk| {
         let (j0, j1) = (blk * NB, ((blk + 1) * NB).min(n));
         block_auto(a, b, m, k, j0, j1, epi);
+        epi.finish(m, j0, j1);
     });
 }
 

@@ -21,6 +21,7 @@
 use super::error::{check_len, QuantError};
 use super::int8::{gemm, quantize_tokenwise, scaled, Epilogue};
 use super::SharedOut;
+use crate::simd::multiversion;
 
 struct OutlierOut<'a> {
     out: SharedOut<f32>,
@@ -33,32 +34,115 @@ struct OutlierOut<'a> {
     cols: &'a [usize],
     /// `x[i, cols[t]]` at `i * cols.len() + t`.
     xo: &'a [f32],
+    /// The outlier term added by [`Epilogue::finish`] (at least [`DEFERRED_ROWS`] rows),
+    /// not per output. Both add `Σ_t` in order from 0 to the INT8 part: the same bits.
+    deferred: bool,
 }
 
 impl Epilogue for OutlierOut<'_> {
+    /// The INT8 part, and for a few rows the outlier term too (the weight row is in cache
+    /// right after its dot products); more rows get the term from [`Epilogue::finish`].
     #[inline(always)]
     fn write(&self, i: usize, j: usize, acc: i32) {
         let (y, ws) = scaled(acc, self.a_scale[i], self.w_scale, self.bias, j);
-        let t = self.cols.len();
-        let row = &self.w[j * self.k..(j + 1) * self.k];
-        let xo = &self.xo[i * t..(i + 1) * t];
         let mut corr = 0f32;
-        for (&c, &v) in self.cols.iter().zip(xo) {
-            corr += v * (f32::from(row[c]) * ws);
+        if !self.deferred {
+            let t = self.cols.len();
+            let row = &self.w[j * self.k..(j + 1) * self.k];
+            for (&c, &v) in self.cols.iter().zip(&self.xo[i * t..(i + 1) * t]) {
+                corr += v * (f32::from(row[c]) * ws);
+            }
         }
         // SAFETY: (i, j) is inside the (m, n) output and owned by this block.
         unsafe { *self.out.get().add(i * self.n + j) = y + corr }
     }
+
+    fn finish(&self, m: usize, j0: usize, j1: usize) {
+        if self.deferred {
+            for c0 in (j0..j1).step_by(TERM_COLS) {
+                term_auto(self, m, c0, (c0 + TERM_COLS).min(j1));
+            }
+        }
+    }
+}
+
+/// Rows from which the outlier term is one pass over each finished block ([`term_body`]):
+/// its gather of the weight's columns then serves many rows. Below, each output adds its
+/// own term (kbench, 1 row: the pass was 25-30 % slower on the 49152-row head, at AVX2).
+const DEFERRED_ROWS: usize = 4;
+
+/// Output columns the outlier term adds in one pass (its per-row sums stay in registers).
+const TERM_COLS: usize = 64;
+
+/// `out[i, j] += Σ_t xo[i, t] · (W_q[j, C_t] · w_scale[j])` for `j` in `j0..j1` (at most
+/// [`TERM_COLS`]), every row: the weight columns gathered once, then each row's sums taken
+/// across the columns in lanes. Each output sums its `t` products in order from 0 and adds
+/// the sum to the INT8 part, as the scalar definition (`corr += v · w; y + corr`).
+#[inline(always)]
+fn term_body(o: &OutlierOut<'_>, m: usize, j0: usize, j1: usize) {
+    let (t, nj) = (o.cols.len(), j1 - j0);
+    let mut wc = vec![0f32; t * TERM_COLS];
+    for (jj, j) in (j0..j1).enumerate() {
+        let ws = if o.w_scale.len() == 1 {
+            o.w_scale[0]
+        } else {
+            o.w_scale[j]
+        };
+        let row = &o.w[j * o.k..(j + 1) * o.k];
+        for (tt, &c) in o.cols.iter().enumerate() {
+            wc[tt * TERM_COLS + jj] = f32::from(row[c]) * ws;
+        }
+    }
+    for i in 0..m {
+        let mut corr = [0f32; TERM_COLS];
+        for (wrow, &v) in wc.chunks_exact(TERM_COLS).zip(&o.xo[i * t..(i + 1) * t]) {
+            for (c, &w) in corr.iter_mut().zip(wrow) {
+                *c += v * w;
+            }
+        }
+        // SAFETY: row i's columns j0..j1 are inside the (m, n) output and owned by this
+        // block, whose INT8 part is written.
+        let out = unsafe { std::slice::from_raw_parts_mut(o.out.get().add(i * o.n + j0), nj) };
+        for (y, c) in out.iter_mut().zip(corr) {
+            *y += c;
+        }
+    }
+}
+
+multiversion!(term_auto => term_body<>(o: &OutlierOut<'_>, m: usize, j0: usize, j1: usize));
+
+#[inline(always)]
+fn colmax_body(x: &[f32], k: usize, out: &mut [f32]) {
+    out.fill(0.0);
+    for row in x.chunks_exact(k) {
+        for (c, &v) in out.iter_mut().zip(row) {
+            let a = v.abs();
+            // NaN propagates, as torch's amax (a NaN column is the largest for topk).
+            *c = if a > *c || a.is_nan() { a } else { *c };
+        }
+    }
+}
+
+multiversion!(colmax_auto => colmax_body<>(x: &[f32], k: usize, out: &mut [f32]));
+
+/// `out[c] = max_i |x[i, c]|` over the rows of `x (m, k)` (`x.abs().amax(0)`, exact; a NaN
+/// in a column makes its maximum NaN, as torch's): the column maxima the outlier channels
+/// are chosen from.
+pub fn column_absmax(x: &[f32], m: usize, k: usize, out: &mut [f32]) -> Result<(), QuantError> {
+    check_len("x", x.len(), m * k, || format!("m·k = {m}·{k}"))?;
+    check_len("out", out.len(), k, || format!("k = {k}"))?;
+    if k > 0 {
+        colmax_auto(x, k, out);
+    }
+    Ok(())
 }
 
 /// The `t` channels of `x (m, k)` with the largest `max_i |x[i, c]|`, largest first
 /// (ties: lower index first), as `torch.topk` of the column maxima.
 pub fn outlier_channels(x: &[f32], m: usize, k: usize, t: usize) -> Vec<usize> {
     let mut colmax = vec![0f32; k];
-    for row in x.chunks_exact(k).take(m) {
-        for (c, &v) in colmax.iter_mut().zip(row) {
-            *c = c.max(v.abs());
-        }
+    if k > 0 {
+        colmax_auto(&x[..m * k], k, &mut colmax);
     }
     let mut idx: Vec<usize> = (0..k).collect();
     let by_max = |a: &usize, b: &usize| colmax[*b].total_cmp(&colmax[*a]).then(a.cmp(b));
@@ -125,6 +209,7 @@ pub fn int8_linear_outliers(
         w,
         cols: &cols,
         xo: &xo,
+        deferred: m >= DEFERRED_ROWS,
     };
     gemm(&q, w, m, n, k, &epi);
     Ok(())
@@ -280,6 +365,50 @@ mod tests {
         }
     }
 
+    /// The fused epilogue's float32 arithmetic, to the bit: the INT8 part, then the outlier
+    /// term summed in channel order from 0 and added (blocks of 64 columns and a short
+    /// last one, 1-17 rows, more channels than one pass of 8).
+    #[test]
+    fn fused_term_is_the_scalar_order_at_every_level() {
+        for &(m, n, k, t) in &[(1, 200, 576, 8), (3, 70, 130, 8), (17, 131, 96, 11)] {
+            let x: Vec<f32> = (0..m * k)
+                .map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.173)
+                .collect();
+            let w: Vec<i8> = (0..n * k)
+                .map(|i| ((i * 7 % 255) as i32 - 127) as i8)
+                .collect();
+            let ws: Vec<f32> = (0..n).map(|j| 0.0013 * (j + 1) as f32).collect();
+            let bias: Vec<f32> = (0..n).map(|j| 0.5 - j as f32 * 0.01).collect();
+            let cols = outlier_channels(&x, m, k, t);
+            let mut rest = x.clone();
+            for row in rest.chunks_exact_mut(k) {
+                cols.iter().for_each(|&c| row[c] = 0.0);
+            }
+            let mut want = vec![0f32; m * n];
+            set_override(Some(SimdLevel::Scalar)).unwrap();
+            super::super::int8_linear(&rest, &w, &ws, Some(&bias), &mut want, m, n, k).unwrap();
+            for i in 0..m {
+                for j in 0..n {
+                    let mut corr = 0f32;
+                    for &c in &cols {
+                        corr += x[i * k + c] * (f32::from(w[j * k + c]) * ws[j]);
+                    }
+                    want[i * n + j] += corr;
+                }
+            }
+            for &level in [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512]
+                .iter()
+                .filter(|&&l| l <= detected())
+            {
+                set_override(Some(level)).unwrap();
+                let mut out = vec![0f32; m * n];
+                int8_linear_outliers(&x, &w, &ws, Some(&bias), &mut out, m, n, k, t).unwrap();
+                assert_eq!(out, want, "{level:?} {m}x{n}x{k} t={t}");
+            }
+            set_override(None).unwrap();
+        }
+    }
+
     #[test]
     fn split_rejects_bad_channels() {
         let (x, w, ws) = ([1f32; 8], [1i8; 8], [1f32]);
@@ -290,6 +419,36 @@ mod tests {
         let mut wc = [0f32; 3];
         let r = int8_linear_split(&x, &w, &ws, None, &[1], &mut out, 2, 2, 4, &mut xo, &mut wc);
         assert!(matches!(r, Err(QuantError::Shape { what: "wc", .. })));
+    }
+
+    #[test]
+    fn column_absmax_is_exact_at_every_level() {
+        let (m, k) = (5, 37);
+        let mut x: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 29 % 31) as f32 - 15.0) * 0.37)
+            .collect();
+        x[3 * k + 4] = -1e30;
+        let want: Vec<f32> = (0..k)
+            .map(|c| (0..m).fold(0f32, |a, i| a.max(x[i * k + c].abs())))
+            .collect();
+        for &level in [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512]
+            .iter()
+            .filter(|&&l| l <= detected())
+        {
+            set_override(Some(level)).unwrap();
+            let mut out = vec![-1f32; k];
+            column_absmax(&x, m, k, &mut out).unwrap();
+            assert_eq!(out, want, "{level:?}");
+            x[2 * k + 9] = f32::NAN;
+            column_absmax(&x, m, k, &mut out).unwrap();
+            assert!(
+                out[9].is_nan() && out[10] == want[10],
+                "{level:?}: NaN propagates"
+            );
+            x[2 * k + 9] = 0.0;
+        }
+        set_override(None).unwrap();
+        assert!(column_absmax(&x, m, k, &mut [0f32; 3]).is_err());
     }
 
     #[test]

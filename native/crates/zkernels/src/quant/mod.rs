@@ -18,7 +18,7 @@ mod int8_rows;
 pub use dequant::{dequant_linear, dequantize, PackedWeight, WeightFormat};
 pub use error::QuantError;
 pub use int8::{int8_gemm, int8_linear, quantize_tokenwise, vnni_available};
-pub use int8_outliers::{int8_linear_outliers, int8_linear_split};
+pub use int8_outliers::{column_absmax, int8_linear_outliers, int8_linear_split};
 
 /// Runs `f(block_index)` for `blocks` blocks on the kernels' team, the caller
 /// taking part ([`crate::team`]; inline when there is one block or one thread).

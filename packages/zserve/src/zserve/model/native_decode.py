@@ -50,7 +50,7 @@ def kernel_call(weight: Any, dtype: torch.dtype) -> tuple[KernelCall, int] | Non
     if isinstance(weight, torch.Tensor) and weight.is_contiguous():
         return (znative.linear_rows, (np_view(weight),), {}), rows
     if isinstance(weight, BoundLinear) and dtype == torch.float32:  # its rule for a call
-        return weight.kernel_call(), rows
+        return weight.kernel_call(), min(rows, weight.call_rows)
     call = getattr(weight, "kernel_call", None)  # a wrapper over one (zserve.tp.quantized)
     if call is not None and dtype == torch.float32:
         wrapped: KernelCall | None = call()

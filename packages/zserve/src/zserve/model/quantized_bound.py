@@ -12,9 +12,15 @@ same kernel on the same arguments, so the output is bit-identical to the module'
 (`tests/zserve/test_quantized_bound.py`, atol 0).
 
 It runs a call on the kernel when the module's native path would run the same kernel:
-float32 2-D activations of at most `max_rows` rows, no autograd. Otherwise (an
-`OutlierQuantLinear`'s larger calls, which keep torch ops to stay bit-equal to `z eval`; a
-bfloat16 engine's activations) it calls the module. Layers with their activations
+float32 2-D activations of at most `max_rows` rows, no autograd; otherwise (a bfloat16
+engine's activations) it calls the module. An `OutlierQuantLinear`'s calls of more than
+:attr:`BoundLinear.call_rows` rows (prompts) run the module's split as the module does, on
+the bound views (the channel choice and the outlier term's sum stay torch's, so they stay
+bit-equal to `z eval`; the column maxima are `znative.column_absmax`'s, exact): no torch op
+there is large enough to need torch's threads, so such a layer counts as on the kernels at
+every row count (``max_rows``), and a step of them runs torch single-threaded beside
+znative's team (`LlamaModel.step_threads`: two torch threads spinning beside that team
+made a 64-token W8A8 prompt 2-4x slower on 2 cores). Layers with their activations
 fake-quantized (W4A8's MLP) stay modules (:func:`bind`).
 """
 
@@ -42,9 +48,13 @@ def _c(t: torch.Tensor, dtype: torch.dtype) -> Any:
 class BoundLinear:
     """`layer`'s native forward ``(T, in) -> (T, out)`` with the weight arguments bound."""
 
-    def __init__(self, layer: QuantLinear, max_rows: int) -> None:
+    def __init__(self, layer: QuantLinear, max_rows: int, call_rows: int | None = None) -> None:
         self.layer = layer
         self.max_rows = max_rows
+        """Rows up to which a call runs on znative (and torch ops too small for threads)."""
+        self.call_rows = max_rows if call_rows is None else call_rows
+        """Rows up to which a call is the one kernel call of :meth:`kernel_call`; larger
+        ones (an outlier layer's prompts) are :meth:`_split`'s."""
         self.out_features = layer.out_features
         self._kernel: Any = None
         self._args: tuple[Any, ...] = ()
@@ -76,7 +86,7 @@ class BoundLinear:
 
     def kernel_call(self) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
         """``(kernel, args, kwargs)``: ``kernel(x, *args, out, **kwargs)`` is this layer's call
-        on float32 ``x (T, in)`` of at most :attr:`max_rows` rows (valid until the next
+        on float32 ``x (T, in)`` of at most :attr:`call_rows` rows (valid until the next
         :meth:`bind`)."""
         w, scale, bias = self._args
         return self._kernel, (w, scale, bias), self._kwargs
@@ -92,10 +102,29 @@ class BoundLinear:
         ):
             return self.layer(x)  # type: ignore[no-any-return]
         x = x.contiguous()
+        if rows > self.call_rows:
+            return self._split(x)
         out = torch.empty(rows, self.out_features, dtype=torch.float32)
         w, scale, bias = self._args
         self._kernel(x.numpy(), w, scale, bias, out.numpy(), **self._kwargs)
         return out
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:
+        """`OutlierQuantLinear.forward`'s native split of ``x (T, in)`` (T above
+        :attr:`call_rows`), the same ops on the bound views: bit-equal to the module."""
+        rows, k = x.shape
+        colmax = torch.empty(k, dtype=torch.float32)
+        znative.column_absmax(x.numpy(), colmax.numpy())  # x.abs().amax(0), exact
+        cols = colmax.topk(self._kwargs["outliers"]).indices
+        t = cols.numel()
+        out = torch.empty(rows, self.out_features, dtype=torch.float32)
+        xo = torch.empty(rows, t, dtype=torch.float32)
+        wc = torch.empty(self.out_features, t, dtype=torch.float32)
+        w, scale, bias = self._args
+        znative.int8_linear_split(
+            x.numpy(), w, scale, bias, cols.numpy(), out.numpy(), xo.numpy(), wc.numpy()
+        )
+        return out + xo @ wc.t()
 
     def __getattr__(self, name: str) -> Any:
         """The layer's attributes (``in_features``, ``spec``, ``backend`` ...)."""
@@ -117,7 +146,7 @@ def bind(layer: QuantLinear) -> QuantLinear | BoundLinear:
         return layer
     outliers = isinstance(layer, OutlierQuantLinear) and layer.act_outliers > 0
     if layer.path == "w8a8":
-        return BoundLinear(layer, FUSED_OUTLIER_MAX_ROWS if outliers else NO_LIMIT)
+        return BoundLinear(layer, NO_LIMIT, FUSED_OUTLIER_MAX_ROWS if outliers else None)
     if layer.act_bits is None and not outliers and native.supports(layer.quantized_weight()):
         return BoundLinear(layer, NO_LIMIT)
     return layer
