@@ -19,7 +19,8 @@
 //! A block holding a non-finite activation makes that row's outputs NaN.
 //!
 //! Bodies: [`super::a8_avx2`] at AVX2 and above; the portable one below elsewhere. Both
-//! need `k` and the group size to be multiples of [`BLOCK`].
+//! need `k` and the group size to be multiples of [`BLOCK`] (the last group may be
+//! shorter, as `dequantize` allows).
 
 use super::weight::{PackedWeight, WeightFormat};
 use crate::quant::error::{check_len, QuantError};
@@ -99,7 +100,7 @@ pub(super) struct A8Job<'a> {
 fn rows_body(job: &A8Job<'_>, j0: usize, j1: usize) {
     let A8Job { q, w, bias, out, m } = *job;
     let (n, k, group) = (w.n, w.k, w.group);
-    let (nb, groups) = (k / BLOCK, k / group);
+    let (nb, groups) = (k / BLOCK, k.div_ceil(group)); // the last group may be shorter
     let per_tensor = w.scale.len() == groups && n != 1;
     for j in j0..j1 {
         let srow = if per_tensor { 0 } else { j * groups };

@@ -87,7 +87,7 @@ unsafe fn transpose8(r: [__m256i; 8]) -> [__m256i; 8] {
 unsafe fn tile(job: &A8Job<'_>, j0: usize, j1: usize) -> Tile {
     let w = job.w;
     let (n, k, group) = (w.n, w.k, w.group);
-    let (nb, groups) = (k / BLOCK, k / group);
+    let (nb, groups) = (k / BLOCK, k.div_ceil(group)); // the last group may be shorter
     let per_tensor = w.scale.len() == groups && n != 1;
     let mut t = Tile {
         codes: vec![_mm256_setzero_si256(); PANELS * nb * STEPS],
@@ -215,7 +215,7 @@ unsafe fn kernel<const R: usize, const P: usize, const ASYM: bool>(
     (i0, p0, j0, j1): (usize, usize, usize, usize),
 ) {
     let (k, group) = (job.w.k, job.w.group);
-    let (nb, groups) = (k / BLOCK, k / group);
+    let (nb, groups) = (k / BLOCK, k.div_ceil(group)); // the last group may be shorter
     let per_group = group / BLOCK;
     let q = job.q;
     let x0 = q.codes.as_ptr().add(i0 * k);

@@ -52,7 +52,7 @@ fn check(c: &Case) {
             .wrapping_add(1442695040888963407);
         (seed >> 33) as u32
     };
-    let groups = k / group;
+    let groups = k.div_ceil(group);
     let srows = if per_tensor { 1 } else { n };
     let scale: Vec<f32> = (0..srows * groups)
         .map(|i| 0.01 + (i % 13) as f32 * 1e-3)
@@ -133,6 +133,9 @@ fn matches_the_product_of_the_rounded_activations_at_every_level() {
         case(9, 256, 128, 3, false, true, true),
         case(1, 32, 32, 4, true, false, true),
         case(40, 64, 64, 7, false, false, true),
+        // k 96 in groups of 64: a last group of 32 (a tensor-parallel cut's), 2 scales a row
+        case(96, 96, 64, 12, false, false, false),
+        case(20, 160, 64, 5, true, false, true),
     ] {
         check(&c);
     }
