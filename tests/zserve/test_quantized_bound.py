@@ -1,6 +1,12 @@
 """`BoundLinear` (zserve's decode-step call of a zquant layer's kernel, weight arguments bound
 once) gives the zquant module's native output bit for bit (atol 0), also after its codes
-moved onto huge pages, and hands the calls it does not run on the kernel to the module."""
+moved onto huge pages, and hands the calls it does not run on the kernel to the module.
+
+An INT4 layer's calls of `A8_MIN_ROWS` rows or more quantize the activations to INT8 per 32
+columns: those equal the module's output for the rounded activations within 1e-5 of the
+product's magnitude, and the module's own within the rounding bound (each activation moved
+by at most half its block's scale, `sum |w| · amax / 254`); `ZSERVE_W4_A8=0` restores the
+module's numbers."""
 
 from __future__ import annotations
 
@@ -12,7 +18,7 @@ pytest.importorskip("zquant")
 from zquant.nn import OutlierQuantLinear, QuantLinear
 from zquant.quantizers import QuantSpec
 from zserve.model.native import pack_on_huge_pages
-from zserve.model.quantized_bound import BoundLinear, bind
+from zserve.model.quantized_bound import A8_MIN_ROWS, BoundLinear, bind
 
 W8 = QuantSpec(bits=8, granularity="channel")
 W4 = QuantSpec(bits=4, granularity="group", group_size=32)
@@ -47,9 +53,13 @@ def test_bound_equals_the_module(spec, act, outliers, bias) -> None:
     bound = bind(layer)
     assert isinstance(bound, BoundLinear)
     assert bound.in_features == 128 and bound.spec == spec  # the layer's attributes
-    for rows in (1, 3, 16, 17, 64):  # 17: an outlier layer's calls above 16 rows are torch's
+    a8 = spec.fmt == "int" and spec.bits <= 4  # INT4: INT8 activations from A8_MIN_ROWS
+    for rows in (1, 3, 4, 5, 16, 17, 64):  # 17: an outlier layer's above 16 rows are torch's
         x = torch.randn(rows, 128) * 3
-        assert torch.equal(bound(x), layer(x)), (spec.describe(), rows)
+        if a8 and rows >= A8_MIN_ROWS:
+            _check_a8(bound(x), layer, x)
+        else:
+            assert torch.equal(bound(x), layer(x)), (spec.describe(), rows)
     # codes moved onto huge pages, views re-taken: the same numbers from the new buffer
     before = layer.qdata.data_ptr()
     pack_on_huge_pages([(layer, "qdata")])
@@ -62,6 +72,39 @@ def test_bound_equals_the_module(spec, act, outliers, bias) -> None:
     assert torch.equal(bound(xb), layer(xb))
     with pytest.raises((ValueError, RuntimeError), match="128"):  # the module's own error
         bound(torch.randn(2, 100))
+
+
+def _rounded(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` rounded as the kernel does (per 32 columns: codes of ``127 / amax``), and each
+    element's half step ``amax / 254``."""
+    blocks = x.reshape(x.shape[0], -1, 32)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    codes = torch.round(blocks * inv)  # round half to even, as the kernel's conversion
+    rounded = codes * (amax / 127.0)
+    return rounded.reshape(x.shape), (amax / 254.0).expand_as(blocks).reshape(x.shape)
+
+
+def _check_a8(got: torch.Tensor, layer: QuantLinear, x: torch.Tensor) -> None:
+    rounded, half = _rounded(x)
+    w = layer.dequantized_weight().double()
+    bias = 0.0 if layer.bias is None else layer.bias.double()
+    want = rounded.double() @ w.t() + bias
+    mag = (rounded.double().abs() @ w.abs().t()) + 1.0
+    assert bool(((got.double() - want).abs() <= 1e-5 * mag).all())
+    exact = x.double() @ w.t() + bias
+    bound = half.double() @ w.abs().t()
+    assert bool(((got.double() - exact).abs() <= bound * 1.0001 + 1e-5 * mag).all())
+    assert not torch.equal(got, layer(x))  # the activations were rounded
+
+
+@torch.no_grad()
+def test_int4_a8_off_is_the_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ZSERVE_W4_A8", "0")
+    layer = _layer(W4, None)
+    bound = bind(layer)
+    x = torch.randn(64, 128) * 3
+    assert torch.equal(bound(x), layer(x))
 
 
 def test_fake_quantized_activations_stay_the_module() -> None:

@@ -153,6 +153,7 @@ def dequant_linear(
     data2: _Array | None = None,
     zero: _Array | None = None,
     offset: int = 8,
+    act_bits: int | None = None,
 ) -> None: ...
 def int8_vnni_available() -> bool: ...
 

@@ -5,13 +5,24 @@
 //! row the weight bytes read per second beside the calling thread's read bandwidth
 //! (`bw`: a 256 MiB buffer summed front to back):
 //! `ZNATIVE_NUM_THREADS=1 ZNATIVE_SIMD=avx2 cargo run --release --example kbench [int8|int8o|int4|fp6|bf16|f32|bw|attn|norm]`
-//! (`fp6`: per-channel FP6 e3m2; `norm`: RMSNorm of SmolLM2's 576-wide rows, GB/s of rows read);
+//! (`int4` also times `dequant_linear_a8`, the activations quantized to INT8, as `int4a8`; `fp6`: per-channel FP6 e3m2; `norm`: RMSNorm of SmolLM2's 576-wide rows, GB/s of rows read);
 //! `attn`: one decode step's paged attention of a SmolLM2 layer (9 query heads, 3 KV heads of
 //! 64, blocks of 16) at 96 cached tokens, microseconds a call.
 //! (`benchmarks/results/serve-avx2.md`).
-/// Seconds of CPU time the calling thread has used (wall time where that clock is missing).
-#[cfg(target_os = "linux")]
+/// Seconds of CPU time the calling thread has used (wall time where that clock is missing, or
+/// with `KBENCH_CLOCK=wall`: what a kernel on more than one thread is timed by).
 fn now() -> f64 {
+    use std::sync::OnceLock;
+    static WALL: OnceLock<bool> = OnceLock::new();
+    if *WALL.get_or_init(|| std::env::var("KBENCH_CLOCK").is_ok_and(|v| v == "wall")) {
+        wall()
+    } else {
+        thread_cpu()
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn thread_cpu() -> f64 {
     #[repr(C)]
     struct Timespec {
         sec: i64,
@@ -28,14 +39,19 @@ fn now() -> f64 {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn now() -> f64 {
+fn thread_cpu() -> f64 {
+    wall()
+}
+
+fn wall() -> f64 {
     use std::sync::OnceLock;
     use std::time::Instant;
     static START: OnceLock<Instant> = OnceLock::new();
     START.get_or_init(Instant::now).elapsed().as_secs_f64()
 }
 use zkernels::quant::{
-    dequant_linear, int8_linear, int8_linear_outliers, PackedWeight, WeightFormat,
+    dequant_linear, dequant_linear_a8, int8_linear, int8_linear_outliers, PackedWeight,
+    WeightFormat,
 };
 use zkernels::serve::{linear_rows, paged_decode_attention, rms_norm, AttnDims};
 
@@ -54,20 +70,28 @@ fn best<F: FnMut()>(mut f: F, macs: usize) -> f64 {
     macs as f64 / best / 1e9
 }
 
-/// GB/s of one thread summing a 256 MiB buffer (never in cache) front to back.
+/// GB/s of the kernels' team (`ZNATIVE_NUM_THREADS`) summing a 256 MiB buffer (never in
+/// cache), each thread one contiguous part front to back (time it with `KBENCH_CLOCK=wall`).
 fn read_bandwidth() -> f64 {
     let buf: Vec<u64> = (0..32usize << 20).map(|i| i as u64).collect();
     let mut sink = 0u64;
     let bytes = buf.len() * 8;
     let gmacs = best(
         || {
-            let mut lanes = [0u64; 8];
-            for c in buf.chunks_exact(8) {
-                for l in 0..8 {
-                    lanes[l] = lanes[l].wrapping_add(c[l]);
+            let parts = zkernels::team::threads();
+            let len = buf.len().div_ceil(parts);
+            let total = std::sync::atomic::AtomicU64::new(0);
+            zkernels::team::run(parts, |p| {
+                let mut lanes = [0u64; 8];
+                for c in buf[p * len..((p + 1) * len).min(buf.len())].chunks_exact(8) {
+                    for l in 0..8 {
+                        lanes[l] = lanes[l].wrapping_add(c[l]);
+                    }
                 }
-            }
-            sink = sink.wrapping_add(lanes.iter().sum::<u64>());
+                let s = lanes.iter().fold(0u64, |a, v| a.wrapping_add(*v));
+                total.fetch_add(s, std::sync::atomic::Ordering::Relaxed);
+            });
+            sink = sink.wrapping_add(total.into_inner());
         },
         bytes,
     );
@@ -91,7 +115,11 @@ fn main() {
     let only = std::env::args().nth(1).unwrap_or_default();
     println!("level {}", zkernels::simd::active().name());
     if only.is_empty() || only == "bw" {
-        println!("read  one thread, 256 MiB: {:7.2} GB/s", read_bandwidth());
+        let t = zkernels::team::threads();
+        println!(
+            "read  {t} thread(s), 256 MiB: {:7.2} GB/s",
+            read_bandwidth()
+        );
     }
     if only.is_empty() || only == "attn" {
         attention();
@@ -108,6 +136,10 @@ fn main() {
         (64, 1536, 576),
         (256, 1536, 576),
     ] {
+        // `KBENCH_ROWS=64`: that row count alone (to profile one shape).
+        if std::env::var("KBENCH_ROWS").is_ok_and(|r| r.parse() != Ok(m)) {
+            continue;
+        }
         let x: Vec<f32> = (0..m * k)
             .map(|i| ((i * 13 % 17) as f32 - 8.0) / 5.0)
             .collect();
@@ -155,6 +187,13 @@ fn main() {
             let g = best(|| dequant_linear(&x, &w, None, &mut out, m).unwrap(), macs);
             let wb = gbs(m, g, macs, n * k / 2 + 8 * n * groups);
             println!("int4  m={m:3} n={n:5} k={k}: {g:7.2} GMAC/s{wb}");
+            let w = PackedWeight { zero: None, ..w };
+            let g = best(
+                || dequant_linear_a8(&x, &w, None, &mut out, m).unwrap(),
+                macs,
+            );
+            let wb = gbs(m, g, macs, n * k / 2 + 4 * n * groups);
+            println!("int4a8 m={m:3} n={n:5} k={k}: {g:7.2} GMAC/s{wb}");
         }
         if (only.is_empty() || only == "fp6") && m <= 16 {
             let data: Vec<u8> = (0..n * k / 2).map(|i| (i * 31) as u8).collect();

@@ -285,9 +285,11 @@ pub fn dequantize_weight(
     py.detach(|| quant::dequantize(&w, so)).map_err(to_py)
 }
 
-/// `out (m, n) = x (m, k) · dequant(w)ᵀ + bias` without materializing the float weight.
+/// `out (m, n) = x (m, k) · dequant(w)ᵀ + bias` without materializing the float weight;
+/// `act_bits=8`: `x` quantized to INT8 per 32 columns first (`quant::dequant_linear_a8`,
+/// INT4 only).
 #[pyfunction]
-#[pyo3(signature = (x, data, scale, bias, out, *, fmt, group_size, data2=None, zero=None, offset=8))]
+#[pyo3(signature = (x, data, scale, bias, out, *, fmt, group_size, data2=None, zero=None, offset=8, act_bits=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn dequant_linear(
     py: Python<'_>,
@@ -301,7 +303,14 @@ pub fn dequant_linear(
     data2: Option<&Bound<'_, PyAny>>,
     zero: Option<&Bound<'_, PyAny>>,
     offset: i32,
+    act_bits: Option<u32>,
 ) -> PyResult<()> {
+    if act_bits.is_some_and(|b| b != 8) {
+        return Err(HyperparameterError::new_err(format!(
+            "invalid act_bits = {}: expected None (float activations) or 8",
+            act_bits.unwrap_or_default()
+        )));
+    }
     let (m, k) = dims2("x", x)?;
     let packed = Packed::borrow(data, data2, scale, zero)?;
     let w = packed.weight(format(fmt, offset)?, k, group_size)?;
@@ -311,8 +320,12 @@ pub fn dequant_linear(
     let sx = slice("x", &rx)?;
     let sb = rb.as_ref().map(|b| slice("bias", b)).transpose()?;
     let so = slice_mut("out", &mut ro_out)?;
-    py.detach(|| quant::dequant_linear(sx, &w, sb, so, m))
-        .map_err(to_py)
+    let linear = if act_bits.is_some() {
+        quant::dequant_linear_a8
+    } else {
+        quant::dequant_linear
+    };
+    py.detach(|| linear(sx, &w, sb, so, m)).map_err(to_py)
 }
 
 /// Whether the INT8 GEMM runs on AVX-512 VNNI at the active SIMD level.

@@ -15,7 +15,9 @@ mod int8_outliers;
 #[cfg(target_arch = "x86_64")]
 mod int8_rows;
 
-pub use dequant::{dequant_linear, dequantize, PackedWeight, WeightFormat};
+pub use dequant::{
+    dequant_linear, dequant_linear_a8, dequantize, PackedWeight, WeightFormat, A8_BLOCK,
+};
 pub use error::QuantError;
 pub use int8::{int8_gemm, int8_linear, quantize_tokenwise, vnni_available};
 pub use int8_outliers::{column_absmax, int8_linear_outliers, int8_linear_split};

@@ -11,6 +11,15 @@ takes the numpy views of the weight, scales, zero points and bias once
 same kernel on the same arguments, so the output is bit-identical to the module's
 (`tests/zserve/test_quantized_bound.py`, atol 0).
 
+An INT4 layer's calls of :data:`A8_MIN_ROWS` rows or more (prompts and batched steps, past
+the decode program's rows) quantize their activations to INT8 per 32 columns in the kernel
+(``znative.dequant_linear(..., act_bits=8)``, llama.cpp's Q8 activations; on AVX2 its
+``vpmaddubsw`` body ran SmolLM2's 64-row products ~2x the float path, see
+``benchmarks/results/serve-avx2.md``): not the module's numbers, but the product of the
+activations rounded to their codes, each moved by at most half its block's scale (the bound
+is `tests/zserve/test_quantized_bound.py`'s). ``ZSERVE_W4_A8=0`` keeps every call on the
+module's float path.
+
 It runs a call on the kernel when the module's native path would run the same kernel:
 float32 2-D activations of at most `max_rows` rows, no autograd; otherwise (a bfloat16
 engine's activations) it calls the module. An `OutlierQuantLinear`'s calls of more than
@@ -26,6 +35,7 @@ fake-quantized (W4A8's MLP) stay modules (:func:`bind`).
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -37,6 +47,9 @@ if TYPE_CHECKING:
 
 #: Rows of a call with no row limit (a layer without activation outliers).
 NO_LIMIT = 1 << 62
+#: Rows from which an INT4 layer's call quantizes its activations to INT8 (one more than
+#: :data:`zserve.model.native.LINEAR_MAX_ROWS`: a decode program's steps keep the module's).
+A8_MIN_ROWS = 5
 
 
 def _c(t: torch.Tensor, dtype: torch.dtype) -> Any:
@@ -59,6 +72,8 @@ class BoundLinear:
         self._kernel: Any = None
         self._args: tuple[Any, ...] = ()
         self._kwargs: dict[str, Any] = {}
+        self._a8_rows = NO_LIMIT
+        self._a8_kwargs: dict[str, Any] = {}
         self.bind()
 
     def bind(self) -> None:
@@ -78,6 +93,14 @@ class BoundLinear:
             self._kernel = znative.dequant_linear
             self._args = (args.pop("data"), args.pop("scale"), bias)
             self._kwargs = args
+            a8 = (
+                args["fmt"] == "int4"
+                and layer.in_features % 32 == 0
+                and int(args["group_size"]) % 32 == 0
+                and os.environ.get("ZSERVE_W4_A8", "1") != "0"
+            )
+            self._a8_rows = A8_MIN_ROWS if a8 else NO_LIMIT
+            self._a8_kwargs = {**args, "act_bits": 8}
 
     def unbind(self) -> None:
         """Let go of the views of the layer's buffers (they are about to move or be freed;
@@ -106,7 +129,8 @@ class BoundLinear:
             return self._split(x)
         out = torch.empty(rows, self.out_features, dtype=torch.float32)
         w, scale, bias = self._args
-        self._kernel(x.numpy(), w, scale, bias, out.numpy(), **self._kwargs)
+        kwargs = self._kwargs if rows < self._a8_rows else self._a8_kwargs
+        self._kernel(x.numpy(), w, scale, bias, out.numpy(), **kwargs)
         return out
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:

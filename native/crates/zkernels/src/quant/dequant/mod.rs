@@ -11,8 +11,12 @@
 //! moving its bits into a float32 with the exponent rebiased (`weight::fp6_value`).
 //!
 //! [`weight`] holds the packed weight, its validation and the plain dequantize;
-//! [`linear`] the fused dequantize-and-multiply built on its row decoder.
+//! [`linear`] the fused dequantize-and-multiply built on its row decoder; [`a8`] the INT4
+//! linear with activations quantized to INT8 (a numeric path of its own).
 
+mod a8;
+#[cfg(target_arch = "x86_64")]
+mod a8_avx2;
 mod gemv;
 #[cfg(target_arch = "x86_64")]
 mod gemv_avx2;
@@ -21,8 +25,11 @@ mod linear;
 mod tile_avx2;
 mod weight;
 
+pub use a8::{dequant_linear_a8, BLOCK as A8_BLOCK};
 pub use linear::dequant_linear;
 pub use weight::{dequantize, PackedWeight, WeightFormat};
 
+#[cfg(test)]
+mod a8_tests;
 #[cfg(test)]
 mod tests;
