@@ -51,6 +51,7 @@ from znative._native import (
     __version__,
     adagrad_step,
     adam_step,
+    add_rms_norm,
     aligned_buffer,
     dequant_linear,
     dequantize_blocks,
@@ -73,6 +74,7 @@ from znative._native import (
     set_simd_level,
     simd_level,
     stream_4r3w,
+    team_stats,
     unpack_signs,
 )
 
@@ -91,6 +93,7 @@ __all__ = [
     "__version__",
     "adagrad_step",
     "adam_step",
+    "add_rms_norm",
     "aligned_buffer",
     "dequant_linear",
     "dequantize_blocks",
@@ -113,6 +116,7 @@ __all__ = [
     "set_simd_level",
     "simd_level",
     "stream_4r3w",
+    "team_stats",
     "unpack_signs",
 ]
 

@@ -18,6 +18,7 @@ __all__ = [
     "__version__",
     "adagrad_step",
     "adam_step",
+    "add_rms_norm",
     "aligned_buffer",
     "dequant_linear",
     "dequantize_blocks",
@@ -40,6 +41,7 @@ __all__ = [
     "set_simd_level",
     "simd_level",
     "stream_4r3w",
+    "team_stats",
     "unpack_signs",
 ]
 
@@ -159,6 +161,8 @@ def int8_vnni_available() -> bool: ...
 def pack_signs(x: _Array, out: _Array) -> float: ...
 def unpack_signs(packed: _Array, scale: float, out: _Array) -> None: ...
 def rms_norm(x: _Array, weight: _Array, out: _Array, *, eps: float) -> None: ...
+def add_rms_norm(x: _Array, delta: _Array, weight: _Array, out: _Array, *, eps: float) -> None: ...
+def team_stats() -> dict[str, int]: ...
 def linear_rows(x: _Array, weight: _Array, out: _Array) -> None: ...
 def rotary_kv_write(
     qkv: _Array,

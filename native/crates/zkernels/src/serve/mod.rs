@@ -28,7 +28,7 @@ mod rotary;
 
 pub use attention::{paged_decode_attention, AttnDims};
 pub use linear::linear_rows;
-pub use norm::rms_norm;
+pub use norm::{add_rms_norm, rms_norm};
 pub use rotary::{rotary_kv_write, RotaryDims};
 
 use crate::quant::QuantError;
