@@ -51,6 +51,7 @@ from znative._native import (
     __version__,
     adagrad_step,
     adam_step,
+    add_rms_norm,
     aligned_buffer,
     column_absmax,
     dequant_linear,
@@ -64,6 +65,7 @@ from znative._native import (
     io_backend_probe,
     linear_rows,
     lion_step,
+    mul_into,
     num_threads,
     pack_signs,
     paged_decode_attention,
@@ -74,6 +76,7 @@ from znative._native import (
     set_simd_level,
     simd_level,
     stream_4r3w,
+    team_stats,
     unpack_signs,
 )
 
@@ -92,6 +95,7 @@ __all__ = [
     "__version__",
     "adagrad_step",
     "adam_step",
+    "add_rms_norm",
     "aligned_buffer",
     "column_absmax",
     "dequant_linear",
@@ -105,6 +109,7 @@ __all__ = [
     "io_backend_probe",
     "linear_rows",
     "lion_step",
+    "mul_into",
     "num_threads",
     "pack_signs",
     "paged_decode_attention",
@@ -115,6 +120,7 @@ __all__ = [
     "set_simd_level",
     "simd_level",
     "stream_4r3w",
+    "team_stats",
     "unpack_signs",
 ]
 

@@ -18,6 +18,7 @@ __all__ = [
     "__version__",
     "adagrad_step",
     "adam_step",
+    "add_rms_norm",
     "aligned_buffer",
     "column_absmax",
     "dequant_linear",
@@ -31,6 +32,7 @@ __all__ = [
     "io_backend_probe",
     "linear_rows",
     "lion_step",
+    "mul_into",
     "num_threads",
     "pack_signs",
     "paged_decode_attention",
@@ -41,6 +43,7 @@ __all__ = [
     "set_simd_level",
     "simd_level",
     "stream_4r3w",
+    "team_stats",
     "unpack_signs",
 ]
 
@@ -162,6 +165,9 @@ def int8_vnni_available() -> bool: ...
 def pack_signs(x: _Array, out: _Array) -> float: ...
 def unpack_signs(packed: _Array, scale: float, out: _Array) -> None: ...
 def rms_norm(x: _Array, weight: _Array, out: _Array, *, eps: float) -> None: ...
+def add_rms_norm(x: _Array, delta: _Array, weight: _Array, out: _Array, *, eps: float) -> None: ...
+def team_stats() -> dict[str, int]: ...
+def mul_into(a: _Array, b: _Array, out: _Array) -> None: ...
 def linear_rows(x: _Array, weight: _Array, out: _Array) -> None: ...
 def rotary_kv_write(
     qkv: _Array,

@@ -33,6 +33,12 @@
 //!
 //! One loop runs on the team at a time; a call while it is busy (another
 //! Python thread, or a task that calls a kernel) runs its tasks inline.
+//!
+//! [`stats`] (`znative.team_stats()`) counts what the team did: loops run on it,
+//! loops run alone while it stood down, the helpers' share of the tasks, each
+//! rule's stand-downs and the callers' waits, so a serving benchmark can tell a
+//! team that helped from one that stood down. `ZNATIVE_TEAM_NO_BACKOFF` (any
+//! value) turns the stand-downs off, to measure what they cost or save.
 
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -55,6 +61,43 @@ const LATE: Duration = Duration::from_micros(50);
 
 /// Loops over which the helpers' share of the tasks is judged.
 const WINDOW: u64 = 32;
+
+/// What the team did since the process started (see [`stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Loops run on the team (the caller and its helpers).
+    pub loops: u64,
+    /// Loops of more than one task run on the caller alone while the team stood down.
+    pub stood_down: u64,
+    /// Tasks of the team's loops, and how many of them the helpers ran.
+    pub tasks: u64,
+    pub helped: u64,
+    /// Stand-downs for a late helper, and for the helpers' small share of a window.
+    pub late: u64,
+    pub idle: u64,
+    /// Nanoseconds callers waited for helpers' tasks after running out of their own.
+    pub waited_ns: u64,
+}
+
+static STATS: [AtomicU64; 7] = [const { AtomicU64::new(0) }; 7];
+
+fn count(i: usize, v: u64) {
+    STATS[i].fetch_add(v, Ordering::Relaxed);
+}
+
+/// The team's counters since the process started: how often it ran, stood down, and why.
+pub fn stats() -> Stats {
+    let s = |i: usize| STATS[i].load(Ordering::Relaxed);
+    Stats {
+        loops: s(0),
+        stood_down: s(1),
+        tasks: s(2),
+        helped: s(3),
+        late: s(4),
+        idle: s(5),
+        waited_ns: s(6),
+    }
+}
 
 /// The loop body with its borrow's lifetime erased: it is only called for a
 /// claimed task index below `n`, and the caller returns only after every such
@@ -110,6 +153,8 @@ struct Team {
     epoch: AtomicU64,
     busy: AtomicBool,
     helpers: usize,
+    /// `ZNATIVE_TEAM_NO_BACKOFF` set: never stand down.
+    no_backoff: bool,
     /// Loops run inline until this many nanoseconds after `start` (see [`BACKOFF_MAX`]).
     backoff_until: AtomicU64,
     start: Instant,
@@ -128,6 +173,7 @@ fn team() -> &'static Team {
             epoch: AtomicU64::new(0),
             busy: AtomicBool::new(false),
             helpers,
+            no_backoff: std::env::var_os("ZNATIVE_TEAM_NO_BACKOFF").is_some(),
             backoff_until: AtomicU64::new(0),
             start: Instant::now(),
             window: Default::default(),
@@ -187,11 +233,16 @@ pub fn threads() -> usize {
 pub fn run<F: Fn(usize) + Sync>(n: usize, f: F) {
     let team = team();
     let now = team.start.elapsed();
-    if n <= 1
-        || team.helpers == 0
-        || (now.as_nanos() as u64) < team.backoff_until.load(Ordering::Relaxed)
-        || team.busy.swap(true, Ordering::Acquire)
-    {
+    if n <= 1 || team.helpers == 0 {
+        (0..n).for_each(f);
+        return;
+    }
+    if !team.no_backoff && (now.as_nanos() as u64) < team.backoff_until.load(Ordering::Relaxed) {
+        count(1, 1);
+        (0..n).for_each(f);
+        return;
+    }
+    if team.busy.swap(true, Ordering::Acquire) {
         (0..n).for_each(f);
         return;
     }
@@ -238,6 +289,14 @@ pub fn run<F: Fn(usize) + Sync>(n: usize, f: F) {
             .iter()
             .for_each(|c| c.store(0, Ordering::Relaxed));
     }
+    count(0, 1);
+    count(2, n as u64);
+    count(3, (n - mine) as u64);
+    count(6, waited.as_nanos() as u64);
+    count(
+        if late { 4 } else { 5 },
+        u64::from(late || (l >= WINDOW && 4 * h < t)),
+    );
     if late || (l >= WINDOW && 4 * h < t) {
         let backoff = if late {
             (waited * BACKOFF_PER_WAIT).min(BACKOFF_MAX)

@@ -60,6 +60,62 @@ pub fn rms_norm(
     .map_err(to_py)
 }
 
+/// `x += delta` (rounded to the dtype), then [`rms_norm`] of the new `x` into `out`: a
+/// decoder layer's residual add and the next norm in one call, bit-identical to the two.
+#[pyfunction]
+#[pyo3(signature = (x, delta, weight, out, *, eps))]
+pub fn add_rms_norm(
+    py: Python<'_>,
+    x: &Bound<'_, PyAny>,
+    delta: &Bound<'_, PyAny>,
+    weight: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+    eps: f32,
+) -> PyResult<()> {
+    let (rd, rw) = (
+        arrays::ro("delta", delta, true)?,
+        arrays::ro("weight", weight, true)?,
+    );
+    let mut rx = arrays::rw("x", x, true)?;
+    let mut ro_out = arrays::rw("out", out, true)?;
+    match (
+        rx.slice_mut("x")?,
+        rd.slice("delta")?,
+        rw.slice("weight")?,
+        ro_out.slice_mut("out")?,
+    ) {
+        (SliceMut::F32(a), Slice::F32(d), Slice::F32(w), SliceMut::F32(o)) => {
+            py.detach(|| serve::add_rms_norm(a, d, w, eps, o))
+        }
+        (SliceMut::Bf16(a), Slice::Bf16(d), Slice::Bf16(w), SliceMut::Bf16(o)) => {
+            py.detach(|| serve::add_rms_norm(a, d, w, eps, o))
+        }
+        _ => return Err(mixed("add_rms_norm")),
+    }
+    .map_err(to_py)
+}
+
+/// `out = a * b` elementwise, each product rounded to the dtype (`torch.mul`'s bits).
+#[pyfunction]
+#[pyo3(signature = (a, b, out))]
+pub fn mul_into(
+    py: Python<'_>,
+    a: &Bound<'_, PyAny>,
+    b: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    let (ra, rb) = (arrays::ro("a", a, true)?, arrays::ro("b", b, true)?);
+    let mut ro_out = arrays::rw("out", out, true)?;
+    match (ra.slice("a")?, rb.slice("b")?, ro_out.slice_mut("out")?) {
+        (Slice::F32(a), Slice::F32(b), SliceMut::F32(o)) => py.detach(|| serve::mul_into(a, b, o)),
+        (Slice::Bf16(a), Slice::Bf16(b), SliceMut::Bf16(o)) => {
+            py.detach(|| serve::mul_into(a, b, o))
+        }
+        _ => return Err(mixed("mul_into")),
+    }
+    .map_err(to_py)
+}
+
 /// `out = x W^T` for the few rows of a decode step: `x` `(M, K)`, `weight`
 /// `(N, K)`, `out` `(M, N)`, f32 accumulation rounded once to the dtype.
 #[pyfunction]
@@ -212,4 +268,22 @@ pub fn paged_decode_attention(
         _ => return Err(mixed("paged_decode_attention")),
     }
     .map_err(to_py)
+}
+
+/// The kernels' fork-join team's counters since the process started
+/// (`zkernels::team::Stats`): loops run on the team, loops run alone while it stood down,
+/// tasks and the helpers' share of them, stand-downs (late helper / idle helpers), and
+/// nanoseconds callers waited for helpers.
+#[pyfunction]
+pub fn team_stats() -> std::collections::HashMap<&'static str, u64> {
+    let s = zkernels::team::stats();
+    std::collections::HashMap::from([
+        ("loops", s.loops),
+        ("stood_down", s.stood_down),
+        ("tasks", s.tasks),
+        ("helped", s.helped),
+        ("late", s.late),
+        ("idle", s.idle),
+        ("waited_ns", s.waited_ns),
+    ])
 }

@@ -11,6 +11,50 @@ use crate::simd::multiversion;
 
 /// Normalizes each row of `x` (rows of `weight.len()` elements) into `out`.
 pub fn rms_norm<E: Elem>(x: &[E], weight: &[E], eps: f32, out: &mut [E]) -> Result<(), QuantError> {
+    let h = check_norm(x.len(), weight, eps, out.len())?;
+    let dst = Shared(out.as_mut_ptr());
+    let rows = x.len() / h;
+    for_tasks(rows, rows * h, |r| {
+        // SAFETY: row r owns out[r * h .. (r + 1) * h].
+        let o = unsafe { dst.range(r * h, h) };
+        norm_row(&x[r * h..(r + 1) * h], weight, eps, o);
+    });
+    Ok(())
+}
+
+/// The residual add and the next RMSNorm of a decoder layer in one call: `x += delta`
+/// (each sum rounded to the element type, as torch's `x += delta` rounds it), then
+/// [`rms_norm`] of the new `x` into `out`. The same float operations in the same order
+/// as the two separate steps, so the same bits.
+pub fn add_rms_norm<E: Elem>(
+    x: &mut [E],
+    delta: &[E],
+    weight: &[E],
+    eps: f32,
+    out: &mut [E],
+) -> Result<(), QuantError> {
+    let h = check_norm(x.len(), weight, eps, out.len())?;
+    check_len("delta", delta.len(), x.len(), || "x's length".to_string())?;
+    let (src, dst) = (Shared(x.as_mut_ptr()), Shared(out.as_mut_ptr()));
+    let rows = x.len() / h;
+    for_tasks(rows, rows * h, |r| {
+        // SAFETY: row r owns x[r * h .. (r + 1) * h] and out[r * h .. (r + 1) * h].
+        let (xr, o) = unsafe { (src.range(r * h, h), dst.range(r * h, h)) };
+        for (v, &d) in xr.iter_mut().zip(&delta[r * h..(r + 1) * h]) {
+            *v = E::from_f32(v.to_f32() + d.to_f32());
+        }
+        norm_row(xr, weight, eps, o);
+    });
+    Ok(())
+}
+
+/// Checks a norm's arguments; returns the row length (`weight.len()`).
+fn check_norm<E: Elem>(
+    len: usize,
+    weight: &[E],
+    eps: f32,
+    out: usize,
+) -> Result<usize, QuantError> {
     let h = weight.len();
     if h == 0 {
         return Err(param("hidden", 0, "weight of at least one element"));
@@ -18,24 +62,21 @@ pub fn rms_norm<E: Elem>(x: &[E], weight: &[E], eps: f32, out: &mut [E]) -> Resu
     if !(eps.is_finite() && eps >= 0.0) {
         return Err(param("eps", eps as i64, "a finite eps >= 0"));
     }
-    let rows = x.len() / h;
-    check_len("x", x.len(), rows * h, || format!("rows * hidden ({h})"))?;
-    check_len("out", out.len(), x.len(), || "x's length".to_string())?;
-    let dst = Shared(out.as_mut_ptr());
-    for_tasks(rows, rows * h, |r| {
-        // SAFETY: row r owns out[r * h .. (r + 1) * h].
-        let o = unsafe { dst.range(r * h, h) };
-        let xr = &x[r * h..(r + 1) * h];
-        #[cfg(target_arch = "x86_64")]
-        if crate::simd::active() >= crate::simd::SimdLevel::Avx2 {
-            // SAFETY: `active()` reports AVX2 (or above) only where the CPU has AVX2 and FMA;
-            // the three rows have `h` elements.
-            unsafe { super::norm_avx2::norm(xr, weight, eps, o) };
-            return;
-        }
-        norm_auto(xr, weight, eps, o);
-    });
-    Ok(())
+    check_len("x", len, len / h * h, || format!("rows * hidden ({h})"))?;
+    check_len("out", out, len, || "x's length".to_string())?;
+    Ok(h)
+}
+
+/// One row's RMSNorm at the active SIMD level.
+fn norm_row<E: Elem>(xr: &[E], weight: &[E], eps: f32, o: &mut [E]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::active() >= crate::simd::SimdLevel::Avx2 {
+        // SAFETY: `active()` reports AVX2 (or above) only where the CPU has AVX2 and FMA;
+        // the three rows have `h` elements.
+        unsafe { super::norm_avx2::norm(xr, weight, eps, o) };
+        return;
+    }
+    norm_auto(xr, weight, eps, o);
 }
 
 #[inline(always)]
@@ -174,6 +215,7 @@ multiversion!(norm_auto => norm_body<E: Elem>(x: &[E], w: &[E], eps: f32, out: &
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::simd::{detected, set_override, SimdLevel};
 
     #[test]
     fn matches_the_definition() {
@@ -218,6 +260,45 @@ mod tests {
         );
         assert_eq!(ceil_log2(2), 1);
         assert_eq!(ceil_log2(17), 5);
+    }
+
+    /// The fused residual add gives the bits of the add then the norm, at every level.
+    #[test]
+    fn add_then_norm_is_the_two_steps() {
+        fn check<E: Elem + PartialEq + std::fmt::Debug + Copy>(f: impl Fn(f32) -> E) {
+            let h = 576;
+            let x: Vec<E> = (0..3 * h)
+                .map(|i| f(((i * 37 % 23) as f32 - 11.0) / 7.3))
+                .collect();
+            let d: Vec<E> = (0..3 * h)
+                .map(|i| f(((i * 13 % 19) as f32 - 9.0) / 3.1))
+                .collect();
+            let w: Vec<E> = (0..h).map(|i| f(0.5 + i as f32 / 400.0)).collect();
+            for level in [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512] {
+                if level > detected() {
+                    continue;
+                }
+                set_override(Some(level)).unwrap();
+                let mut want_x: Vec<E> = x
+                    .iter()
+                    .zip(&d)
+                    .map(|(a, b)| E::from_f32(a.to_f32() + b.to_f32()))
+                    .collect();
+                let mut want = vec![f(0.0); x.len()];
+                rms_norm(&want_x, &w, 1e-5, &mut want).unwrap();
+                let mut got_x = x.clone();
+                let mut got = vec![f(0.0); x.len()];
+                add_rms_norm(&mut got_x, &d, &w, 1e-5, &mut got).unwrap();
+                assert_eq!(got_x, want_x, "{level:?}");
+                assert_eq!(got, want, "{level:?}");
+                want_x.clear();
+            }
+            set_override(None).unwrap();
+        }
+        check::<f32>(|v| v);
+        check::<u16>(crate::bf16::f32_to_bf16);
+        let mut x = vec![1f32; 4];
+        assert!(add_rms_norm(&mut x, &[1f32; 3], &[1f32; 2], 1e-5, &mut [0f32; 4]).is_err());
     }
 
     #[test]
