@@ -17,8 +17,11 @@ the decode program's rows) quantize their activations to INT8 per 32 columns in 
 ``vpmaddubsw`` body ran SmolLM2's 64-row products ~2x the float path, see
 ``benchmarks/results/serve-avx2.md``): not the module's numbers, but the product of the
 activations rounded to their codes, each moved by at most half its block's scale (the bound
-is `tests/zserve/test_quantized_bound.py`'s). ``ZSERVE_W4_A8=0`` keeps every call on the
-module's float path.
+is `tests/zserve/test_quantized_bound.py`'s). Each row is rounded on its own, so a request's
+numbers do not depend on its batch; but they are not tensor-parallel invariant (a rank's
+cut inside a 32-column block, or the all-reduce's last bits, moves some codes: tp=2's
+greedy text may leave tp=1's). ``ZSERVE_W4_A8=0`` keeps every call on the module's float
+path.
 
 It runs a call on the kernel when the module's native path would run the same kernel:
 float32 2-D activations of at most `max_rows` rows, no autograd; otherwise (a bfloat16
