@@ -151,7 +151,7 @@ class BoundLinear:
         znative.int8_linear_split(
             x.numpy(), w, scale, bias, cols.numpy(), out.numpy(), xo.numpy(), wc.numpy()
         )
-        return out + xo @ wc.t()
+        return out.add_(xo @ wc.t())  # the module's `y + xo @ wc.t()`, in place
 
     def __getattr__(self, name: str) -> Any:
         """The layer's attributes (``in_features``, ``spec``, ``backend`` ...)."""
