@@ -7,18 +7,14 @@ SmolLM2-135M with its 9 query / 3 KV heads.
 
 Tolerance: max |logit difference| <= ATOL 1e-4, greedy tokens identical.
 
-* weight-only formats (W4, FP6): tp only reorders the o and down projections' sums, as for
-  fp32 (measured ~3e-7 here, 8e-5 on SmolLM2's logits of ~20). W4 runs at group 64 here,
-  wider than rank 0's 32 attention columns, so its o cut is padded to a group. A W4 prompt
-  (5+ rows) rounds its activations to INT8 per 32 columns (`zserve.model.quantized_bound`):
-  the same codes at tp=2 where every cut falls on 32 columns (SmolLM2's heads of 64, its
-  MLP cut at 768), but this tiny model's MLP (160 wide) is cut at 80, splitting a block
-  that each rank then rounds on its own (measured 7e-3 on the prompt's logits); and on
-  SmolLM2, where the codes' blocks align, the all-reduced partial sums' last bits still
-  flip a few INT8 codes of the next layer, and greedy text drifts after ~11 tokens (as
-  W8A8's would without its exact row cuts). So the W4 cases here check the float path
-  (``ZSERVE_W4_A8=0``); W4 with INT8 prompt activations is not tp-invariant.
-* W8A8 (and W4A8): o and down are cut by output rows over the all-gathered input and the MLP
+* weight-only formats (FP6): tp only reorders the o and down projections' sums, as for
+  fp32 (measured ~3e-7 here, 8e-5 on SmolLM2's logits of ~20).
+* W4 rounds the activations of its prompts and batches (5+ rows) to INT8 per 32 columns
+  (`zserve.model.quantized_bound.a8_applies`), so its o and down are cut like W8A8's (below):
+  a column cut would round each rank's slice on its own (this tiny model's MLP, 160 wide,
+  cut inside a block), and the all-reduced partial sums' last bits would flip codes of the
+  next layer (SmolLM2's greedy text drifted after ~11 tokens). W4 runs at group 64 here.
+* W8A8, W4A8 and W4: o and down are cut by output rows over the all-gathered input and the MLP
   cut on 64-column boundaries, so every number is tp=1's: measured 0.0, here and on the
   whole of SmolLM2 quantized (whose 30 layers of INT8 activation codes turn any last-bit
   difference into other greedy text: with the MLP cut on 16 columns they did).
@@ -108,7 +104,9 @@ def test_cuts_are_slices_of_the_dequantized_weight(spec: dict) -> None:
             cut_cols(qw, g + 1, 3 * g)
 
 
-def test_mlp_cut_follows_down_projection_groups(tmp_path: Path) -> None:
+def test_mlp_cut_follows_down_projection_groups(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     layers = {
         "model.layers.0.mlp.down_proj": {"weight": {"granularity": "group", "group_size": 48}},
         "model.layers.0.self_attn.o_proj": {"weight": {"granularity": "group", "group_size": 128}},
@@ -118,15 +116,22 @@ def test_mlp_cut_follows_down_projection_groups(tmp_path: Path) -> None:
     layers["model.layers.0.mlp.down_proj"]["act_bits"] = 8  # W4A8's MLP: SwiGLU's 64 too
     (tmp_path / "zquant.json").write_text(json.dumps({"layers": layers}))
     assert mlp_align(tmp_path) == 192
+    del layers["model.layers.0.mlp.down_proj"]["act_bits"]  # W4: INT8 prompt activations
+    layers["model.layers.0.mlp.down_proj"]["weight"].update(fmt="int", bits=4)
+    (tmp_path / "zquant.json").write_text(json.dumps({"layers": layers}))
+    assert mlp_align(tmp_path) == 192
+    monkeypatch.setenv("ZSERVE_W4_A8", "0")  # the float path only: the groups alone
+    assert mlp_align(tmp_path) == 48
 
 
-@pytest.mark.parametrize("recipe", list(RECIPES))
+@pytest.mark.parametrize("recipe", [*RECIPES, "w4-float"])
 def test_tp2_logits_equal_tp1(
     tiny_dir: Path, tmp_path: Path, recipe: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if recipe == "w4":  # INT8 prompt activations are not tp-invariant (module docstring)
+    if recipe == "w4-float":  # W4 on the float path alone: o cut by columns, padded
         monkeypatch.setenv("ZSERVE_W4_A8", "0")
-    quant = quantize_dir(tiny_dir, tmp_path / recipe, recipe, **RECIPES[recipe])
+    name = recipe.removesuffix("-float")
+    quant = quantize_dir(tiny_dir, tmp_path / name, name, **RECIPES[name])
     one = _run(ModelRunner(quant, **OPTIONS))
     runner = TPRunner(quant, 2, timeout_s=20.0, **OPTIONS)
     try:
@@ -140,11 +145,12 @@ def test_tp2_logits_equal_tp1(
     for step, (a, b) in enumerate(zip(one, two, strict=True)):
         diff = (a - b).abs().max().item()
         assert diff <= ATOL, f"{recipe} step {step}: max |logit diff| {diff}"
-    if recipe == "w4":  # group 64 over rank 0's 2 heads x 16 columns: o padded to a group
+    if recipe == "w4-float":  # group 64 over rank 0's 2 heads x 16 columns: o padded
         assert q.pads["model.layers.0.self_attn.o_proj"] == (0, 32)
-    if recipe == "w8a8":  # o and down by output rows: hidden 96 over 2 ranks, input whole
+    if recipe in ("w8a8", "w4"):  # o and down by output rows: hidden 96 over 2 ranks
         o = q.gathered["model.layers.0.self_attn.o_proj"]
         assert (o.rows, o.widths, o.inner.in_features) == ((0, 48), [32, 64], 96)
+    if recipe == "w8a8":
         head = runner.local.model.lm_head  # rank 0's half of the 128-token vocabulary
         assert (head.out_features, head.layer.path) == (64, "w8a8")
 
@@ -236,19 +242,15 @@ FP6_SKIP = ("model.layers.[4-9].*", "model.layers.[12][0-9].*")  # FP6: layers 0
 
 @pytest.mark.slow(reason="quantizes SmolLM2 and serves it at tp=1 and tp=2: ~1-2 min each")
 @pytest.mark.parametrize("recipe", ["w8a8", "w4", "w6a16", "w4a8"])
-def test_smollm2_tp2_equals_tp1(
-    tmp_path: Path, recipe: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_smollm2_tp2_equals_tp1(tmp_path: Path, recipe: str) -> None:
     """SmolLM2-135M (9 query / 3 KV heads: 3/6 and 1/2 over two ranks), every layer quantized
     (FP6: layers 0-3, as tests/zserve/test_quantized_serving.py, for time): prompt logits
-    within 1e-3 (the fp32 tp test's tolerance; measured 6-8e-5 for W4/FP6, 0.0 for W8A8 and
-    W4A8) and greedy text token for token."""
+    within 1e-3 (the fp32 tp test's tolerance; measured 6-8e-5 for FP6, 0.0 for W8A8 and
+    W4A8; W4 is cut as they are) and greedy text token for token."""
     from tests.utils.models import smollm2_dir
     from tests.zserve.server.conftest import shakespeare_prompts
     from tests.zserve.tp.test_tp_pipeline import _prompt_logits
 
-    if recipe == "w4":  # INT8 prompt activations are not tp-invariant (module docstring)
-        monkeypatch.setenv("ZSERVE_W4_A8", "0")
     skip = FP6_SKIP if recipe == "w6a16" else ()
     quant = quantize_dir(smollm2_dir(), tmp_path / recipe, recipe, skip=skip)
     texts, options = shakespeare_prompts(4, start=11), dict(max_model_len=256, num_blocks=64)

@@ -96,12 +96,7 @@ class BoundLinear:
             self._kernel = znative.dequant_linear
             self._args = (args.pop("data"), args.pop("scale"), bias)
             self._kwargs = args
-            a8 = (
-                args["fmt"] == "int4"
-                and layer.in_features % 32 == 0
-                and int(args["group_size"]) % 32 == 0
-                and os.environ.get("ZSERVE_W4_A8", "1") != "0"
-            )
+            a8 = a8_applies(layer)
             self._a8_rows = A8_MIN_ROWS if a8 else NO_LIMIT
             self._a8_kwargs = {**args, "act_bits": 8}
 
@@ -161,6 +156,30 @@ class BoundLinear:
 
     def __repr__(self) -> str:
         return f"BoundLinear({self.layer!r}, max_rows={self.max_rows})"
+
+
+def a8_applies(layer: QuantLinear) -> bool:
+    """Whether ``layer``'s calls of :data:`A8_MIN_ROWS` rows or more round their activations
+    to INT8 per 32 columns (see the module doc): a weight-only INT4 layer on the native
+    kernels whose input and groups are whole 32-column blocks, unless ``ZSERVE_W4_A8=0``.
+    Tensor-parallel serving cuts such a layer's o/down by output rows over the gathered
+    input (``zserve.tp.quantized``), as W8A8's, so tp=N keeps tp=1's numbers."""
+    from zquant import native
+    from zquant.quantizers import group_geometry
+
+    if layer.path == "w8a8" or layer.act_bits is not None:
+        return False
+    qw = layer.quantized_weight()
+    spec = qw.spec
+    if not (native.supports(qw) and spec.fmt == "int" and 3 <= spec.bits <= 4):
+        return False
+    group, _ = group_geometry(spec, qw.shape[1])
+    return layer.in_features % 32 == 0 and group % 32 == 0 and a8_enabled()
+
+
+def a8_enabled() -> bool:
+    """INT8 activations for INT4 layers' larger calls are on (``ZSERVE_W4_A8`` is not 0)."""
+    return os.environ.get("ZSERVE_W4_A8", "1") != "0"
 
 
 def bind(layer: QuantLinear) -> QuantLinear | BoundLinear:

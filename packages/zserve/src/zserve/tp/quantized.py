@@ -6,7 +6,8 @@ The cut is the fp plan's (:mod:`zserve.tp.plan`), applied to the packed weights
 * column-parallel (q/k/v, gate/up, the LM head by vocab rows): the rank's output rows of the
   codes, with their per-row scales and zero points (a per-tensor scale stays whole) and bias
   rows. Every packed layout is row-major, so a row slice is exact and never unpacks.
-* row-parallel (o, down) with weight-only formats (W4, FP6, W8): the rank's input columns.
+* row-parallel (o, down) with weight-only formats (FP6, W8, W4 with ``ZSERVE_W4_A8=0``): the
+  rank's input columns.
   A group-wise scale covers ``group_size`` consecutive columns, so the columns are cut on
   group boundaries: where the rank's slice does not start or end on one (a group wider than
   the rank's heads, e.g. group 128 over SmolLM2's 64-wide heads), the slice is *padded* out
@@ -16,7 +17,9 @@ The cut is the fp plan's (:mod:`zserve.tp.plan`), applied to the packed weights
   (:func:`mlp_align`), so only attention may pad. Packed codes (INT4 two per byte, FP6's
   4-bit and 2-bit planes) are cut as bytes when both ends fall on a byte of every plane,
   else unpacked, cut and repacked at load. The bias is added on rank 0 only.
-* o and down whose *activations* are quantized (W8A8, W4A8): token-wise activation
+* o and down whose *activations* are quantized (W8A8, W4A8, and W4 itself, whose prompts
+  and batches round activations to INT8 per 32 columns in the kernel:
+  :func:`zserve.model.quantized_bound.a8_applies`): token-wise activation
   quantization takes one scale per token over the whole input row, and the recipes' outlier
   channels (`zquant.nn.OutlierQuantLinear`) are the row's largest; a column cut would
   quantize each rank's slice on its own, other numbers than tp=1's (on SmolLM2 with 4 W8A8
@@ -56,6 +59,7 @@ from zserve.model.quantized import (
     QuantizedModelError,
     is_zquant_dir,
 )
+from zserve.model.quantized_bound import a8_applies, a8_enabled
 from zserve.tp.plan import MLP_ALIGN, RankShard, cut_range, even_ranges, plan
 
 if TYPE_CHECKING:
@@ -89,7 +93,8 @@ def mlp_align(model_dir: str | Path) -> int:
         spec = layer.get("weight") or {}
         if spec.get("granularity") == "group":
             align = math.lcm(align, int(spec["group_size"]))
-        if layer.get("act_bits"):
+        w4a8 = spec.get("fmt", "int") == "int" and spec.get("bits") in (3, 4) and a8_enabled()
+        if layer.get("act_bits") or w4a8:
             align = math.lcm(align, SWIGLU_ALIGN)
     return align
 
@@ -327,7 +332,8 @@ class ShardedQuantizedLinears(QuantizedLinears):
         whole = super()._layer(name, *full_shape)
         qw = whole.quantized_weight()
         layer_bias = whole.bias
-        if axis == "cols" and whole.act_bits is not None:  # by output rows, input gathered
+        quantized_acts = whole.act_bits is not None or a8_applies(whole)
+        if axis == "cols" and quantized_acts:  # by output rows, input gathered
             assert m is not None
             ranges = [cut_range(m.group(1), r, c)[2] for r in plan_dir(self.model_dir, s.tp)]
             axis, (a, b) = "rows", even_ranges(h, s.tp)[s.rank]
