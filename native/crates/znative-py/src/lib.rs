@@ -71,7 +71,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(serve::rotary_kv_write, m)?)?;
     m.add_function(wrap_pyfunction!(serve::team_stats, m)?)?;
     m.add_function(wrap_pyfunction!(serve::add_rms_norm, m)?)?;
-    m.add_function(wrap_pyfunction!(serve::mul_into, m)?)?;
     m.add_function(wrap_pyfunction!(serve::paged_decode_attention, m)?)?;
     errors::register_aio(m)?;
     m.add_class::<aio::AioHandle>()?;

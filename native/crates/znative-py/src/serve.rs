@@ -95,27 +95,6 @@ pub fn add_rms_norm(
     .map_err(to_py)
 }
 
-/// `out = a * b` elementwise, each product rounded to the dtype (`torch.mul`'s bits).
-#[pyfunction]
-#[pyo3(signature = (a, b, out))]
-pub fn mul_into(
-    py: Python<'_>,
-    a: &Bound<'_, PyAny>,
-    b: &Bound<'_, PyAny>,
-    out: &Bound<'_, PyAny>,
-) -> PyResult<()> {
-    let (ra, rb) = (arrays::ro("a", a, true)?, arrays::ro("b", b, true)?);
-    let mut ro_out = arrays::rw("out", out, true)?;
-    match (ra.slice("a")?, rb.slice("b")?, ro_out.slice_mut("out")?) {
-        (Slice::F32(a), Slice::F32(b), SliceMut::F32(o)) => py.detach(|| serve::mul_into(a, b, o)),
-        (Slice::Bf16(a), Slice::Bf16(b), SliceMut::Bf16(o)) => {
-            py.detach(|| serve::mul_into(a, b, o))
-        }
-        _ => return Err(mixed("mul_into")),
-    }
-    .map_err(to_py)
-}
-
 /// `out = x W^T` for the few rows of a decode step: `x` `(M, K)`, `weight`
 /// `(N, K)`, `out` `(M, N)`, f32 accumulation rounded once to the dtype.
 #[pyfunction]

@@ -16,7 +16,6 @@
 mod attention;
 #[cfg(target_arch = "x86_64")]
 mod attention_avx2;
-mod elementwise;
 mod linear;
 #[cfg(target_arch = "x86_64")]
 mod linear_avx2;
@@ -28,7 +27,6 @@ mod norm_avx2;
 mod rotary;
 
 pub use attention::{paged_decode_attention, AttnDims};
-pub use elementwise::mul_into;
 pub use linear::linear_rows;
 pub use norm::{add_rms_norm, rms_norm};
 pub use rotary::{rotary_kv_write, RotaryDims};

@@ -8,10 +8,9 @@ and ~150 ``torch.empty`` a step; the engine's own timing put ~4.5 ms of a ~12 ms
 Python between the kernels. :class:`DecodeProgram` takes the numpy views of every weight
 once (after :func:`zserve.model.native.pack_on_huge_pages` moved them), keeps one set of
 activation buffers per step size (1 .. :data:`~zserve.model.native.LINEAR_MAX_ROWS` rows)
-and runs a layer as 9 kernel calls and one torch op on them (SwiGLU's ``silu(gate)``, whose
-bits torch's exp decides; the product with ``up`` is ``znative.mul_into``), with no
-allocation: each residual add is fused into the norm that follows it
-(``znative.add_rms_norm``, the same float operations in the same order).
+and runs a layer as 8 kernel calls and 2 small torch ops on them (SwiGLU's
+``silu(gate) * up``), with no allocation but silu's: each residual add is fused into the norm
+that follows it (``znative.add_rms_norm``, the same float operations in the same order).
 
 It runs the same kernels on the same arguments in the same order as the per-op path, so
 the hidden states are bit-identical (``tests/zserve/model/test_native_decode.py``, atol 0).
@@ -103,9 +102,6 @@ class _Buffers:
         self.gu, self.gu_np = buf(t, 2 * inter)
         self.gate, self.up = self.gu[:, :inter], self.gu[:, inter:]
         self.act, self.act_np = buf(t, inter)
-        # A contiguous `up` (one row) for `znative.mul_into`; more rows interleave with gate.
-        self.up_np = np_view(self.up) if self.up.is_contiguous() else None
-        self.sil, self.sil_np = buf(t, inter)
 
 
 class DecodeProgram:
@@ -180,10 +176,9 @@ class DecodeProgram:
         cos, sin = views("cos", m.cos), views("sin", m.sin)
         heads, kv_heads, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         x, x_np, h_np, tmp, tmp_np = b.x, b.x_np, b.h_np, b.tmp, b.tmp_np
-        rms, add_rms, mul, rotary, attend = (
+        rms, add_rms, rotary, attend = (
             znative.rms_norm,
             znative.add_rms_norm,
-            znative.mul_into,
             znative.rotary_kv_write,
             znative.paged_decode_attention,
         )
@@ -220,11 +215,7 @@ class DecodeProgram:
             add_rms(x_np, tmp_np, w.post_norm, h_np, eps=eps)
             kernel, args, kw = w.gate_up
             kernel(h_np, *args, b.gu_np, **kw)
-            if b.up_np is None:
-                torch.mul(F.silu(b.gate), b.up, out=b.act)
-            else:  # torch's silu (its bits), the product on the kernel: no torch.mul
-                torch.ops.aten.silu.out(b.gate, out=b.sil)
-                mul(b.sil_np, b.up_np, b.act_np)
+            torch.mul(F.silu(b.gate), b.up, out=b.act)
             kernel, args, kw = w.down
             kernel(b.act_np, *args, tmp_np, **kw)
             if reduce is not None:
