@@ -46,9 +46,16 @@ log = logging.getLogger(__name__)
 
 
 class Runner(Protocol):
-    num_blocks: int
-    block_size: int
-    max_model_len: int
+    """What the engine reads of a runner (a plain, tensor-parallel or offloaded one)."""
+
+    @property
+    def num_blocks(self) -> int: ...
+
+    @property
+    def block_size(self) -> int: ...
+
+    @property
+    def max_model_len(self) -> int: ...
 
     def forward(self, chunks: list[Any]) -> torch.Tensor: ...
 
@@ -128,7 +135,7 @@ class Engine:
         else:
             runner = ModelRunner(model_dir, **options)
         self._setup(runner, Tokenizer(model_dir), config, Path(model_dir).name)
-        self.tokenizer_json = Path(model_dir) / "tokenizer.json"
+        self.tokenizer_json: Path | None = Path(model_dir) / "tokenizer.json"
 
     @classmethod
     def from_parts(
@@ -194,7 +201,7 @@ class Engine:
         self.num_forward_tokens = 0
         # structured output: the tokenizer file llguidance reads, and the backend built
         # from it on the first constrained request (`from_parts` engines have none)
-        self.tokenizer_json: Path | None = None
+        self.tokenizer_json = None
         self._grammars: GrammarBackend | None = None
 
     # -- requests -----------------------------------------------------------------------
