@@ -121,12 +121,14 @@ def test_mixtral_tp2_logits_equal_single_process(tmp_path: Path) -> None:
     """Experts dealt out whole (2 of 4 a rank), the MoE output summed like a dense MLP's."""
     tiny_mixtral(tmp_path)
     whole = _run(ModelRunner(tmp_path, **OPTIONS))
+    before = os.environ.get("ZNATIVE_NUM_THREADS")
     runner = TPRunner(tmp_path, 2, timeout_s=10.0, **OPTIONS)
     try:
         cut = _run(runner)
         assert runner.local.model.layers[0].mlp.gate_up.shape[0] == 2
     finally:
         runner.close()
+    assert os.environ.get("ZNATIVE_NUM_THREADS") == before  # the rank share is not left set
     for step, (a, b) in enumerate(zip(whole, cut, strict=True)):
         diff = (a - b).abs().max().item()
         assert diff <= ATOL, f"step {step}: max |logit diff| {diff}"

@@ -81,7 +81,10 @@ class TPRunner:
         # this process's threads are shared out: each rank (this one too) runs its share
         threads = max(1, torch.get_num_threads() // tp)
         torch.set_num_threads(threads)
-        os.environ.setdefault("ZNATIVE_NUM_THREADS", str(threads))  # if its pool is not up yet
+        # if its pool is not up yet; taken back at close (later processes of this one, e.g. a
+        # `z doctor` it starts, would otherwise inherit one rank's share)
+        self._threads_env = "ZNATIVE_NUM_THREADS" not in os.environ
+        os.environ.setdefault("ZNATIVE_NUM_THREADS", str(threads))
         # rank 0's shard first: a bad option fails here, before any process starts
         self.local = ModelRunner(model_dir, tp=shards[0], **runner_kwargs)
         port = free_port()
@@ -272,6 +275,8 @@ class TPRunner:
         # a worker past its loop has nothing left to do: no need to wait out its exit
         _stop_procs(list(self.procs.values()), grace_s=0.5)
         self.group.close()
+        if self._threads_env:
+            os.environ.pop("ZNATIVE_NUM_THREADS", None)
 
 
 def _gather(
