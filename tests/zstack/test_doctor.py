@@ -25,10 +25,17 @@ Z = Path(sys.executable).parent / "z"
 
 @pytest.fixture(scope="module")
 def runs() -> dict[str, subprocess.CompletedProcess[str]]:
-    """`z doctor --json` and `z doctor`, started together (each imports torch: seconds)."""
+    """`z doctor --json` and `z doctor`, started together (each imports torch: seconds), with
+    ``ZNATIVE_NUM_THREADS`` set to this process's pool size: a test that ran earlier in this
+    worker may have left the variable set to another value after this pool started."""
+    env = {**os.environ, "ZNATIVE_NUM_THREADS": str(znative.num_threads())}
     procs = {
         name: subprocess.Popen(
-            [str(Z), "doctor", *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            [str(Z), "doctor", *flags],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
         )
         for name, flags in (("json", ["--json"]), ("human", []))
     }
@@ -87,7 +94,8 @@ def test_simd_matches_native_core(report: dict[str, Any]) -> None:
     assert cpu["simd_detected"] in {"avx512", "avx2", "scalar"}
     assert cpu["simd_detected"] == znative.detected_simd_level()
     assert cpu["simd_active"] == znative.simd_level()
-    assert cpu["kernel_threads"] == znative.num_threads()
+    assert cpu["kernel_threads"] == znative.num_threads(), cpu
+    assert cpu["env"]["ZNATIVE_NUM_THREADS"] == str(znative.num_threads()), cpu
     assert 1 <= cpu["usable_cores"] <= cpu["logical_cores"]
 
 
