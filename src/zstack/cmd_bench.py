@@ -409,7 +409,7 @@ def bench_tp(
 
 
 def bench_pipe(
-    steps: int = typer.Option(5, "--steps", min=1, help="Timed steps per contender."),
+    steps: int = typer.Option(9, "--steps", min=1, help="Timed steps per contender."),
     warmup: int = typer.Option(2, "--warmup", min=0, help="Untimed first steps."),
     micro_batches: int = typer.Option(8, "--micro-batches", min=2, help="Per step (even)."),
     seq: int = typer.Option(128, "--seq", min=2, help="Tokens per micro-batch sequence."),
