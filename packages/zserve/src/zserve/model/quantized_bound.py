@@ -18,10 +18,11 @@ the decode program's rows) quantize their activations to INT8 per 32 columns in 
 ``benchmarks/results/serve-avx2.md``): not the module's numbers, but the product of the
 activations rounded to their codes, each moved by at most half its block's scale (the bound
 is `tests/zserve/test_quantized_bound.py`'s). Each row is rounded on its own, so a request's
-numbers do not depend on its batch; but they are not tensor-parallel invariant (a rank's
-cut inside a 32-column block, or the all-reduce's last bits, moves some codes: tp=2's
-greedy text may leave tp=1's). ``ZSERVE_W4_A8=0`` keeps every call on the module's float
-path.
+numbers do not depend on its batch (beyond which side of :data:`A8_MIN_ROWS` a step's rows
+fall). A column cut would not be tensor-parallel invariant (a rank's cut inside a 32-column
+block, or the all-reduce's last bits, moves some codes), so tensor-parallel serving cuts
+such a layer's o/down by output rows over the gathered input (:func:`a8_applies`,
+``zserve.tp.quantized``). ``ZSERVE_W4_A8=0`` keeps every call on the module's float path.
 
 It runs a call on the kernel when the module's native path would run the same kernel:
 float32 2-D activations of at most `max_rows` rows, no autograd; otherwise (a bfloat16
