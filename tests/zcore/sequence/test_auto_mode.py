@@ -15,9 +15,8 @@ import torch
 from torch import nn
 
 from tests.utils.distributed import run_ranks
-from tests.zcore.sequence.test_distributed_attention import CASES, _inputs, _reference, _sdpa
-from zcore.comm import MeshSpec, job_mesh
-from zcore.sequence import DistributedAttention, RingLayout, even_split
+from tests.zcore.sequence.test_distributed_attention import CASES, _ranks, assert_full_attention
+from zcore.sequence import DistributedAttention, RingLayout
 from zcore.sequence.attention import configure_modes
 from zcore.sequence.hf import _SliceBatch, _State
 
@@ -46,37 +45,13 @@ def test_auto_config_keeps_a_chosen_mode_and_sets_the_others() -> None:
     assert model["chosen"].mode == "ulysses" and model["free"].mode == "auto"
 
 
-def _ranks(rank: int, world: int, causal: bool) -> list:
-    mesh = job_mesh(MeshSpec.resolve(world, cp=world), 60.0)
-    attn = DistributedAttention(
-        lambda q, k, v: _sdpa(q, k, v, causal), mode="auto", causal=causal, ring_ok=True
-    )
-    attn.bind_mesh(mesh)
-    results = []
-    for hq, hkv, length in CASES:
-        lens = even_split(length, world)
-        lo = sum(lens[:rank])
-        q, k, v, w = (t[:, lo : lo + lens[rank]].clone() for t in _inputs(hq, hkv, length))
-        q, k, v = (t.requires_grad_() for t in (q, k, v))
-        out = attn(q, k, v, seq_lens=lens)
-        (out * w).sum().backward()
-        mode = attn.active_mode(hq, world)
-        results.append((mode, [out.detach(), q.grad, k.grad, v.grad]))
-    return results
-
-
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 def test_auto_cp2_equals_full_attention(causal: bool) -> None:
-    per_rank = run_ranks(_ranks, 2, args=(causal,))
-    modes = [per_rank[0][c][0] for c in range(len(CASES))]
+    per_rank = run_ranks(_ranks, 2, args=(causal, "auto"))
+    auto = DistributedAttention(lambda *a: None, mode="auto", ring_ok=True)
+    modes = [auto.active_mode(hq, 2) for hq, _, _ in CASES]
     assert modes == ["ring", "ulysses", "ulysses", "ring"]  # 9, 4, 2 and 1 query heads
-    for c, (hq, hkv, length) in enumerate(CASES):
-        want = _reference(hq, hkv, length, causal)
-        got = [torch.cat([r[c][1][i] for r in per_rank], dim=1) for i in range(4)]
-        for name, a, b in zip(("out", "dq", "dk", "dv"), got, want, strict=True):
-            torch.testing.assert_close(
-                a, b, atol=1e-5, rtol=1e-5, msg=f"{name} {hq}/{hkv}/{length}"
-            )
+    assert_full_attention(per_rank, causal)
 
 
 class _Attention(nn.Module):

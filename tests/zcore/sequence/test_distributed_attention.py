@@ -42,9 +42,13 @@ def _reference(hq: int, hkv: int, length: int, causal: bool) -> list[torch.Tenso
     return [out.detach(), q.grad, k.grad, v.grad]
 
 
-def _ranks(rank: int, world: int, causal: bool) -> list:
+def _ranks(rank: int, world: int, causal: bool, mode: str | None = None) -> list:
+    """Each case's ``(lo, [out, dq, dk, dv])`` on this rank; ``mode`` as
+    :class:`DistributedAttention`'s (``auto`` with ``ring_ok``: its local attention is sdpa)."""
     mesh = job_mesh(MeshSpec.resolve(world, cp=world), 60.0)
-    attn = DistributedAttention(lambda q, k, v: _sdpa(q, k, v, causal))
+    attn = DistributedAttention(
+        lambda q, k, v: _sdpa(q, k, v, causal), mode=mode, causal=causal, ring_ok=True
+    )
     attn.bind_mesh(mesh)
     results = []
     for hq, hkv, length in CASES:
@@ -60,7 +64,11 @@ def _ranks(rank: int, world: int, causal: bool) -> list:
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 def test_cp2_equals_full_attention(causal: bool) -> None:
-    per_rank = run_ranks(_ranks, 2, args=(causal,))
+    assert_full_attention(run_ranks(_ranks, 2, args=(causal,)), causal)
+
+
+def assert_full_attention(per_rank: list, causal: bool) -> None:
+    """The ranks' slices of every case, joined, equal one process's attention (1e-5)."""
     for c, (hq, hkv, length) in enumerate(CASES):
         want = _reference(hq, hkv, length, causal)
         got = [torch.cat([r[c][1][i] for r in per_rank], dim=1) for i in range(4)]
