@@ -43,3 +43,20 @@ def threads_put_back() -> Iterator[None]:
     yield
     if torch.get_num_threads() != 1:
         torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def environment_put_back() -> Iterator[None]:
+    """Each test leaves ``os.environ`` as it found it.
+
+    A benchmark run in-process sets variables for its own process (``ZNATIVE_NUM_THREADS``
+    in ``_serve_compare``, for one); left set, they would reach every later test of the
+    worker and every child it starts, as a ``z doctor`` subprocess once showed.
+    """
+    before = dict(os.environ)
+    yield
+    for key in [k for k in os.environ if k not in before]:
+        del os.environ[key]
+    for key, value in before.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
