@@ -52,9 +52,9 @@ class TPRunner:
         model_dir: HF model directory (plain safetensors), or a `z quantize` directory.
         tp: ranks, ``2 <= tp <= num_attention_heads`` (:func:`zserve.tp.plan.plan`).
         timeout_s: how long a collective of a step waits for a rank before the engine stops.
-        collectives: what carries the layers' collectives: ``"shm"`` (a shared-memory
-            segment of this host, :mod:`zserve.tp.shm`; gloo where it cannot be mapped) or
-            ``"gloo"``.
+        collectives: what carries the layers' collectives and each step's batch:
+            ``"p2p"`` (point-to-point sends and receives, :mod:`zserve.tp.p2p`) or
+            ``"gloo"`` (the groups' collectives).
         runner_kwargs: :class:`~zserve.runner.ModelRunner`'s keyword arguments, the same on
             every rank.
     """
@@ -65,7 +65,7 @@ class TPRunner:
         tp: int,
         *,
         timeout_s: float = 120.0,
-        collectives: Collectives = "shm",
+        collectives: Collectives = "p2p",
         **runner_kwargs: Any,
     ) -> None:
         shards = plan_dir(model_dir, tp)  # a bad --tp fails here, before any process starts
@@ -147,6 +147,11 @@ class TPRunner:
     @property
     def vocab_size(self) -> int:
         return self.local.vocab_size
+
+    @property
+    def greedy_skips_logits(self) -> bool:
+        """True: :meth:`forward_greedy` gathers two numbers a row and rank, not the logits."""
+        return True
 
     # -- the step ---------------------------------------------------------------------------
     def forward(self, chunks: list[SeqChunk]) -> torch.Tensor:
@@ -323,7 +328,7 @@ def worker_main(
     runner_kwargs: dict[str, Any],
     timeout_s: float,
     threads: int,
-    collectives: Collectives = "shm",
+    collectives: Collectives = "p2p",
 ) -> None:
     """Rank ``rank`` (>= 1): load the shard, then run each step rank 0 broadcasts."""
     os.environ["ZNATIVE_NUM_THREADS"] = str(threads)  # before the first kernel starts the pool
