@@ -9,7 +9,7 @@ Its groups, over the same ranks:
   raises on a closed connection at once, on a silent peer at the timeout), never a hang.
 * the default group (the rendezvous) — only the ready barrier after loading, bounded by
   :data:`STARTUP`;
-* ``control`` — rank 0's broadcast of each step's batch (:meth:`TPGroup.post`). Workers wait
+* ``control`` — rank 0's command of each step, its batch (:meth:`TPGroup.post`). Workers wait
   on it between requests, for as long as the server is idle, so its timeout is long; rank 0
   posts it asynchronously and the step's compute collectives are what notice a missing rank.
 

@@ -10,7 +10,7 @@ gathers the logits' columns and samples. One scheduler and one block manager dri
 allocated, shared and freed once, and each rank's cache follows the same block ids.
 
 A rank that dies or stops answering ends the engine with a :class:`~zserve.tp.group.TPRankError`
-naming it (see :mod:`zserve.tp.group`); the workers exit with rank 0 (their next broadcast
+naming it (see :mod:`zserve.tp.group`); the workers exit with rank 0 (their next command
 fails, and each also watches its parent).
 """
 
@@ -330,7 +330,7 @@ def worker_main(
     threads: int,
     collectives: Collectives = "p2p",
 ) -> None:
-    """Rank ``rank`` (>= 1): load the shard, then run each step rank 0 broadcasts."""
+    """Rank ``rank`` (>= 1): load the shard, then run each step rank 0 posts."""
     os.environ["ZNATIVE_NUM_THREADS"] = str(threads)  # before the first kernel starts the pool
     torch.set_num_threads(threads)
     parent = os.getppid()
