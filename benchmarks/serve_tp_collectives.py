@@ -2,7 +2,8 @@
 point-to-point all-reduce zserve uses (:mod:`zserve.tp.p2p`), same ranks, same run; and the
 logits' gather to rank 0 both ways.
 
-``world`` rank processes (one torch thread each) join one :class:`zserve.tp.group.TPGroup`
+``world`` rank processes (one torch thread each, each pinned to a core of its own where
+there are enough, as ``TPRunner`` pins its ranks) join one :class:`zserve.tp.group.TPGroup`
 and time, alternating ``repeats`` times, ``iters`` in-place all-reduces of an fp32
 ``(rows, hidden)`` tensor for each ``rows``:
 
@@ -145,9 +146,13 @@ def _rank(spec: dict[str, Any]) -> None:
     import torch.distributed as dist
 
     from zserve.tp.group import TPGroup
+    from zserve.tp.runner import rank_cpus
 
     torch.set_num_threads(1)
     rank, world = spec["rank"], spec["world"]
+    cpus = rank_cpus(rank, world, 1)  # as TPRunner pins its ranks
+    if cpus is not None:
+        os.sched_setaffinity(0, cpus)
     group = TPGroup.join(rank, world, spec["port"], 60.0, "p2p")
     assert group.p2p is not None
     barrier = lambda: dist.barrier(group=group.compute)  # noqa: E731

@@ -6,8 +6,8 @@ A decode step of an ``L``-layer model runs ``2 L`` all-reduces of a few KB each;
 size a gloo collective costs several message round trips, while a tensor-parallel layer
 needs only one exchange:
 
-* 2 ranks: each rank posts the send of its tensor to the other, receives the other's and
-  adds it: one exchange, no rank waits for a second hop;
+* 2 ranks: one ping-pong exchange (rank 0 sends its tensor, then receives rank 1's; rank 1
+  receives, then sends) and each rank adds the other's tensor;
 * ``N > 2`` ranks: rank 0 receives every rank's tensor (all receives posted at once), sums
   them and sends the sum back to each (a star: two hops for every rank).
 
@@ -19,8 +19,12 @@ commutes). The gathers (:meth:`P2PCollectives.all_gather`) go the same ways: an 
 The ops are the process group's own (``ProcessGroup.send``/``recv``, with its timeout): a
 peer whose process died fails the op at once (its socket closed), a peer that stops
 answering fails it at the group's timeout; never a hang. Sends are posted before the
-matching receives are waited on, so no two ranks wait for each other's receive (gloo's send
-completes only once the peer's receive is posted).
+matching receives are waited on (or, at 2 ranks, ordered opposite ways on the two ranks), so
+no two ranks wait for each other's receive (gloo's send completes only once the peer's
+receive is posted). Measured at 2 ranks (``benchmarks/serve_tp_collectives.py``): ~85 us an
+all-reduce of one 576-float row against ``dist.all_reduce``'s ~230 us, with each rank pinned
+to its own core (:func:`zserve.tp.runner.rank_cpus`); unpinned on a loaded host, gloo's
+point-to-point waits show millisecond tails.
 
 Commands (:meth:`P2PCollectives.post` / :meth:`P2PCollectives.receive`) carry rank 0's step
 to the other ranks over the ``control`` group (whose timeout is the server's idle time): one
@@ -111,11 +115,15 @@ class P2PCollectives:
         return None if out is None else out.view(self.size, *t.shape)
 
     def _exchange(self, mine: torch.Tensor, theirs: torch.Tensor) -> None:
-        """2 ranks: send ``mine`` to the peer and receive its tensor into ``theirs``."""
-        peer = 1 - self.rank
-        sent = self._send(self.compute, mine, peer)
-        self._recv(self.compute, theirs, peer).wait()
-        sent.wait()
+        """2 ranks: send ``mine`` to the peer and receive its tensor into ``theirs`` (rank 0
+        sends first, rank 1 receives first: a ping-pong)."""
+        g = self.compute
+        if self.rank == 0:
+            self._send(g, mine, 1).wait()
+            self._recv(g, theirs, 1).wait()
+        else:
+            self._recv(g, theirs, 0).wait()
+            self._send(g, mine, 0).wait()
 
     def _star(self, x: torch.Tensor, stack: torch.Tensor | None, back: bool) -> None:
         """``N > 2`` ranks through rank 0: with ``stack`` None on rank 0, sum ``x`` in place
