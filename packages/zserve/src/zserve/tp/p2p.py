@@ -37,9 +37,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-CMD_WORDS = 512
+CMD_WORDS = 2048
 """An int64 command message's words: ``[kind, n]`` and up to ``CMD_WORDS - 2`` of payload
-(a decode step's batch of 16 sequences fits)."""
+(:mod:`zserve.tp.wire`: a decode step of 16 sequences of up to 120 KV blocks each fits)."""
 
 _TAG = 0
 
