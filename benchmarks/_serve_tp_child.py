@@ -31,7 +31,7 @@ def main(a: dict[str, Any]) -> dict[str, Any]:
     engine = Engine(
         a["model_dir"],
         tp=a["tp"],
-        tp_collectives=a.get("collectives", "shm"),
+        tp_collectives=a.get("collectives", "p2p"),
         dtype=a["dtype"],
         max_model_len=length,
         max_num_seqs=c,

@@ -10,8 +10,9 @@ requests of ``prompt_tokens`` Shakespeare tokens and ``decode_tokens`` outputs:
 * batch-1 decode: tokens/s of the decode steps after the first token (median of rounds);
 * ``concurrent`` requests added at once: output tokens / wall time, prefill included.
 
-tp=N carries its layers' all-reduces through shared memory (zserve's default); with ``gloo``
-(on by default) a ``tpN_gloo`` contender runs the same ranks over gloo, for reference.
+tp=N carries its layers' all-reduces as torch.distributed point-to-point exchanges (zserve's
+default, ``p2p``); with ``gloo`` (on by default) a ``tpN_gloo`` contender runs the same ranks
+over gloo's collectives, for reference.
 
 Peers (``peers``, both by default), at tp=N on the same cores, one thread a rank: DeepSpeed
 AutoTP (``deepspeed.init_inference``, installed beside) and transformers' own tensor
@@ -310,7 +311,7 @@ def report(r: dict[str, Any]) -> str:
     if f"vs_tp{r['tp']}_gloo" in r:
         v = r[f"vs_tp{r['tp']}_gloo"]
         lines.append(
-            f"shared-memory collectives vs gloo at tp={r['tp']}: batch-1 "
+            f"point-to-point collectives vs gloo's at tp={r['tp']}: batch-1 "
             f"{v['batch1_tokens_per_s']:.2f}x, concurrent {v['concurrent_tokens_per_s']:.2f}x"
         )
     for q, v in r.get("quantized", {}).items():

@@ -25,8 +25,8 @@ def serve(
     tp_collectives: str | None = typer.Option(
         None,
         "--tp-collectives",
-        help="--tp: what carries the ranks' all-reduces: `shm` (shared memory, the default) "
-        "or `gloo`.",
+        help="--tp: what carries the ranks' all-reduces: `p2p` (torch.distributed sends and "
+        "receives, the default) or `gloo` (its collectives).",
     ),
     policy: str = typer.Option(
         "splitfuse", "--policy", help="Scheduler: `splitfuse`, `prefill-first` or `static`."
@@ -86,10 +86,10 @@ def serve(
     from zserve.config import EngineConfig
     from zserve.server import serve as run_server
 
-    if tp_collectives is not None and tp_collectives not in ("shm", "gloo"):
+    if tp_collectives is not None and tp_collectives not in ("p2p", "gloo"):
         typer.echo(
-            f"error: --tp-collectives {tp_collectives!r} is not one of `shm` (shared memory "
-            "of this host, the default) or `gloo` (loopback TCP); pass one of them",
+            f"error: --tp-collectives {tp_collectives!r} is not one of `p2p` (point-to-point "
+            "sends and receives, the default) or `gloo` (gloo's collectives); pass one of them",
             err=True,
         )
         raise typer.Exit(2)

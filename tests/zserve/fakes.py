@@ -36,6 +36,9 @@ def _logits(h: bytes) -> torch.Tensor:
 
 
 class FakeRunner:
+    greedy_skips_logits = False
+    """The engine always takes the logits (``Runner.greedy_skips_logits``)."""
+
     def __init__(self, num_blocks: int, block_size: int, max_model_len: int = 512):
         self.num_blocks = num_blocks
         self.block_size = block_size

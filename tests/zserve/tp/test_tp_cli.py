@@ -30,7 +30,7 @@ def test_bad_tp_collectives_fail_at_start(tmp_path: Path) -> None:
     model = write_tiny_lm(tmp_path / "lm")
     done = run_z("serve", str(model), "--tp", "2", "--tp-collectives", "mpi", ok=False)
     assert done.returncode == 2, done.stderr
-    assert "--tp-collectives 'mpi'" in done.stderr and "`shm`" in done.stderr, done.stderr
+    assert "--tp-collectives 'mpi'" in done.stderr and "`p2p`" in done.stderr, done.stderr
     done = run_z("serve", str(model), "--tp-collectives", "gloo", ok=False)
     assert done.returncode == 2, done.stderr
     assert "--tp is 1" in done.stderr and "--tp N" in done.stderr, done.stderr

@@ -1,6 +1,7 @@
 """TPRunner over real gloo ranks (spawned processes) on a tiny random LLaMA with an uneven
 head split (6 query / 3 KV heads over 2 ranks: KV 1/2, query 2/4), against the
-single-process ModelRunner on the same ragged steps.
+single-process ModelRunner on the same ragged steps; each rank pinned to a core of its own
+where there are enough.
 
 Tolerance: fp32, max |logit difference| <= 1e-4 (tensor parallelism only changes the order
 the o and down projections' partial sums are added in; measured ~1e-6 here).
@@ -24,7 +25,7 @@ import torch
 from tests.zserve.tiny_llama import tiny_llama, tiny_mixtral
 from zserve.runner import ModelRunner, SeqChunk
 from zserve.tp.group import TPRankError
-from zserve.tp.runner import TPRunner
+from zserve.tp.runner import TPRunner, rank_cpus
 
 ATOL = 1e-4
 OPTIONS = dict(num_blocks=32, block_size=4)
@@ -84,6 +85,22 @@ def test_tp2_logits_equal_single_process(tiny_dir: Path, tp_runner: TPRunner) ->
     # rank 0 caches its own 1 of the 3 KV heads, in as many blocks as the whole model
     assert tp_runner.local.kv_cache.num_kv_heads == 1
     assert tp_runner.num_blocks == OPTIONS["num_blocks"]
+    assert tp_runner.greedy_skips_logits
+    # each rank on a core of its own where there are enough (its collectives' wake-ups stay
+    # on it); rank 0's own pin is taken back at close
+    threads = torch.get_num_threads()  # rank 0's share, set by TPRunner
+    want = rank_cpus(1, 2, threads)
+    if want is not None:
+        assert os.sched_getaffinity(tp_runner.procs[1].pid) == want  # type: ignore[arg-type]
+
+
+def test_rank_cpus_deal_out_the_allowed_cores() -> None:
+    allowed = sorted(os.sched_getaffinity(0))
+    n = len(allowed)
+    assert rank_cpus(0, n, 1) == {allowed[0]} and rank_cpus(n - 1, n, 1) == {allowed[-1]}
+    assert rank_cpus(0, n + 1, 1) is None  # too few cores: not pinned
+    if n >= 4:
+        assert rank_cpus(1, 2, 2) == set(allowed[2:4])
 
 
 def test_killed_rank_ends_the_runner_naming_it(tp_runner: TPRunner) -> None:

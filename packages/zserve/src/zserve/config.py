@@ -10,7 +10,7 @@ Policy = Literal["splitfuse", "prefill-first", "static"]
 DType = Literal["float32", "bfloat16", "float16"]
 Speculative = Literal["ngram", "self-draft"]
 Offload = Literal["cpu", "nvme"]
-TPCollectives = Literal["shm", "gloo"]
+TPCollectives = Literal["p2p", "gloo"]
 
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 """Seeds accepted (engine and per request): a signed 64-bit integer, OpenAI's `seed`;
@@ -112,10 +112,10 @@ class EngineConfig(BaseModel):
     """Seconds a step's collective waits for a tensor-parallel rank before the engine stops
     with an error naming it."""
 
-    tp_collectives: TPCollectives = "shm"
-    """What carries the tensor-parallel layers' all-reduces and gathers: `shm`, a shared-memory
-    segment of this host (:mod:`zserve.tp.shm`; gloo where it cannot be mapped), or `gloo`
-    over loopback."""
+    tp_collectives: TPCollectives = "p2p"
+    """What carries the tensor-parallel layers' all-reduces and gathers and each step's batch
+    over the ranks' gloo groups: `p2p`, point-to-point sends and receives (:mod:`zserve.tp.p2p`:
+    one exchange per all-reduce at 2 ranks), or `gloo`, the groups' collectives."""
 
     @model_validator(mode="before")
     @classmethod

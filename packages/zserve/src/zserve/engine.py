@@ -57,7 +57,12 @@ class Runner(Protocol):
     @property
     def max_model_len(self) -> int: ...
 
+    @property
+    def greedy_skips_logits(self) -> bool: ...  # forward_greedy beats forward + argmax
+
     def forward(self, chunks: list[Any]) -> torch.Tensor: ...
+
+    def forward_greedy(self, chunks: list[Any]) -> list[int]: ...
 
 
 def merge_config(config: EngineConfig | None, overrides: dict[str, Any]) -> EngineConfig:
@@ -316,7 +321,7 @@ class Engine:
         verification of drafts, the step's outputs."""
         results: list[RequestOutput] = []
         if self._greedy_only(sched, chunks):  # each rank finds its rows' argmax
-            tokens = self.runner.forward_greedy(chunks)  # type: ignore[attr-defined]
+            tokens = self.runner.forward_greedy(chunks)
             self.scheduler.update(sched)
             sampled = [c.seq for c in sched.chunks if c.want_logits]
             return [self._append(seq, tok) for seq, tok in zip(sampled, tokens, strict=True)]
@@ -357,9 +362,9 @@ class Engine:
 
     def _greedy_only(self, sched: Any, chunks: list[Any]) -> bool:
         """Whether this step needs no more than each sampled row's argmax, and the runner finds
-        it without gathering the logits (a tensor-parallel runner's ``forward_greedy``): no
-        drafts, no scored prompt, every sampled request greedy without logprobs or grammar."""
-        if self.spec is not None or not hasattr(self.runner, "forward_greedy"):
+        it without gathering the logits (``Runner.greedy_skips_logits``): no drafts, no
+        scored prompt, every sampled request greedy without logprobs or grammar."""
+        if self.spec is not None or not self.runner.greedy_skips_logits:
             return False
         if any(ch.all_logits for ch in chunks):
             return False

@@ -176,6 +176,15 @@ class ModelRunner:
         """Bytes one KV block takes over all layers, keys and values."""
         return self.kv_cache.kv_bytes_per_block()
 
+    @property
+    def greedy_skips_logits(self) -> bool:
+        """False: :meth:`forward_greedy` is :meth:`forward`'s logits' argmax, no cheaper."""
+        return False
+
+    def forward_greedy(self, chunks: Sequence[SeqChunk]) -> list[int]:
+        """Each logits row's argmax of :meth:`forward` (the first of equal largest values)."""
+        return [int(t) for t in self.forward(chunks).argmax(dim=-1).tolist()]
+
     def forward(self, chunks: Sequence[SeqChunk]) -> torch.Tensor:
         """Runs all chunks' tokens packed into ONE forward (no padding).
 

@@ -8,10 +8,8 @@ tp=N)``, ``z serve MODEL --tp N``).
   (W8A8, W4, FP6);
 * :mod:`zserve.tp.group` — the gloo process groups (torch's ``init_device_mesh``), bounded
   collectives and :class:`~zserve.tp.group.TPRankError`;
-* :mod:`zserve.tp.shm` — the layers' all-reduces and gathers, and each step's batch, through
-  a shared-memory segment of this host (the group's default; gloo where it cannot be mapped);
-* :mod:`zserve.tp.futex` — how a rank waits for a peer's flag (futexes, a peer's liveness, a
-  crowded host);
+* :mod:`zserve.tp.p2p` — the layers' all-reduces and gathers, and each step's batch, as
+  torch.distributed point-to-point sends and receives (the group's default);
 * :mod:`zserve.tp.wire` — a step's batch as one tensor, posted by rank 0;
 * :mod:`zserve.tp.runner` — rank 0's :class:`~zserve.tp.runner.TPRunner` (the engine's
   runner) and the workers' loop.

@@ -1,7 +1,7 @@
 """The tensor-parallel process group of a served model: torch.distributed (gloo on CPU,
 NCCL on GPU) over loopback, built with torch's ``init_device_mesh``.
 
-Two groups over the same ranks:
+Its groups, over the same ranks:
 
 * ``compute`` — the mesh's ``tp`` group: the layers' all-reduces (and all-gathers, for a
   quantized layer cut by output rows) and the logits' gather.
@@ -9,15 +9,15 @@ Two groups over the same ranks:
   raises on a closed connection at once, on a silent peer at the timeout), never a hang.
 * the default group (the rendezvous) — only the ready barrier after loading, bounded by
   :data:`STARTUP`;
-* ``control`` — rank 0's broadcast of each step's batch (:meth:`TPGroup.post`). Workers wait
+* ``control`` — rank 0's command of each step, its batch (:meth:`TPGroup.post`). Workers wait
   on it between requests, for as long as the server is idle, so its timeout is long; rank 0
   posts it asynchronously and the step's compute collectives are what notice a missing rank.
 
-With ``collectives="shm"`` (the default; the ranks are all on this host) the compute
-collectives go through a shared-memory segment (:mod:`zserve.tp.shm`) instead of gloo, with
-the same timeout and the same errors, and so does each step's batch (the segment's command
-slot; ``control`` carries only a batch too large for it); gloo remains where the segment
-cannot be mapped.
+With ``collectives="p2p"`` (the default) the compute collectives and each step's batch go
+as point-to-point sends and receives on those same groups (:mod:`zserve.tp.p2p`: one
+exchange per all-reduce at 2 ranks instead of a gloo collective's several round trips);
+``"gloo"`` uses the groups' collectives (``all_reduce``, ``all_gather``, ``gather``,
+``broadcast``).
 
 Every collective error on rank 0 becomes a :class:`TPRankError` naming the op, the step and
 the rank (by its process's exit code when it died, else every rank still alive is named as
@@ -38,15 +38,16 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import Backend as C10dBackend
 from torch.distributed.device_mesh import init_device_mesh
 
-from zserve.tp.shm import ShmCollectives
+from zserve.tp.p2p import P2PCollectives
 
 IDLE_TIMEOUT = timedelta(days=30)
 """How long a worker waits for rank 0's next step (the server may sit idle)."""
 STARTUP = timedelta(minutes=15)
 """How long the rendezvous and the ready barrier wait for every rank to load its shard."""
 
-Collectives = Literal["shm", "gloo"]
-"""How the compute collectives travel: a shared-memory segment of this host, or gloo."""
+Collectives = Literal["p2p", "gloo"]
+"""How the compute collectives and step commands travel over the groups: point-to-point
+sends and receives (:mod:`zserve.tp.p2p`), or the groups' collectives."""
 
 
 class TPRankError(RuntimeError):
@@ -80,31 +81,29 @@ class TPGroup:
         default=None, repr=False
     )
     """Rank 0's: turns a failed collective into a :class:`TPRankError` naming the rank."""
-    shm: ShmCollectives | None = field(default=None, repr=False)
-    """The shared-memory collectives, when they carry the compute collectives."""
+    p2p: P2PCollectives | None = field(default=None, repr=False)
+    """The point-to-point collectives, when they carry the compute collectives and commands."""
 
     def __post_init__(self) -> None:
         self._reduce: Callable[[torch.Tensor], object] = (
-            self.shm.all_reduce
-            if self.shm is not None
+            self.p2p.all_reduce
+            if self.p2p is not None
             else partial(dist.all_reduce, group=self.compute)
         )
 
     @property
     def collectives(self) -> Collectives:
         """What carries the compute collectives."""
-        return "shm" if self.shm is not None else "gloo"
+        return "p2p" if self.p2p is not None else "gloo"
 
     @classmethod
     def join(
-        cls, rank: int, size: int, port: int, timeout_s: float, collectives: Collectives = "shm"
+        cls, rank: int, size: int, port: int, timeout_s: float, collectives: Collectives = "p2p"
     ) -> TPGroup:
         """Join the ``size``-rank group whose rank 0 listens on loopback ``port`` (the
-        rendezvous waits up to :data:`STARTUP` for every rank's process to come up).
-        ``collectives="shm"`` maps the group's shared-memory segment (gloo where that fails
-        on any rank)."""
-        if collectives not in ("shm", "gloo"):
-            raise ValueError(f"tp collectives {collectives!r}: use 'shm' or 'gloo'")
+        rendezvous waits up to :data:`STARTUP` for every rank's process to come up)."""
+        if collectives not in ("p2p", "gloo"):
+            raise ValueError(f"tp collectives {collectives!r}: use 'p2p' or 'gloo'")
         dist.init_process_group(
             "gloo",
             init_method=f"tcp://127.0.0.1:{port}",
@@ -118,31 +117,27 @@ class TPGroup:
         )
         control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
         assert isinstance(control, dist.ProcessGroup)  # every rank is a member
-        shm = ShmCollectives.open(rank, size, timeout_s) if collectives == "shm" else None
-        return cls(rank, size, mesh.get_group("tp"), control, timeout_s, shm=shm)
+        compute = mesh.get_group("tp")
+        p2p = P2PCollectives(rank, size, compute, control) if collectives == "p2p" else None
+        return cls(rank, size, compute, control, timeout_s, p2p=p2p)
 
     def begin_step(self) -> None:
         self.step += 1
         self._ops = 0
 
     def post(self, kind: int, payload: torch.Tensor) -> list[dist.Work]:
-        """Rank 0: command ``(kind, payload)`` (int64) to the other ranks, through the
-        shared-memory segment's command slot (a payload too large for it follows over
-        ``control``), else as two broadcasts over ``control``; the broadcasts still in flight
-        are returned (wait on them after the step's collectives)."""
-        header = None
-        if self.shm is not None:
+        """Rank 0: command ``(kind, payload)`` (int64) to the other ranks over ``control``;
+        the sends (or broadcasts) still in flight are returned (wait on them after the
+        step's collectives)."""
+        if self.p2p is not None:
             try:
-                self.shm.post(kind, payload)
+                return self.p2p.post(kind, payload)
             except RuntimeError as exc:
                 raise self._failed("command", exc) from exc
-            if self.shm.fits(payload.numel()):
-                return []
-        else:
-            header = torch.tensor([kind, payload.numel()], dtype=torch.int64)
+        header = torch.tensor([kind, payload.numel()], dtype=torch.int64)
         works = []
         for t in (header, payload):
-            if t is not None and t.numel():
+            if t.numel():
                 work = dist.broadcast(t, 0, group=self.control, async_op=True)
                 assert work is not None
                 works.append(work)
@@ -150,17 +145,14 @@ class TPGroup:
 
     def receive(self) -> tuple[int, torch.Tensor]:
         """A rank other than 0: rank 0's next :meth:`post`, as long as the server idles."""
-        if self.shm is not None:
-            kind, n, payload = self.shm.receive()
-        else:
-            header = torch.empty(2, dtype=torch.int64)
-            dist.broadcast(header, 0, group=self.control)
-            kind, n, payload = int(header[0]), int(header[1]), None
-        if payload is None:
-            payload = torch.empty(n, dtype=torch.int64)
-            if n:
-                dist.broadcast(payload, 0, group=self.control)
-        return kind, payload
+        if self.p2p is not None:
+            return self.p2p.receive()
+        header = torch.empty(2, dtype=torch.int64)
+        dist.broadcast(header, 0, group=self.control)
+        payload = torch.empty(int(header[1]), dtype=torch.int64)
+        if payload.numel():
+            dist.broadcast(payload, 0, group=self.control)
+        return int(header[0]), payload
 
     def _failed(self, op: str, exc: BaseException) -> BaseException:
         what = f"{op} of step {self.step}"
@@ -210,8 +202,8 @@ class TPGroup:
             local = torch.nn.functional.pad(local, (0, wide - local.shape[1]))
         local = local.contiguous()
         keep = everyone or self.rank == 0
-        if self.shm is not None:
-            stacked = self.shm.all_gather(local, keep=keep)
+        if self.p2p is not None:
+            stacked = self.p2p.all_gather(local, everyone=everyone)
             return None if stacked is None else list(stacked.unbind(0))
         parts = [torch.empty_like(local) for _ in widths] if keep else None
         if everyone:
@@ -221,7 +213,5 @@ class TPGroup:
         return parts
 
     def close(self) -> None:
-        if self.shm is not None:
-            self.shm.close()
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -10,7 +10,7 @@ gathers the logits' columns and samples. One scheduler and one block manager dri
 allocated, shared and freed once, and each rank's cache follows the same block ids.
 
 A rank that dies or stops answering ends the engine with a :class:`~zserve.tp.group.TPRankError`
-naming it (see :mod:`zserve.tp.group`); the workers exit with rank 0 (their next broadcast
+naming it (see :mod:`zserve.tp.group`); the workers exit with rank 0 (their next command
 fails, and each also watches its parent).
 """
 
@@ -46,15 +46,16 @@ class TPRunner:
 
     This process's torch threads are shared out: every rank, this one included, runs
     ``torch.get_num_threads() // tp`` of them (at least one; znative's pool the same where
-    ``ZNATIVE_NUM_THREADS`` is unset and the pool not yet started).
+    ``ZNATIVE_NUM_THREADS`` is unset and the pool not yet started), and where this process
+    may run on enough cores each rank is pinned to cores of its own (:func:`rank_cpus`).
 
     Args:
         model_dir: HF model directory (plain safetensors), or a `z quantize` directory.
         tp: ranks, ``2 <= tp <= num_attention_heads`` (:func:`zserve.tp.plan.plan`).
         timeout_s: how long a collective of a step waits for a rank before the engine stops.
-        collectives: what carries the layers' collectives: ``"shm"`` (a shared-memory
-            segment of this host, :mod:`zserve.tp.shm`; gloo where it cannot be mapped) or
-            ``"gloo"``.
+        collectives: what carries the layers' collectives and each step's batch:
+            ``"p2p"`` (point-to-point sends and receives, :mod:`zserve.tp.p2p`) or
+            ``"gloo"`` (the groups' collectives).
         runner_kwargs: :class:`~zserve.runner.ModelRunner`'s keyword arguments, the same on
             every rank.
     """
@@ -65,7 +66,7 @@ class TPRunner:
         tp: int,
         *,
         timeout_s: float = 120.0,
-        collectives: Collectives = "shm",
+        collectives: Collectives = "p2p",
         **runner_kwargs: Any,
     ) -> None:
         shards = plan_dir(model_dir, tp)  # a bad --tp fails here, before any process starts
@@ -81,18 +82,25 @@ class TPRunner:
         # this process's threads are shared out: each rank (this one too) runs its share
         threads = max(1, torch.get_num_threads() // tp)
         torch.set_num_threads(threads)
+        cpus = [rank_cpus(r, tp, threads) for r in range(tp)]
+        self._affinity = _pin(cpus[0])  # taken back at close
         # if its pool is not up yet; taken back at close (later processes of this one, e.g. a
         # `z doctor` it starts, would otherwise inherit one rank's share)
         self._threads_env = "ZNATIVE_NUM_THREADS" not in os.environ
         os.environ.setdefault("ZNATIVE_NUM_THREADS", str(threads))
         # rank 0's shard first: a bad option fails here, before any process starts
-        self.local = ModelRunner(model_dir, tp=shards[0], **runner_kwargs)
+        try:
+            self.local = ModelRunner(model_dir, tp=shards[0], **runner_kwargs)
+        except BaseException:
+            _pin(self._affinity)
+            raise
         port = free_port()
+        common = (tp, port, str(model_dir), runner_kwargs, timeout_s, threads, collectives)
         ctx = mp.get_context("spawn")
         self.procs = {
             r: ctx.Process(
                 target=worker_main,
-                args=(r, tp, port, str(model_dir), runner_kwargs, timeout_s, threads, collectives),
+                args=(r, *common, cpus[r]),
                 name=f"zserve-tp{r}",
                 daemon=True,
             )
@@ -114,6 +122,7 @@ class TPRunner:
             _stop_procs(list(self.procs.values()))
             if dist.is_initialized():
                 dist.destroy_process_group()
+            _pin(self._affinity)
             if failure is not None:
                 raise failure from exc
             raise
@@ -147,6 +156,11 @@ class TPRunner:
     @property
     def vocab_size(self) -> int:
         return self.local.vocab_size
+
+    @property
+    def greedy_skips_logits(self) -> bool:
+        """True: :meth:`forward_greedy` gathers two numbers a row and rank, not the logits."""
+        return True
 
     # -- the step ---------------------------------------------------------------------------
     def forward(self, chunks: list[SeqChunk]) -> torch.Tensor:
@@ -277,6 +291,7 @@ class TPRunner:
         self.group.close()
         if self._threads_env:
             os.environ.pop("ZNATIVE_NUM_THREADS", None)
+        _pin(self._affinity)
 
 
 def _gather(
@@ -291,6 +306,30 @@ def _gather(
     # fp32 holds every vocab column exactly (below 2**24)
     mine = torch.cat([local.gather(1, column), (column + start).float()], dim=1)
     return group.gather_columns(mine, [2] * len(widths))
+
+
+def rank_cpus(rank: int, tp: int, threads: int) -> set[int] | None:
+    """The cores rank ``rank`` of ``tp`` is pinned to: its ``threads`` of the cores this
+    process may run on, in order; None (not pinned) where fewer than ``tp * threads`` are
+    allowed, or the OS sets no affinity. A pinned rank's compute thread and gloo's thread
+    share its core, so a collective's wake-up stays on it: unpinned ranks on a loaded host
+    wait milliseconds for gloo's point-to-point receives (``zserve.tp.p2p``)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < tp * threads:
+        return None
+    return set(allowed[rank * threads : (rank + 1) * threads])
+
+
+def _pin(cpus: set[int] | None) -> set[int] | None:
+    """Run this thread, and the threads it starts from now on, on ``cpus`` (nothing where
+    None); the cores it ran on before."""
+    if cpus is None:
+        return None
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    return before
 
 
 def _stop_procs(procs: list[Any], grace_s: float = 2.0) -> None:
@@ -323,11 +362,14 @@ def worker_main(
     runner_kwargs: dict[str, Any],
     timeout_s: float,
     threads: int,
-    collectives: Collectives = "shm",
+    collectives: Collectives = "p2p",
+    cpus: set[int] | None = None,
 ) -> None:
-    """Rank ``rank`` (>= 1): load the shard, then run each step rank 0 broadcasts."""
+    """Rank ``rank`` (>= 1): load the shard, then run each step rank 0 posts (on ``cpus``
+    where given, :func:`rank_cpus`)."""
     os.environ["ZNATIVE_NUM_THREADS"] = str(threads)  # before the first kernel starts the pool
     torch.set_num_threads(threads)
+    _pin(cpus)
     parent = os.getppid()
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     group = TPGroup.join(rank, tp, port, timeout_s, collectives)

@@ -1,4 +1,4 @@
-"""A step's batch as one int64 tensor, for rank 0's broadcast to the tensor-parallel workers.
+"""A step's batch as one int64 tensor, for rank 0's command to the tensor-parallel workers.
 
 Layout: ``[n, (seq_id, start_pos, tokens, blocks, want_logits, all_logits) * n, token ids...,
 block ids...]``, chunk by chunk. The workers rebuild the same :class:`~zserve.runner.SeqChunk`
