@@ -263,6 +263,15 @@ pub(super) fn gemm<E: Epilogue>(a: &[i8], b: &[i8], m: usize, n: usize, k: usize
     }
     #[cfg(target_arch = "x86_64")]
     if crate::simd::active() >= crate::simd::SimdLevel::Avx2 {
+        if m < super::int8_avx2::MR && !a.contains(&i8::MIN) {
+            for_blocks(blocks, |blk| {
+                let (j0, j1) = (blk * NB, ((blk + 1) * NB).min(n));
+                // SAFETY: as below; a holds m·k codes, none -128 (checked).
+                unsafe { super::int8_avx2::block_signed(a, b, m, k, j0, j1, epi) }
+                epi.finish(m, j0, j1);
+            });
+            return;
+        }
         let a16: Vec<i16> = a.iter().map(|&v| i16::from(v)).collect();
         for_blocks(blocks, |blk| {
             let (j0, j1) = (blk * NB, ((blk + 1) * NB).min(n));
@@ -323,7 +332,12 @@ fn quantize_rows_body(x: &[f32], k: usize, qmax: f32, q: &mut [i8], scale: &mut 
         let sc = if absmax > 0.0 { absmax / qmax } else { 1.0 };
         *s = sc;
         for (v, o) in row.iter().zip(qrow.iter_mut()) {
-            *o = (v / sc).round_ties_even().clamp(-qmax, qmax) as i8;
+            let r = (v / sc).round_ties_even().clamp(-qmax, qmax);
+            // `r as i8` (a NaN code is 0), written so that it vectorizes: `as` from a float is a
+            // saturating cast the compiler turned into one scalar conversion per element.
+            let r = if r.is_nan() { 0.0 } else { r };
+            // SAFETY: r is finite and within ±qmax ≤ 127 (clamped, NaN replaced).
+            *o = unsafe { r.to_int_unchecked::<i32>() } as i8;
         }
     }
 }
