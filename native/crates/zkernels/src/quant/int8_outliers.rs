@@ -50,7 +50,8 @@ impl Epilogue for OutlierOut<'_> {
             let t = self.cols.len();
             let row = &self.w[j * self.k..(j + 1) * self.k];
             for (&c, &v) in self.cols.iter().zip(&self.xo[i * t..(i + 1) * t]) {
-                corr += v * (f32::from(row[c]) * ws);
+                // SAFETY: every channel is below k (`outlier_channels` picks them from 0..k).
+                corr += v * (f32::from(unsafe { *row.get_unchecked(c) }) * ws);
             }
         }
         // SAFETY: (i, j) is inside the (m, n) output and owned by this block.
