@@ -9,7 +9,8 @@
 //! groups of four into int32 lanes (64 MACs per instruction). The activations
 //! are made unsigned by adding 128 (`a ^ 0x80`), and `128 · Σ_k b[j, k]` is
 //! subtracted once per output, so the result is exact. Without VNNI, at AVX2 or
-//! above, [`super::int8_avx2`] runs (`vpmaddwd` on int16-widened operands); the
+//! above, [`super::int8_avx2`] runs (`vpmaddwd` on int16-widened operands, or for a
+//! decode step's rows `vpmaddubsw` with the weight's sign moved to the activations); the
 //! scalar level is a plain loop the compiler vectorizes.
 //! Weight rows are split into blocks of [`NB`] that run on the thread pool.
 

@@ -3,13 +3,16 @@
 //! (`vpmovsxbw`), and `vpmaddwd` multiplies the int16 pairs and adds each pair into an
 //! int32 lane. Every product and pair sum is exact for any int8 operands (|a·b| ≤ 2^14,
 //! a pair ≤ 2^15), so the int32 results equal the definition and the VNNI body's, with
-//! no ±128 correction to fold. (`vpmaddubsw` would take 32 bytes a step but saturates
-//! its int16 pair sums for operands of -128; exact results for every int8 input rule it out.)
+//! no ±128 correction to fold.
 //!
 //! Fewer than [`MR`] activation rows (a decode step) stream the weight block one row at a
-//! time, front to back (one stream the prefetcher follows, as the VNNI rows body); more
-//! rows run [`MR`]×[`NR`] tiles: 12 int32 accumulators and 3 widened weight vectors fill
-//! AVX2's 16 vector registers, the activation operand coming from memory.
+//! time, front to back (one stream the prefetcher follows, as the VNNI rows body). When
+//! no activation code is -128 (every linear's: its quantizer clamps to ±127) they run
+//! [`rows_signed`]: `vpmaddubsw` on |w| and the activation with w's sign, 32 bytes a step,
+//! exact because no pair can reach the int16 limit (with a -128 activation it could, so
+//! [`rows`] stays for those). More rows run [`MR`]×[`NR`] tiles: 12 int32 accumulators and
+//! 3 widened weight vectors fill AVX2's 16 vector registers, the activation operand coming
+//! from memory.
 
 use super::int8::Epilogue;
 use crate::avx2::hsum_epi32 as hsum;
