@@ -9,7 +9,8 @@
 //! groups of four into int32 lanes (64 MACs per instruction). The activations
 //! are made unsigned by adding 128 (`a ^ 0x80`), and `128 · Σ_k b[j, k]` is
 //! subtracted once per output, so the result is exact. Without VNNI, at AVX2 or
-//! above, [`super::int8_avx2`] runs (`vpmaddwd` on int16-widened operands); the
+//! above, [`super::int8_avx2`] runs (`vpmaddwd` on int16-widened operands, or for a
+//! decode step's rows `vpmaddubsw` with the weight's sign moved to the activations); the
 //! scalar level is a plain loop the compiler vectorizes.
 //! Weight rows are split into blocks of [`NB`] that run on the thread pool.
 
@@ -263,6 +264,15 @@ pub(super) fn gemm<E: Epilogue>(a: &[i8], b: &[i8], m: usize, n: usize, k: usize
     }
     #[cfg(target_arch = "x86_64")]
     if crate::simd::active() >= crate::simd::SimdLevel::Avx2 {
+        if m < super::int8_avx2::MR && !a.contains(&i8::MIN) {
+            for_blocks(blocks, |blk| {
+                let (j0, j1) = (blk * NB, ((blk + 1) * NB).min(n));
+                // SAFETY: as below; a holds m·k codes, none -128 (checked).
+                unsafe { super::int8_avx2::block_signed(a, b, m, k, j0, j1, epi) }
+                epi.finish(m, j0, j1);
+            });
+            return;
+        }
         let a16: Vec<i16> = a.iter().map(|&v| i16::from(v)).collect();
         for_blocks(blocks, |blk| {
             let (j0, j1) = (blk * NB, ((blk + 1) * NB).min(n));
@@ -323,7 +333,12 @@ fn quantize_rows_body(x: &[f32], k: usize, qmax: f32, q: &mut [i8], scale: &mut 
         let sc = if absmax > 0.0 { absmax / qmax } else { 1.0 };
         *s = sc;
         for (v, o) in row.iter().zip(qrow.iter_mut()) {
-            *o = (v / sc).round_ties_even().clamp(-qmax, qmax) as i8;
+            let r = (v / sc).round_ties_even().clamp(-qmax, qmax);
+            // `r as i8` (a NaN code is 0), written so that it vectorizes: `as` from a float is a
+            // saturating cast the compiler turned into one scalar conversion per element.
+            let r = if r.is_nan() { 0.0 } else { r };
+            // SAFETY: r is finite and within ±qmax ≤ 127 (clamped, NaN replaced).
+            *o = unsafe { r.to_int_unchecked::<i32>() } as i8;
         }
     }
 }

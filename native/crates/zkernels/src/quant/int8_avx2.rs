@@ -3,20 +3,23 @@
 //! (`vpmovsxbw`), and `vpmaddwd` multiplies the int16 pairs and adds each pair into an
 //! int32 lane. Every product and pair sum is exact for any int8 operands (|a·b| ≤ 2^14,
 //! a pair ≤ 2^15), so the int32 results equal the definition and the VNNI body's, with
-//! no ±128 correction to fold. (`vpmaddubsw` would take 32 bytes a step but saturates
-//! its int16 pair sums for operands of -128; exact results for every int8 input rule it out.)
+//! no ±128 correction to fold.
 //!
 //! Fewer than [`MR`] activation rows (a decode step) stream the weight block one row at a
-//! time, front to back (one stream the prefetcher follows, as the VNNI rows body); more
-//! rows run [`MR`]×[`NR`] tiles: 12 int32 accumulators and 3 widened weight vectors fill
-//! AVX2's 16 vector registers, the activation operand coming from memory.
+//! time, front to back (one stream the prefetcher follows, as the VNNI rows body). When
+//! no activation code is -128 (every linear's: its quantizer clamps to ±127) they run
+//! [`rows_signed`]: `vpmaddubsw` on |w| and the activation with w's sign, 32 bytes a step,
+//! exact because no pair can reach the int16 limit (with a -128 activation it could, so
+//! [`rows`] stays for those). More rows run [`MR`]×[`NR`] tiles: 12 int32 accumulators and
+//! 3 widened weight vectors fill AVX2's 16 vector registers, the activation operand coming
+//! from memory.
 
 use super::int8::Epilogue;
 use crate::avx2::hsum_epi32 as hsum;
 use std::arch::x86_64::*;
 
-/// Activation rows per tile.
-const MR: usize = 4;
+/// Activation rows per tile (fewer take [`rows`] / [`rows_signed`]).
+pub(super) const MR: usize = 4;
 /// Weight rows per tile.
 const NR: usize = 3;
 
@@ -77,6 +80,88 @@ unsafe fn rows<const R: usize, E: Epilogue>(
             let s = hsum(_mm256_add_epi32(acc[0], acc[1])) + tail(a.add(r * k), w, t, k);
             epi.write(r, j, s);
         }
+    }
+}
+
+/// `acc + Σ pairs (|w| · (a with w's sign))` over 32 bytes at `ap` (see [`rows_signed`]).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn step(acc: __m256i, ones: __m256i, wabs: __m256i, w: __m256i, ap: *const i8) -> __m256i {
+    let sa = _mm256_sign_epi8(_mm256_loadu_si256(ap.cast()), w);
+    _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, sa), ones))
+}
+
+/// [`rows`] for activation codes in `-127..=127` (every INT8 linear's: the quantizer clamps
+/// to ±127), on the int8 operands as they are: `vpmaddubsw` multiplies |w| (unsigned, 128 for
+/// -128) by the activation with w's sign (`vpsignb`, within ±127), so every product is
+/// |w|·|a| ≤ 128·127 and a pair sum ≤ 32512 fits its int16 lane without saturating: exact,
+/// the same int32 sums as [`rows`]. 32 bytes of a weight row cost no shuffle (`vpmovsxbw`
+/// takes the one shuffle port), and the weight is not widened.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn rows_signed<const R: usize, E: Epilogue>(
+    a: *const i8,
+    b: *const i8,
+    k: usize,
+    j0: usize,
+    j1: usize,
+    epi: &E,
+) {
+    let ones = _mm256_set1_epi16(1);
+    let whole = k / 64 * 64;
+    let thirty_two = k / 32 * 32;
+    for j in j0..j1 {
+        let w = b.add(j * k);
+        let mut acc = [[_mm256_setzero_si256(); 2]; R];
+        let mut t = 0;
+        while t < whole {
+            let w0 = _mm256_loadu_si256(w.add(t).cast());
+            let w1 = _mm256_loadu_si256(w.add(t + 32).cast());
+            let (a0, a1) = (_mm256_abs_epi8(w0), _mm256_abs_epi8(w1));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                acc[0] = step(acc[0], ones, a0, w0, a.add(r * k + t));
+                acc[1] = step(acc[1], ones, a1, w1, a.add(r * k + t + 32));
+            }
+            t += 64;
+        }
+        if t < thirty_two {
+            let w0 = _mm256_loadu_si256(w.add(t).cast());
+            let a0 = _mm256_abs_epi8(w0);
+            for (r, acc) in acc.iter_mut().enumerate() {
+                acc[0] = step(acc[0], ones, a0, w0, a.add(r * k + t));
+            }
+            t += 32;
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            let tail: i32 = (t..k)
+                .map(|i| i32::from(*a.add(r * k + i)) * i32::from(*w.add(i)))
+                .sum();
+            epi.write(r, j, hsum(_mm256_add_epi32(acc[0], acc[1])) + tail);
+        }
+    }
+}
+
+/// Weight rows `j0..j1` against the `m` (1 to [`MR`] - 1) activation rows of a decode step,
+/// whose codes are all in `-127..=127` ([`rows_signed`]).
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA; `a` holds `m·k` and `b` at least `j1·k` elements.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn block_signed<E: Epilogue>(
+    a: &[i8],
+    b: &[i8],
+    m: usize,
+    k: usize,
+    j0: usize,
+    j1: usize,
+    epi: &E,
+) {
+    debug_assert!(m < MR && !a.contains(&i8::MIN));
+    let (a, bp) = (a.as_ptr(), b.as_ptr());
+    match m {
+        1 => rows_signed::<1, E>(a, bp, k, j0, j1, epi),
+        2 => rows_signed::<2, E>(a, bp, k, j0, j1, epi),
+        _ => rows_signed::<3, E>(a, bp, k, j0, j1, epi),
     }
 }
 
