@@ -27,7 +27,7 @@ def _call(x: torch.Tensor, qw: object, **extra: object) -> torch.Tensor:
     return out
 
 
-@pytest.mark.parametrize("m", [1, 6, 33])
+@pytest.mark.parametrize("m", [1, 2, 4, 6, 33])  # 1-4: the GEMV body
 @pytest.mark.parametrize("symmetric", [True, False])
 def test_a8_is_the_product_of_the_rounded_activations(simd: str, m: int, symmetric: bool) -> None:
     g = torch.Generator().manual_seed(m)

@@ -2,11 +2,12 @@
 once) gives the zquant module's native output bit for bit (atol 0), also after its codes
 moved onto huge pages, and hands the calls it does not run on the kernel to the module.
 
-An INT4 layer's calls of `A8_MIN_ROWS` rows or more quantize the activations to INT8 per 32
-columns: those equal the module's output for the rounded activations within 1e-5 of the
-product's magnitude, and the module's own within the rounding bound (each activation moved
-by at most half its block's scale, `sum |w| · amax / 254`); `ZSERVE_W4_A8=0` restores the
-module's numbers."""
+An INT4 layer's calls (every row count) quantize the activations to INT8 per 32 columns:
+those equal the module's output for the rounded activations within 1e-5 of the product's
+magnitude, and the module's own within the rounding bound (each activation moved by at most
+half its block's scale, `sum |w| · amax / 254`); a row's output is the same bits whatever
+shares its call; `ZSERVE_W4_A8=0` restores the module's numbers, and another value of it is
+an error."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ pytest.importorskip("zquant")
 from zquant.nn import OutlierQuantLinear, QuantLinear
 from zquant.quantizers import QuantSpec
 from zserve.model.native import pack_on_huge_pages
-from zserve.model.quantized_bound import A8_MIN_ROWS, BoundLinear, bind
+from zserve.model.quantized_bound import BoundLinear, a8_enabled, bind
 
 W8 = QuantSpec(bits=8, granularity="channel")
 W4 = QuantSpec(bits=4, granularity="group", group_size=32)
@@ -53,20 +54,25 @@ def test_bound_equals_the_module(spec, act, outliers, bias) -> None:
     bound = bind(layer)
     assert isinstance(bound, BoundLinear)
     assert bound.in_features == 128 and bound.spec == spec  # the layer's attributes
-    a8 = spec.fmt == "int" and spec.bits <= 4  # INT4: INT8 activations from A8_MIN_ROWS
+    a8 = spec.fmt == "int" and spec.bits <= 4  # INT4: INT8 activations at every row count
     for rows in (1, 3, 4, 5, 16, 17, 64):  # 17: an outlier layer's above 16 rows are torch's
         x = torch.randn(rows, 128) * 3
-        if a8 and rows >= A8_MIN_ROWS:
+        if a8:
             _check_a8(bound(x), layer, x)
+            alone = torch.cat([bound(x[i : i + 1]) for i in range(rows)])
+            assert torch.equal(bound(x), alone), rows  # a row's bits: not its batch's
         else:
             assert torch.equal(bound(x), layer(x)), (spec.describe(), rows)
     # codes moved onto huge pages, views re-taken: the same numbers from the new buffer
+    x = torch.randn(2, 128)
+    y = bound(x)
     before = layer.qdata.data_ptr()
     pack_on_huge_pages([(layer, "qdata")])
     bound.bind()
     assert layer.qdata.data_ptr() != before
-    x = torch.randn(2, 128)
-    assert torch.equal(bound(x), layer(x))
+    assert torch.equal(bound(x), y)
+    if not a8:
+        assert torch.equal(y, layer(x))
     # what the kernel path does not take goes to the module: bf16 activations, wrong width
     xb = torch.randn(2, 128, dtype=torch.bfloat16)
     assert torch.equal(bound(xb), layer(xb))
@@ -103,8 +109,18 @@ def test_int4_a8_off_is_the_module(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ZSERVE_W4_A8", "0")
     layer = _layer(W4, None)
     bound = bind(layer)
-    x = torch.randn(64, 128) * 3
-    assert torch.equal(bound(x), layer(x))
+    for rows in (1, 4, 64):
+        x = torch.randn(rows, 128) * 3
+        assert torch.equal(bound(x), layer(x))
+    monkeypatch.setenv("ZSERVE_W4_A8", "1")
+    assert a8_enabled()
+
+
+@pytest.mark.parametrize("value", ["yes", "", "2", "off"])
+def test_an_unknown_a8_setting_is_an_error(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("ZSERVE_W4_A8", value)
+    with pytest.raises(ValueError, match=rf"ZSERVE_W4_A8='{value}'.*use 1 .* or 0"):
+        bind(_layer(W4, None))
 
 
 def test_fake_quantized_activations_stay_the_module() -> None:

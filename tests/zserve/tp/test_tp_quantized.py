@@ -9,7 +9,7 @@ Tolerance: max |logit difference| <= ATOL 1e-4, greedy tokens identical.
 
 * weight-only formats (FP6): tp only reorders the o and down projections' sums, as for
   fp32 (measured ~3e-7 here, 8e-5 on SmolLM2's logits of ~20).
-* W4 rounds the activations of its prompts and batches (5+ rows) to INT8 per 32 columns
+* W4 rounds the activations of every call to INT8 per 32 columns
   (`zserve.model.quantized_bound.a8_applies`), so its o and down are cut like W8A8's (below):
   a column cut would round each rank's slice on its own (this tiny model's MLP, 160 wide,
   cut inside a block), and the all-reduced partial sums' last bits would flip codes of the

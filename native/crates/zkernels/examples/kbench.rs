@@ -4,8 +4,8 @@
 //! host's waits for a core are left out: wall time there measured the load), and at one
 //! row the weight bytes read per second beside the calling thread's read bandwidth
 //! (`bw`: a 256 MiB buffer summed front to back):
-//! `ZNATIVE_NUM_THREADS=1 ZNATIVE_SIMD=avx2 cargo run --release --example kbench [int8|int8o|int4|fp6|bf16|f32|bw|attn|norm]`
-//! (`int4` also times `dequant_linear_a8`, the activations quantized to INT8, as `int4a8`; `fp6`: per-channel FP6 e3m2; `norm`: RMSNorm of SmolLM2's 576-wide rows, GB/s of rows read);
+//! `ZNATIVE_NUM_THREADS=1 ZNATIVE_SIMD=avx2 cargo run --release --example kbench [int8|int8o|int4|int4d|fp6|bf16|f32|bw|attn|norm]`
+//! (`int4` also times `dequant_linear_a8`, the activations quantized to INT8, as `int4a8`; `int4d` both at 1-16 rows on every SmolLM2 projection shape; `fp6`: per-channel FP6 e3m2; `norm`: RMSNorm of SmolLM2's 576-wide rows, GB/s of rows read);
 //! `attn`: one decode step's paged attention of a SmolLM2 layer (9 query heads, 3 KV heads of
 //! 64, blocks of 16) at 96 cached tokens, microseconds a call.
 //! (`benchmarks/results/serve-avx2.md`).
@@ -127,6 +127,10 @@ fn main() {
     if only.is_empty() || only == "norm" {
         norm();
     }
+    if only == "int4d" {
+        int4_decode();
+        return;
+    }
     for &(m, n, k) in &[
         (1, 49152, 576),
         (1, 1536, 576),
@@ -236,6 +240,47 @@ fn main() {
 }
 
 /// Microseconds of one SmolLM2 layer's decode attention (one sequence, 96 keys), f32 and bf16.
+/// `int4d`: the INT4 float path and `dequant_linear_a8` at a decode step's rows (1, 2, 4, 16)
+/// on SmolLM2's projection shapes (symmetric, groups of 32, as the served W4 directories).
+fn int4_decode() {
+    for &(n, k) in &[
+        (576, 576),
+        (1536, 576),
+        (576, 1536),
+        (192, 576),
+        (49152, 576),
+    ] {
+        for m in [1, 2, 4, 16] {
+            if std::env::var("KBENCH_ROWS").is_ok_and(|r| r.parse() != Ok(m)) {
+                continue;
+            }
+            let x: Vec<f32> = (0..m * k)
+                .map(|i| ((i * 13 % 17) as f32 - 8.0) / 5.0)
+                .collect();
+            let mut out = vec![0f32; m * n];
+            let data: Vec<u8> = (0..n * k / 2).map(|i| (i * 31) as u8).collect();
+            let scale = vec![0.01f32; n * k / 32];
+            let w = PackedWeight {
+                format: WeightFormat::Int4 { offset: 8 },
+                data: &data,
+                data2: None,
+                scale: &scale,
+                zero: None,
+                n,
+                k,
+                group: 32,
+            };
+            let macs = m * n * k;
+            let f = best(|| dequant_linear(&x, &w, None, &mut out, m).unwrap(), macs);
+            let a = best(
+                || dequant_linear_a8(&x, &w, None, &mut out, m).unwrap(),
+                macs,
+            );
+            println!("int4d m={m:2} {n:5}x{k:4}: float {f:7.2}  a8 {a:7.2} GMAC/s");
+        }
+    }
+}
+
 fn attention() {
     let d = AttnDims {
         num_seqs: 1,

@@ -114,9 +114,16 @@ pub fn active() -> SimdLevel {
     SimdLevel::from_u8(v).unwrap_or_else(detected)
 }
 
+/// Calls of [`set_override`] so far: a test comparing the bits of two calls at one level
+/// checks that no test running beside it forced another level in between.
+#[cfg(test)]
+pub(crate) static OVERRIDES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Forces kernels to run at `level` (`None` restores detection). Fails if the
 /// CPU cannot run that level.
 pub fn set_override(level: Option<SimdLevel>) -> Result<(), KernelError> {
+    #[cfg(test)]
+    OVERRIDES.fetch_add(1, Ordering::SeqCst);
     match level {
         Some(l) if l > detected() => Err(KernelError::UnsupportedSimd {
             requested: l.name().to_string(),

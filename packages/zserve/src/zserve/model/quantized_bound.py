@@ -11,18 +11,19 @@ takes the numpy views of the weight, scales, zero points and bias once
 same kernel on the same arguments, so the output is bit-identical to the module's
 (`tests/zserve/test_quantized_bound.py`, atol 0).
 
-An INT4 layer's calls of :data:`A8_MIN_ROWS` rows or more (prompts and batched steps, past
-the decode program's rows) quantize their activations to INT8 per 32 columns in the kernel
-(``znative.dequant_linear(..., act_bits=8)``, llama.cpp's Q8 activations; on AVX2 its
-``vpmaddubsw`` body ran SmolLM2's 64-row products ~2x the float path, see
+An INT4 layer's calls (every row count: decode steps, batches, prompts) quantize their
+activations to INT8 per 32 columns in the kernel (``znative.dequant_linear(...,
+act_bits=8)``, llama.cpp's Q8 activations; on AVX2 its ``vpmaddubsw`` bodies ran SmolLM2's
+64-row products ~2x and its one-row products ~4x the float path, see
 ``benchmarks/results/serve-avx2.md``): not the module's numbers, but the product of the
 activations rounded to their codes, each moved by at most half its block's scale (the bound
-is `tests/zserve/test_quantized_bound.py`'s). Each row is rounded on its own, so a request's
-numbers do not depend on its batch (beyond which side of :data:`A8_MIN_ROWS` a step's rows
-fall). A column cut would not be tensor-parallel invariant (a rank's cut inside a 32-column
-block, or the all-reduce's last bits, moves some codes), so tensor-parallel serving cuts
-such a layer's o/down by output rows over the gathered input (:func:`a8_applies`,
-``zserve.tp.quantized``). ``ZSERVE_W4_A8=0`` keeps every call on the module's float path.
+is `tests/zserve/test_quantized_bound.py`'s). Each row is rounded on its own and the
+kernel's bodies for few and many rows give the same bits, so a request's numbers do not
+depend on what shares its batch. A column cut would not be tensor-parallel invariant (a
+rank's cut inside a 32-column block, or the all-reduce's last bits, moves some codes), so
+tensor-parallel serving cuts such a layer's o/down by output rows over the gathered input
+(:func:`a8_applies`, ``zserve.tp.quantized``). ``ZSERVE_W4_A8=0`` keeps every call on the
+module's float path (``1``, the default, is the only other value).
 
 It runs a call on the kernel when the module's native path would run the same kernel:
 float32 2-D activations of at most `max_rows` rows, no autograd; otherwise (a bfloat16
@@ -51,9 +52,8 @@ if TYPE_CHECKING:
 
 #: Rows of a call with no row limit (a layer without activation outliers).
 NO_LIMIT = 1 << 62
-#: Rows from which an INT4 layer's call quantizes its activations to INT8 (one more than
-#: :data:`zserve.model.native.LINEAR_MAX_ROWS`: a decode program's steps keep the module's).
-A8_MIN_ROWS = 5
+#: ``ZSERVE_W4_A8``'s values: INT8 activations for INT4 layers on (the default) or off.
+A8_VALUES = {"1": True, "0": False}
 
 
 def _c(t: torch.Tensor, dtype: torch.dtype) -> Any:
@@ -76,8 +76,6 @@ class BoundLinear:
         self._kernel: Any = None
         self._args: tuple[Any, ...] = ()
         self._kwargs: dict[str, Any] = {}
-        self._a8_rows = NO_LIMIT
-        self._a8_kwargs: dict[str, Any] = {}
         self.bind()
 
     def bind(self) -> None:
@@ -96,10 +94,7 @@ class BoundLinear:
             args = native.packed_args(layer.quantized_weight())
             self._kernel = znative.dequant_linear
             self._args = (args.pop("data"), args.pop("scale"), bias)
-            self._kwargs = args
-            a8 = a8_applies(layer)
-            self._a8_rows = A8_MIN_ROWS if a8 else NO_LIMIT
-            self._a8_kwargs = {**args, "act_bits": 8}
+            self._kwargs = {**args, "act_bits": 8} if a8_applies(layer) else args
 
     def unbind(self) -> None:
         """Let go of the views of the layer's buffers (they are about to move or be freed;
@@ -128,8 +123,7 @@ class BoundLinear:
             return self._split(x)
         out = torch.empty(rows, self.out_features, dtype=torch.float32)
         w, scale, bias = self._args
-        kwargs = self._kwargs if rows < self._a8_rows else self._a8_kwargs
-        self._kernel(x.numpy(), w, scale, bias, out.numpy(), **kwargs)
+        self._kernel(x.numpy(), w, scale, bias, out.numpy(), **self._kwargs)
         return out
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
@@ -160,11 +154,11 @@ class BoundLinear:
 
 
 def a8_applies(layer: QuantLinear) -> bool:
-    """Whether ``layer``'s calls of :data:`A8_MIN_ROWS` rows or more round their activations
-    to INT8 per 32 columns (see the module doc): a weight-only INT4 layer on the native
-    kernels whose input and groups are whole 32-column blocks, unless ``ZSERVE_W4_A8=0``.
-    Tensor-parallel serving cuts such a layer's o/down by output rows over the gathered
-    input (``zserve.tp.quantized``), as W8A8's, so tp=N keeps tp=1's numbers."""
+    """Whether ``layer``'s calls round their activations to INT8 per 32 columns (see the
+    module doc): a weight-only INT4 layer on the native kernels whose input and groups are
+    whole 32-column blocks, unless ``ZSERVE_W4_A8=0``. Tensor-parallel serving cuts such a
+    layer's o/down by output rows over the gathered input (``zserve.tp.quantized``), as
+    W8A8's, so tp=N keeps tp=1's numbers."""
     from zquant import native
     from zquant.quantizers import group_geometry
 
@@ -179,8 +173,18 @@ def a8_applies(layer: QuantLinear) -> bool:
 
 
 def a8_enabled() -> bool:
-    """INT8 activations for INT4 layers' larger calls are on (``ZSERVE_W4_A8`` is not 0)."""
-    return os.environ.get("ZSERVE_W4_A8", "1") != "0"
+    """INT8 activations for INT4 layers are on: ``ZSERVE_W4_A8`` unset or ``1`` (``0``: off).
+
+    Raises:
+        ValueError: ``ZSERVE_W4_A8`` is set to another value.
+    """
+    value = os.environ.get("ZSERVE_W4_A8", "1")
+    if value not in A8_VALUES:
+        raise ValueError(
+            f"ZSERVE_W4_A8={value!r} is not a setting: use 1 (INT4 layers' activations "
+            "rounded to INT8, the default) or 0 (the float dequantize path), or unset it"
+        )
+    return A8_VALUES[value]
 
 
 def bind(layer: QuantLinear) -> QuantLinear | BoundLinear:

@@ -17,8 +17,8 @@ The cut is the fp plan's (:mod:`zserve.tp.plan`), applied to the packed weights
   (:func:`mlp_align`), so only attention may pad. Packed codes (INT4 two per byte, FP6's
   4-bit and 2-bit planes) are cut as bytes when both ends fall on a byte of every plane,
   else unpacked, cut and repacked at load. The bias is added on rank 0 only.
-* o and down whose *activations* are quantized (W8A8, W4A8, and W4 itself, whose prompts
-  and batches round activations to INT8 per 32 columns in the kernel:
+* o and down whose *activations* are quantized (W8A8, W4A8, and W4 itself, whose calls
+  round activations to INT8 per 32 columns in the kernel:
   :func:`zserve.model.quantized_bound.a8_applies`): token-wise activation
   quantization takes one scale per token over the whole input row, and the recipes' outlier
   channels (`zquant.nn.OutlierQuantLinear`) are the row's largest; a column cut would

@@ -18,12 +18,15 @@
 //! several times the float tile path's rate (`benchmarks/results/serve-avx2.md`).
 //! A block holding a non-finite activation makes that row's outputs NaN.
 //!
-//! Bodies: [`super::a8_avx2`] at AVX2 and above; the portable one below elsewhere. Both
-//! need `k` and the group size to be multiples of [`BLOCK`] (the last group may be
+//! Bodies: at AVX2 and above [`super::a8_gemv_avx2`] for calls of up to 4 rows (a decode
+//! step's) and [`super::a8_avx2`]'s tiles for more, the two giving the same bits (so a row's
+//! outputs do not depend on how many rows share its call); the portable one below elsewhere.
+//! All need `k` and the group size to be multiples of [`BLOCK`] (the last group may be
 //! shorter, as `dequantize` allows).
 
+use super::linear::check_args;
 use super::weight::{PackedWeight, WeightFormat};
-use crate::quant::error::{check_len, QuantError};
+use crate::quant::error::QuantError;
 use crate::quant::{for_blocks, SharedOut};
 use crate::simd::multiversion;
 
@@ -133,6 +136,10 @@ multiversion!(rows => rows_body<>(job: &A8Job<'_>, j0: usize, j1: usize));
 
 /// Weight rows a task of the portable body computes.
 const ROWS_PER_TASK: usize = 32;
+/// Tasks per thread of the team for the GEMV body (a decode step's few rows): whole panels
+/// of contiguous weight rows, more than one per thread so a late thread's share is small.
+#[cfg(target_arch = "x86_64")]
+const GEMV_TASKS_PER_THREAD: usize = 4;
 
 /// `out (m, n) = x' (m, k) · dequant(w)ᵀ + bias` for an INT4 `w`, `x'` the activations
 /// quantized to INT8 per [`BLOCK`] columns (see the module documentation).
@@ -147,7 +154,7 @@ pub fn dequant_linear_a8(
     out: &mut [f32],
     m: usize,
 ) -> Result<(), QuantError> {
-    w.validate()?;
+    check_args(x, w, bias, out, m)?;
     let (n, k) = (w.n, w.k);
     if w.format == WeightFormat::Fp6 {
         return Err(QuantError::Param {
@@ -170,11 +177,6 @@ pub fn dequant_linear_a8(
             expected: "a multiple of 32 up to in_features (whole INT8 activation blocks)",
         });
     }
-    check_len("x", x.len(), m * k, || format!("m·k = {m}·{k}"))?;
-    if let Some(b) = bias {
-        check_len("bias", b.len(), n, || format!("n = {n}"))?;
-    }
-    check_len("out", out.len(), m * n, || format!("m·n = {m}·{n}"))?;
     if m == 0 || n == 0 {
         return Ok(());
     }
@@ -190,6 +192,20 @@ pub fn dequant_linear_a8(
         out: SharedOut(out.as_mut_ptr()),
         m,
     };
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::active() >= crate::simd::SimdLevel::Avx2 && m <= super::a8_gemv_avx2::MAX_ROWS {
+        use super::a8_gemv_avx2::{rows, split_codes, PANEL};
+        let xs = split_codes(&q.codes, k);
+        let per = n
+            .div_ceil(GEMV_TASKS_PER_THREAD * crate::team::threads())
+            .next_multiple_of(PANEL);
+        for_blocks(n.div_ceil(per), |t| {
+            let (j0, j1) = (t * per, ((t + 1) * per).min(n));
+            // SAFETY: as below; `xs` holds the m·k codes split as `rows` reads them.
+            unsafe { rows(&job, &xs, j0, j1) };
+        });
+        return Ok(());
+    }
     #[cfg(target_arch = "x86_64")]
     if crate::simd::active() >= crate::simd::SimdLevel::Avx2 {
         use super::a8_avx2::{task, ROWS_PER_TASK as PER};

@@ -248,7 +248,8 @@ unsafe fn kernel<const R: usize, const P: usize, const ASYM: bool>(
                 } else {
                     _mm256_setzero_ps()
                 };
-                af[p] = fold::<ASYM>(af[p], a[p], q, at, z, *t.scale.get_unchecked(tg));
+                let d = _mm256_madd_epi16(a[p], _mm256_set1_epi16(1));
+                af[p] = fold::<ASYM>(af[p], d, q, at, z, *t.scale.get_unchecked(tg));
             }
         }
         left -= 1;
@@ -263,20 +264,21 @@ unsafe fn kernel<const R: usize, const P: usize, const ASYM: bool>(
     }
 }
 
-/// `f + s_g · (D · sx - zterm)` for the block's i16 accumulator `a` of activation row/block
-/// `at`: `zterm` is `zsum` (symmetric) or `z · zsum` (zero points `z`), `s` the panel's
-/// scales of the block's group.
+/// `f + s_g · (D · sx - zterm)` for the block's exact sums `d` (8 weight rows) of activation
+/// row/block `at`: `zterm` is `zsum` (symmetric) or `z · zsum` (zero points `z`), `s` the
+/// rows' scales of the block's group. (The GEMV body, [`super::a8_gemv_avx2`], folds with
+/// this too: the same bits.)
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn fold<const ASYM: bool>(
+pub(super) unsafe fn fold<const ASYM: bool>(
     f: __m256,
-    a: __m256i,
+    d: __m256i,
     q: &QuantizedRows,
     at: usize,
     z: __m256,
     s: __m256,
 ) -> __m256 {
-    let d = _mm256_cvtepi32_ps(_mm256_madd_epi16(a, _mm256_set1_epi16(1)));
+    let d = _mm256_cvtepi32_ps(d);
     let sx = _mm256_set1_ps(*q.scale.get_unchecked(at));
     let zs = _mm256_set1_ps(*q.zsum.get_unchecked(at));
     let inner = if ASYM {
@@ -291,7 +293,7 @@ unsafe fn fold<const ASYM: bool>(
 /// the bias.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn store(job: &A8Job<'_>, v: __m256, i: usize, jp: usize, j1: usize) {
+pub(super) unsafe fn store(job: &A8Job<'_>, v: __m256, i: usize, jp: usize, j1: usize) {
     let mut y = [0f32; LANES];
     _mm256_storeu_ps(y.as_mut_ptr(), v);
     let out = job.out.get().add(i * job.w.n);

@@ -3,9 +3,9 @@
 //! (f64) product with the dequantized weight; and against the unquantized product within
 //! the rounding bound of the module documentation.
 
+use super::fixture::{alone_at, at_every_level, Fixture, Shape};
 use super::{dequant_linear_a8, dequantize, PackedWeight, WeightFormat};
 use crate::quant::QuantError;
-use crate::simd::{detected, set_override, SimdLevel};
 
 /// The activations as the kernel rounds them: per 32 columns, codes and scale.
 fn quantized(x: &[f32]) -> Vec<f64> {
@@ -25,70 +25,22 @@ fn quantized(x: &[f32]) -> Vec<f64> {
     out
 }
 
-struct Case {
-    n: usize,
-    k: usize,
-    group: usize,
-    m: usize,
-    asym: bool,
-    per_tensor: bool,
-    bias: bool,
-}
-
-fn check(c: &Case) {
-    let Case {
-        n,
-        k,
-        group,
-        m,
-        asym,
-        per_tensor,
-        bias,
-    } = *c;
-    let mut seed = (n * 131 + k * 7 + m * 3 + group) as u64;
-    let mut next = move || {
-        seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (seed >> 33) as u32
-    };
-    let groups = k.div_ceil(group);
-    let srows = if per_tensor { 1 } else { n };
-    let scale: Vec<f32> = (0..srows * groups)
-        .map(|i| 0.01 + (i % 13) as f32 * 1e-3)
-        .collect();
-    let zero: Vec<f32> = (0..srows * groups)
-        .map(|i| (i % 16) as f32 + 0.25)
-        .collect();
-    let data: Vec<u8> = (0..n * k / 2).map(|_| next() as u8).collect();
-    let mut x: Vec<f32> = (0..m * k)
-        .map(|_| (next() as f32 / 2f32.powi(31) - 0.5) * 3.0)
-        .collect();
+/// `shape`'s fixture against the definition and the unquantized product at every level.
+fn check(shape: Shape, bias: bool) {
+    let Shape { n, k, m, .. } = shape;
+    let mut f = Fixture::new(shape);
     if m > 1 && k > 32 {
-        x[k..k + 32].fill(0.0); // a zero block: scale 0
-        x[k + 40] = 50.0; // an outlier dominating its block
+        f.x[k..k + 32].fill(0.0); // a zero block: scale 0
+        f.x[k + 40] = 50.0; // an outlier dominating its block
     }
-    let b: Vec<f32> = (0..n).map(|j| j as f32 * 0.25 - 1.0).collect();
-    let w = PackedWeight {
-        format: WeightFormat::Int4 { offset: 8 },
-        data: &data,
-        data2: None,
-        scale: &scale,
-        zero: asym.then_some(&zero[..]),
-        n,
-        k,
-        group,
-    };
+    let (x, b) = (&f.x, &f.bias);
+    let w = f.weight(false);
     let mut deq = vec![0f32; n * k];
     dequantize(&w, &mut deq).unwrap();
-    let xq = quantized(&x);
-    for level in [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512] {
-        if level > detected() {
-            continue;
-        }
-        set_override(Some(level)).unwrap();
+    let xq = quantized(x);
+    at_every_level(|level| {
         let mut y = vec![f32::NAN; m * n];
-        dequant_linear_a8(&x, &w, bias.then_some(&b[..]), &mut y, m).unwrap();
+        dequant_linear_a8(x, &w, bias.then_some(&b[..]), &mut y, m).unwrap();
         for i in 0..m {
             for j in 0..n {
                 let bj = if bias { f64::from(b[j]) } else { 0.0 };
@@ -104,40 +56,90 @@ fn check(c: &Case) {
                 }
                 let got = f64::from(y[i * n + j]);
                 let err = (got - exact).abs();
-                let what = format!("{level:?} {n}x{k} g{group} m{m} asym {asym} ({i},{j})");
+                let what = format!("{level:?} {shape:?} ({i},{j})");
                 assert!(err <= 1e-5 * mag, "{what}: {got} vs {exact} ({err})");
                 assert!((got - plain).abs() <= bound * 1.0001 + 1e-5 * mag, "{what}");
             }
         }
-    }
-    set_override(None).unwrap();
+    });
 }
 
-#[test]
-fn matches_the_product_of_the_rounded_activations_at_every_level() {
-    let case = |n, k, group, m, asym, per_tensor, bias| Case {
+fn shape(n: usize, k: usize, group: usize, m: usize, asym: bool, per_tensor: bool) -> Shape {
+    Shape {
         n,
         k,
         group,
         m,
         asym,
         per_tensor,
-        bias,
-    };
-    for c in [
-        case(70, 576, 32, 1, false, false, true),
-        case(70, 576, 32, 2, false, false, false),
-        case(37, 576, 32, 5, false, false, true),
-        case(64, 128, 64, 16, true, false, true),
-        case(33, 96, 32, 17, true, false, false),
-        case(9, 256, 128, 3, false, true, true),
-        case(1, 32, 32, 4, true, false, true),
-        case(40, 64, 64, 7, false, false, true),
+    }
+}
+
+#[test]
+fn matches_the_product_of_the_rounded_activations_at_every_level() {
+    for (s, bias) in [
+        (shape(70, 576, 32, 1, false, false), true),
+        (shape(70, 576, 32, 2, false, false), false),
+        (shape(37, 576, 32, 5, false, false), true),
+        (shape(64, 128, 64, 16, true, false), true),
+        (shape(33, 96, 32, 17, true, false), false),
+        (shape(9, 256, 128, 3, false, true), true),
+        (shape(1, 32, 32, 4, true, false), true),
+        (shape(40, 64, 64, 7, false, false), true),
         // k 96 in groups of 64: a last group of 32 (a tensor-parallel cut's), 2 scales a row
-        case(96, 96, 64, 12, false, false, false),
-        case(20, 160, 64, 5, true, false, true),
+        (shape(96, 96, 64, 12, false, false), false),
+        (shape(20, 160, 64, 5, true, false), true),
+        // The GEMV body's rows (1-4): an odd block count (a lone last block), a short last
+        // panel, groups of several blocks with a short last one, zero points, per tensor.
+        (shape(13, 96, 32, 1, false, false), true),
+        (shape(13, 96, 32, 3, true, false), true),
+        (shape(21, 160, 64, 2, true, false), false),
+        (shape(17, 160, 64, 4, false, false), true),
+        (shape(8, 32, 32, 2, false, false), true),
+        (shape(3, 64, 32, 4, true, true), true),
+        (shape(200, 576, 32, 4, false, false), true),
+        (shape(24, 1536, 128, 1, false, false), false),
     ] {
-        check(&c);
+        check(s, bias);
+    }
+}
+
+/// Each row of a call gives the same bits as that row alone: the GEMV body (up to 4 rows)
+/// and the tile body (more) fold the same integer sums in the same order, at every level.
+#[test]
+fn a_row_does_not_depend_on_its_batch() {
+    for (n, k, group, asym, per_tensor) in [
+        (70, 576, 32, false, false),
+        (13, 96, 32, true, false),
+        (41, 160, 64, false, false),
+        (9, 128, 64, true, true),
+    ] {
+        let f = Fixture::new(shape(n, k, group, 19, asym, per_tensor));
+        let w = f.weight(false);
+        at_every_level(|level| {
+            let call = |m: usize| {
+                let mut y = vec![0f32; m * n];
+                dequant_linear_a8(&f.x[..m * k], &w, Some(&f.bias), &mut y, m).unwrap();
+                y
+            };
+            for m in [2, 3, 4, 5, 8, 19] {
+                let (batch, alone) = alone_at(level, || {
+                    let alone: Vec<f32> = (0..m)
+                        .flat_map(|i| {
+                            let mut y = vec![0f32; n];
+                            let x = &f.x[i * k..(i + 1) * k];
+                            dequant_linear_a8(x, &w, Some(&f.bias), &mut y, 1).unwrap();
+                            y
+                        })
+                        .collect();
+                    (call(m), alone)
+                });
+                for (e, (a, b)) in batch.iter().zip(&alone).enumerate() {
+                    let what = format!("{level:?} {n}x{k} g{group} m{m} ({}, {})", e / n, e % n);
+                    assert_eq!(a.to_bits(), b.to_bits(), "{what}: {a} vs {b}");
+                }
+            }
+        });
     }
 }
 

@@ -224,8 +224,8 @@ mod avx512 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{dequant_linear, dequantize, PackedWeight, WeightFormat};
-    use crate::simd::{detected, set_override, SimdLevel};
+    use super::super::fixture::{at_every_level, Fixture, Shape};
+    use super::super::{dequant_linear, dequantize};
 
     fn check(n: usize, k: usize, group: usize, m: usize, asym: bool, per_tensor: bool) {
         check_format(n, k, group, m, asym, per_tensor, false);
@@ -241,48 +241,20 @@ mod tests {
         per_tensor: bool,
         fp6: bool,
     ) {
-        let mut seed = (n * 31 + k * 7 + m) as u64;
-        let mut next = move || {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (seed >> 33) as u32
-        };
-        let groups = k.div_ceil(group);
-        let srows = if per_tensor { 1 } else { n };
-        let scale: Vec<f32> = (0..srows * groups)
-            .map(|i| 0.01 + (i % 13) as f32 * 1e-3)
-            .collect();
-        let zero: Vec<f32> = (0..srows * groups).map(|i| (i % 16) as f32).collect();
-        let data: Vec<u8> = (0..n * k / 2).map(|_| next() as u8).collect();
-        let data2: Vec<u8> = (0..n * k / 4).map(|_| next() as u8).collect();
-        let x: Vec<f32> = (0..m * k)
-            .map(|_| next() as f32 / 2f32.powi(31) - 0.5)
-            .collect();
-        let bias: Vec<f32> = (0..n).map(|j| j as f32 * 0.25).collect();
-        let w = PackedWeight {
-            format: if fp6 {
-                WeightFormat::Fp6
-            } else {
-                WeightFormat::Int4 { offset: 8 }
-            },
-            data: &data,
-            data2: fp6.then_some(&data2[..]),
-            scale: &scale,
-            zero: (asym && !fp6).then_some(&zero[..]),
+        let f = Fixture::new(Shape {
             n,
             k,
             group,
-        };
+            m,
+            asym,
+            per_tensor,
+        });
+        let (x, bias, w) = (&f.x, &f.bias, f.weight(fp6));
         let mut deq = vec![0f32; n * k];
         dequantize(&w, &mut deq).unwrap();
-        for &level in [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512]
-            .iter()
-            .filter(|&&l| l <= detected())
-        {
-            set_override(Some(level)).unwrap();
+        at_every_level(|level| {
             let mut y = vec![0f32; m * n];
-            dequant_linear(&x, &w, Some(&bias), &mut y, m).unwrap();
+            dequant_linear(x, &w, Some(bias), &mut y, m).unwrap();
             for i in 0..m {
                 for j in 0..n {
                     let (mut exact, mut mag) = (f64::from(bias[j]), 1.0f64);
@@ -298,8 +270,7 @@ mod tests {
                     );
                 }
             }
-        }
-        set_override(None).unwrap();
+        });
     }
 
     #[test]

@@ -129,12 +129,13 @@ mod avx512 {
     }
 }
 
-/// `out (m, n) = x (m, k) · dequant(w)ᵀ + bias`, dequantizing [`NB`] weight rows at a time.
-pub fn dequant_linear(
+/// The checks every INT4/FP6 linear makes of its operands: a valid packed weight and
+/// `x (m, k)`, `bias (n)`, `out (m, n)`.
+pub(super) fn check_args(
     x: &[f32],
     w: &PackedWeight<'_>,
     bias: Option<&[f32]>,
-    out: &mut [f32],
+    out: &[f32],
     m: usize,
 ) -> Result<(), QuantError> {
     w.validate()?;
@@ -143,7 +144,19 @@ pub fn dequant_linear(
     if let Some(b) = bias {
         check_len("bias", b.len(), n, || format!("n = {n}"))?;
     }
-    check_len("out", out.len(), m * n, || format!("m·n = {m}·{n}"))?;
+    check_len("out", out.len(), m * n, || format!("m·n = {m}·{n}"))
+}
+
+/// `out (m, n) = x (m, k) · dequant(w)ᵀ + bias`, dequantizing [`NB`] weight rows at a time.
+pub fn dequant_linear(
+    x: &[f32],
+    w: &PackedWeight<'_>,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    m: usize,
+) -> Result<(), QuantError> {
+    check_args(x, w, bias, out, m)?;
+    let (n, k) = (w.n, w.k);
     if m == 0 || n == 0 {
         return Ok(());
     }

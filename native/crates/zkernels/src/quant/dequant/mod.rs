@@ -17,6 +17,8 @@
 mod a8;
 #[cfg(target_arch = "x86_64")]
 mod a8_avx2;
+#[cfg(target_arch = "x86_64")]
+mod a8_gemv_avx2;
 mod gemv;
 #[cfg(target_arch = "x86_64")]
 mod gemv_avx2;
@@ -31,5 +33,7 @@ pub use weight::{dequantize, PackedWeight, WeightFormat};
 
 #[cfg(test)]
 mod a8_tests;
+#[cfg(test)]
+mod fixture;
 #[cfg(test)]
 mod tests;

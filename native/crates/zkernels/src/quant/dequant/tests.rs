@@ -1,6 +1,7 @@
 //! The dequantize and the fused linear against the formats' definitions, computed
 //! here without bit tricks.
 
+use super::fixture::{at_every_level, lcg};
 use super::weight::fp6_value;
 use super::{dequant_linear, dequantize, PackedWeight, WeightFormat};
 use crate::quant::QuantError;
@@ -76,27 +77,15 @@ fn int4_and_fp6_dequantize_and_linear_match_reference() {
 /// k with and without an 8-wide tail.
 #[test]
 fn tile_path_matches_reference_at_every_level() {
-    use crate::simd::{detected, set_override, SimdLevel};
-    for level in [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512] {
-        if level > detected() {
-            continue;
-        }
-        set_override(Some(level)).unwrap();
+    at_every_level(|_| {
         check_linear_shapes(&[(17, 100, 32, 11), (33, 576, 32, 70), (6, 36, 12, 9)]);
-    }
-    set_override(None).unwrap();
+    });
 }
 
 /// `dequantize` and `dequant_linear` of random INT4 and FP6 weights `(n, k)` in groups of
 /// `group` against the definitions, at `m` activation rows, for each `(n, k, group, m)`.
 fn check_linear_shapes(shapes: &[(usize, usize, usize, usize)]) {
-    let mut seed = 3u64;
-    let mut next = move || {
-        seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (seed >> 33) as u32
-    };
+    let mut next = lcg(3);
     for &(n, k, group, m) in shapes {
         let groups = k.div_ceil(group);
         let scale: Vec<f32> = (0..n * groups).map(|i| 0.01 + i as f32 * 1e-3).collect();
