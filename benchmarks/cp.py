@@ -23,12 +23,18 @@ Memory is a training step's peak resident memory above the rank's memory before 
 (``VmHWM`` reset through ``/proc/self/clear_refs``, free heap returned with ``malloc_trim``
 first): activations, the logits, gathered ZeRO-3 parameters and gradient buckets. Model state
 is the same in every variant (ZeRO-3 over the same 2 ranks), so the budget is on this part.
-Each probe is the least of ``probe_repeats`` steps at that length (a step can only over-count:
-allocator slack, a late free). *Activation memory* is that peak at ``seq`` less the peak of a
-``floor_seq``-token step in the same ranks: the gathered parameters and gradient buckets, which
-do not depend on the length and do not shrink with cp, cancel.
+Each probe is the worst (highest) of ``probe_repeats`` steps at that length on the worse rank:
+a length counts as trainable only when every repeat stayed within the budget. *Activation
+memory* is that peak at ``seq`` less the peak of a ``floor_seq``-token step in the same ranks:
+the gathered parameters and gradient buckets, which do not depend on the length and do not
+shrink with cp, cancel. The tiled variants run :func:`zcore.sequence.tile_causal_lm` as a user
+would, which holds glibc's mmap threshold fixed (:mod:`zcore.sequence.heap`); the untiled ones
+leave the allocator alone (``MALLOC_MMAP_THRESHOLD_=131072`` in the environment fixes it for
+every variant).
 The longest sequence within ``budget_mib`` (the larger rank's peak) is found by doubling
-from ``start_seq`` and then bisecting to 1/16. ``max_seq_ratio`` is cp2_tiled's over cp1's
+from ``start_seq`` and then bisecting until the bracket is within ``1/resolution`` of its
+lower end (8 tokens at least): with 3 repeats and 1/32, about 11-13 probes of 3 steps per
+variant, 2-4 minutes for the default tiled cp2 on this host's 2 cores. ``max_seq_ratio`` is cp2_tiled's over cp1's
 (issue 45's target: >= 2.5). At ``seq`` tokens every variant also times ``steps`` steps:
 tokens/s of the job (cp1 trains 2 sequences a step, cp2 one), the step's peak memory and its
 activation memory.
@@ -53,6 +59,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +121,24 @@ def _peak_probe() -> Any:
     return probe
 
 
+def longest(
+    peak: Callable[[int], float], start: int, last: int, budget: float, resolution: int
+) -> tuple[int, list[tuple[int, float]]]:
+    """The longest length whose ``peak(length)`` is within ``budget`` (0: not even
+    ``start``), and every ``(length, peak)`` probed: doubling from ``start`` up to ``last``,
+    then bisecting until the bracket is within ``1/resolution`` of its lower end (or 8)."""
+    trials: list[tuple[int, float]] = []
+    lo, hi, seq = 0, None, start
+    while hi is None and seq <= last:
+        trials.append((seq, peak(seq)))
+        lo, hi, seq = (seq, None, seq * 2) if trials[-1][1] <= budget else (lo, seq, seq)
+    while hi is not None and hi - lo > max(lo // resolution, 8):
+        mid = (lo + hi) // 2
+        trials.append((mid, peak(mid)))
+        lo, hi = (mid, hi) if trials[-1][1] <= budget else (lo, mid)
+    return lo, trials
+
+
 def _rank(spec: dict[str, Any]) -> None:
     """One rank of one variant: a warm step, the length search, the timed steps."""
     import torch
@@ -152,24 +177,15 @@ def _rank(spec: dict[str, Any]) -> None:
         return float(loss.detach())
 
     def peak(seq: int) -> float:
-        mib = min(probe(lambda: step(seq))[1] for _ in range(spec["probe_repeats"]))
+        mib = max(probe(lambda: step(seq))[1] for _ in range(spec["probe_repeats"]))
         worst = torch.tensor([mib])
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)
         return float(worst)
 
     step(spec["start_seq"])  # optimizer state and buffers exist before anything is measured
-    trials: list[tuple[int, float]] = []
-    lo, hi = 0, None
-    seq = spec["start_seq"]
-    while hi is None and seq <= spec["max_seq"]:
-        trials.append((seq, peak(seq)))
-        lo, hi, seq = (
-            (seq, None, seq * 2) if trials[-1][1] <= spec["budget_mib"] else (lo, seq, seq)
-        )
-    while hi is not None and hi - lo > max(lo // 16, 8):
-        mid = (lo + hi) // 2
-        trials.append((mid, peak(mid)))
-        lo, hi = (mid, hi) if trials[-1][1] <= spec["budget_mib"] else (lo, mid)
+    lo, trials = longest(
+        peak, spec["start_seq"], spec["max_seq"], spec["budget_mib"], spec["resolution"]
+    )
     fixed_peak = peak(spec["seq"])
     floor_peak = peak(spec["floor_seq"])
     times, losses = [], []
@@ -220,7 +236,8 @@ def run(
     max_seq: int = 1 << 16,
     steps: int = 2,
     warmup: int = 1,
-    probe_repeats: int = 2,
+    probe_repeats: int = 3,
+    resolution: int = 32,
     floor_seq: int = 32,
     loss_tile: int = 256,
     mlp_tile: int = 256,
@@ -235,11 +252,12 @@ def run(
     if unknown or not chosen:
         names = ", ".join([*VARIANTS, *CHECKPOINTED])
         raise ValueError(f"--variants {variants!r}: choose from {names}")
-    if min(budget_mib, seq, start_seq, steps, loss_tile, mlp_tile, threads, probe_repeats) <= 0:
+    sizes = (budget_mib, seq, start_seq, steps, loss_tile, mlp_tile, threads, probe_repeats)
+    if min(*sizes, resolution) <= 0:
         raise ValueError(
-            f"need positive --budget-mib, --seq, --start-seq, --steps, tiles, threads and "
-            f"--probe-repeats (got {budget_mib}, {seq}, {start_seq}, {steps}, "
-            f"{loss_tile}/{mlp_tile}, {threads}, {probe_repeats})"
+            f"need positive --budget-mib, --seq, --start-seq, --steps, tiles, threads, "
+            f"--probe-repeats and --resolution (got {budget_mib}, {seq}, {start_seq}, {steps}, "
+            f"{loss_tile}/{mlp_tile}, {threads}, {probe_repeats}, {resolution})"
         )
     if not 2 <= floor_seq < seq:
         raise ValueError(
@@ -270,6 +288,7 @@ def run(
             steps=steps,
             warmup=warmup,
             probe_repeats=probe_repeats,
+            resolution=resolution,
             floor_seq=floor_seq,
             loss_tile=loss_tile,
             mlp_tile=mlp_tile,
