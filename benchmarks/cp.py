@@ -24,7 +24,8 @@ Memory is a training step's peak resident memory above the rank's memory before 
 first): activations, the logits, gathered ZeRO-3 parameters and gradient buckets. Model state
 is the same in every variant (ZeRO-3 over the same 2 ranks), so the budget is on this part.
 Each probe is the worst (highest) of ``probe_repeats`` steps at that length on the worse rank:
-a length counts as trainable only when every repeat stayed within the budget. *Activation
+a length counts as trainable only when every repeat stayed within the budget (the repeats
+stop at the first one over it). *Activation
 memory* is that peak at ``seq`` less the peak of a ``floor_seq``-token step in the same ranks:
 the gathered parameters and gradient buckets, which do not depend on the length and do not
 shrink with cp, cancel. The tiled variants run :func:`zcore.sequence.tile_causal_lm` as a user
@@ -176,15 +177,22 @@ def _rank(spec: dict[str, Any]) -> None:
         engine.step()
         return float(loss.detach())
 
-    def peak(seq: int) -> float:
-        mib = max(probe(lambda: step(seq))[1] for _ in range(spec["probe_repeats"]))
-        worst = torch.tensor([mib])
-        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    def peak(seq: int, budget: float = float("inf")) -> float:
+        """The worst of ``probe_repeats`` steps on the worse rank; stops at the first step
+        over ``budget`` (the length fails either way)."""
+        worst = torch.tensor([0.0])
+        for _ in range(spec["probe_repeats"]):
+            mib = torch.tensor([probe(lambda: step(seq))[1]])
+            dist.all_reduce(mib, op=dist.ReduceOp.MAX)
+            worst = torch.maximum(worst, mib)
+            if float(worst) > budget:
+                break
         return float(worst)
 
     step(spec["start_seq"])  # optimizer state and buffers exist before anything is measured
+    budget = spec["budget_mib"]
     lo, trials = longest(
-        peak, spec["start_seq"], spec["max_seq"], spec["budget_mib"], spec["resolution"]
+        lambda n: peak(n, budget), spec["start_seq"], spec["max_seq"], budget, spec["resolution"]
     )
     fixed_peak = peak(spec["seq"])
     floor_peak = peak(spec["floor_seq"])
