@@ -23,9 +23,11 @@ Memory is a training step's peak resident memory above the rank's memory before 
 (``VmHWM`` reset through ``/proc/self/clear_refs``, free heap returned with ``malloc_trim``
 first): activations, the logits, gathered ZeRO-3 parameters and gradient buckets. Model state
 is the same in every variant (ZeRO-3 over the same 2 ranks), so the budget is on this part.
-Each probe is the worst (highest) of ``probe_repeats`` steps at that length on the worse rank:
-a length counts as trainable only when every repeat stayed within the budget (the repeats
-stop at the first one over it). *Activation
+The search's probe of a length is the worst (highest) of ``probe_repeats`` steps on the worse
+rank: a length counts as trainable only when every repeat stayed within the budget (the
+repeats stop at the first one over it). At ``seq`` and ``floor_seq`` the least of the repeats
+is the step's peak (``fixed_peak_worst_mib`` the highest): a step's peak can only over-count
+(allocator slack, a late free), and the ratios compare what the steps need. *Activation
 memory* is that peak at ``seq`` less the peak of a ``floor_seq``-token step in the same ranks:
 the gathered parameters and gradient buckets, which do not depend on the length and do not
 shrink with cp, cancel. The tiled variants run :func:`zcore.sequence.tile_causal_lm` as a user
@@ -34,8 +36,9 @@ leave the allocator alone (``MALLOC_MMAP_THRESHOLD_=131072`` in the environment 
 every variant).
 The longest sequence within ``budget_mib`` (the larger rank's peak) is found by doubling
 from ``start_seq`` and then bisecting until the bracket is within ``1/resolution`` of its
-lower end (8 tokens at least): with 3 repeats and 1/32, about 11-13 probes of 3 steps per
-variant, 2-4 minutes for the default tiled cp2 on this host's 2 cores. ``max_seq_ratio`` is cp2_tiled's over cp1's
+lower end (8 tokens at least): 9-13 probes a variant at the defaults. On a 2-core host under
+load the default five-variant run took 38 minutes, cp1_tiled (whole sequences near 10K tokens
+a rank) about 20 of them and cp2_tiled 5-8. ``max_seq_ratio`` is cp2_tiled's over cp1's
 (issue 45's target: >= 2.5). At ``seq`` tokens every variant also times ``steps`` steps:
 tokens/s of the job (cp1 trains 2 sequences a step, cp2 one), the step's peak memory and its
 activation memory.
@@ -177,25 +180,29 @@ def _rank(spec: dict[str, Any]) -> None:
         engine.step()
         return float(loss.detach())
 
-    def peak(seq: int, budget: float = float("inf")) -> float:
-        """The worst of ``probe_repeats`` steps on the worse rank; stops at the first step
+    def peaks(seq: int, budget: float = float("inf")) -> list[float]:
+        """Each of ``probe_repeats`` steps' peak on the worse rank; stops at the first step
         over ``budget`` (the length fails either way)."""
-        worst = torch.tensor([0.0])
+        out: list[float] = []
         for _ in range(spec["probe_repeats"]):
             mib = torch.tensor([probe(lambda: step(seq))[1]])
             dist.all_reduce(mib, op=dist.ReduceOp.MAX)
-            worst = torch.maximum(worst, mib)
-            if float(worst) > budget:
+            out.append(float(mib))
+            if out[-1] > budget:
                 break
-        return float(worst)
+        return out
 
     step(spec["start_seq"])  # optimizer state and buffers exist before anything is measured
     budget = spec["budget_mib"]
     lo, trials = longest(
-        lambda n: peak(n, budget), spec["start_seq"], spec["max_seq"], budget, spec["resolution"]
+        lambda n: max(peaks(n, budget)),
+        spec["start_seq"],
+        spec["max_seq"],
+        budget,
+        spec["resolution"],
     )
-    fixed_peak = peak(spec["seq"])
-    floor_peak = peak(spec["floor_seq"])
+    fixed = peaks(spec["seq"])
+    fixed_peak, floor_peak = min(fixed), min(peaks(spec["floor_seq"]))
     times, losses = [], []
     for i in range(spec["warmup"] + spec["steps"]):
         dist.barrier()
@@ -214,6 +221,7 @@ def _rank(spec: dict[str, Any]) -> None:
         "max_seq": lo,
         "trials": trials,
         "fixed_peak_mib": fixed_peak,
+        "fixed_peak_worst_mib": max(fixed),
         "floor_peak_mib": floor_peak,
         "activation_mib": fixed_peak - floor_peak,
         "step_s": times,
