@@ -30,10 +30,12 @@ is the step's peak (``fixed_peak_worst_mib`` the highest): a step's peak can onl
 (allocator slack, a late free), and the ratios compare what the steps need. *Activation
 memory* is that peak at ``seq`` less the peak of a ``floor_seq``-token step in the same ranks:
 the gathered parameters and gradient buckets, which do not depend on the length and do not
-shrink with cp, cancel. The tiled variants run :func:`zcore.sequence.tile_causal_lm` as a user
-would, which holds glibc's mmap threshold fixed (:mod:`zcore.sequence.heap`); the untiled ones
-leave the allocator alone (``MALLOC_MMAP_THRESHOLD_=131072`` in the environment fixes it for
-every variant).
+shrink with cp, cancel. With ``fixed_heap`` (the default) every variant's ranks hold glibc's
+mmap threshold fixed from the start (:func:`zcore.sequence.heap.fix_mmap_threshold`, which
+:func:`zcore.sequence.tile_causal_lm` applies anyway), so each resident peak follows the step's
+live blocks rather than the heap's history (with glibc's moving threshold an untiled cp2 step
+at 2048 tokens measured 173-210 MiB for ~150 live); ``fixed_heap=False`` leaves the untiled
+variants on glibc's own setting.
 The longest sequence within ``budget_mib`` (the larger rank's peak) is found by doubling
 from ``start_seq`` and then bisecting until the bracket is within ``1/resolution`` of its
 lower end (8 tokens at least): 9-13 probes a variant at the defaults. On a 2-core host under
@@ -149,6 +151,10 @@ def _rank(spec: dict[str, Any]) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(spec["threads"])
+    if spec["fixed_heap"]:
+        from zcore.sequence.heap import fix_mmap_threshold
+
+        fix_mmap_threshold()
     dist.init_process_group("gloo", rank=spec["rank"], world_size=spec["world"])
     from transformers import LlamaForCausalLM
 
@@ -260,6 +266,7 @@ def run(
     threads: int = 1,
     variants: str = DEFAULT_VARIANTS,
     stage: int = 3,
+    fixed_heap: bool = True,
     timeout_s: float = 3600,
 ) -> dict[str, Any]:
     """Every variant's longest sequence within ``budget_mib`` and tokens/s at ``seq``."""
@@ -310,6 +317,7 @@ def run(
             mlp_tile=mlp_tile,
             threads=threads,
             stage=stage,
+            fixed_heap=fixed_heap,
         )
         rows = {}
         for v in chosen:

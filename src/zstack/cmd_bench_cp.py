@@ -31,6 +31,9 @@ def bench_cp(
         "cp1,cp1_tiled,cp2,cp2_tiled", "--variants", help="Comma-separated variants."
     ),
     stage: int = typer.Option(3, "--stage", min=0, max=3, help="The ZeRO stage."),
+    fixed_heap: bool = typer.Option(
+        True, "--fixed-heap/--glibc-heap", help="Fix glibc's mmap threshold in every variant."
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print only the JSON object."),
 ) -> None:
     """The longest sequence trained within a per-rank memory budget at cp=1 and cp=2, tiling
@@ -41,6 +44,7 @@ def bench_cp(
     options.update(start_seq=start_seq, max_seq=max_seq, steps=steps, warmup=warmup)
     options.update(probe_repeats=probe_repeats, resolution=resolution, floor_seq=floor_seq)
     options.update(loss_tile=loss_tile, mlp_tile=mlp_tile, variants=variants, stage=stage)
+    options.update(fixed_heap=fixed_heap)
     raise typer.Exit(run_benchmark("cp", json_out, **options))
 
 
