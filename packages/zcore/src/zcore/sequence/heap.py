@@ -24,9 +24,9 @@ _set: list[int] = []
 def fix_mmap_threshold(threshold: int = DEFAULT_THRESHOLD) -> bool:
     """Hold glibc's mmap threshold at ``threshold`` bytes for this process (blocks at least
     that large are mapped on allocation and returned to the system on free). Process-wide
-    and idempotent; the cost is a page-fault-zeroed mapping per large block (measured above:
-    about 5-25% more CPU time a step on that model). Returns whether it took (False off
-    glibc)."""
+    and idempotent; the cost is a page-fault-zeroed mapping per large block (on that model,
+    under load: 25-35% more process CPU time a step; a 1 MiB threshold cost ~6% and kept
+    82-84 MiB resident). Returns whether it took (False off glibc)."""
     if threshold < 1:
         raise ValueError(f"an mmap threshold is a positive byte count, got {threshold}")
     if _set and _set[-1] == threshold:
