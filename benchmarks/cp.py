@@ -23,12 +23,24 @@ Memory is a training step's peak resident memory above the rank's memory before 
 (``VmHWM`` reset through ``/proc/self/clear_refs``, free heap returned with ``malloc_trim``
 first): activations, the logits, gathered ZeRO-3 parameters and gradient buckets. Model state
 is the same in every variant (ZeRO-3 over the same 2 ranks), so the budget is on this part.
-Each probe is the least of ``probe_repeats`` steps at that length (a step can only over-count:
-allocator slack, a late free). *Activation memory* is that peak at ``seq`` less the peak of a
-``floor_seq``-token step in the same ranks: the gathered parameters and gradient buckets, which
-do not depend on the length and do not shrink with cp, cancel.
+The search's probe of a length is the worst (highest) of ``probe_repeats`` steps on the worse
+rank: a length counts as trainable only when every repeat stayed within the budget (the
+repeats stop at the first one over it). At ``seq`` and ``floor_seq`` the least of the repeats
+is the step's peak (``fixed_peak_worst_mib`` the highest): a step's peak can only over-count
+(allocator slack, a late free), and the ratios compare what the steps need. *Activation
+memory* is that peak at ``seq`` less the peak of a ``floor_seq``-token step in the same ranks:
+the gathered parameters and gradient buckets, which do not depend on the length and do not
+shrink with cp, cancel. With ``fixed_heap`` (the default) every variant's ranks hold glibc's
+mmap threshold fixed from the start (:func:`zcore.sequence.heap.fix_mmap_threshold`, which
+:func:`zcore.sequence.tile_causal_lm` applies anyway), so each resident peak follows the step's
+live blocks rather than the heap's history (with glibc's moving threshold an untiled cp2 step
+at 2048 tokens measured 173-210 MiB for ~150 live); ``fixed_heap=False`` leaves the untiled
+variants on glibc's own setting.
 The longest sequence within ``budget_mib`` (the larger rank's peak) is found by doubling
-from ``start_seq`` and then bisecting to 1/16. ``max_seq_ratio`` is cp2_tiled's over cp1's
+from ``start_seq`` and then bisecting until the bracket is within ``1/resolution`` of its
+lower end (8 tokens at least): 9-13 probes a variant at the defaults. On a 2-core host under
+load the default five-variant run took 38 minutes, cp1_tiled (whole sequences near 10K tokens
+a rank) about 20 of them and cp2_tiled 5-8. ``max_seq_ratio`` is cp2_tiled's over cp1's
 (issue 45's target: >= 2.5). At ``seq`` tokens every variant also times ``steps`` steps:
 tokens/s of the job (cp1 trains 2 sequences a step, cp2 one), the step's peak memory and its
 activation memory.
@@ -53,6 +65,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -114,12 +127,34 @@ def _peak_probe() -> Any:
     return probe
 
 
+def longest(
+    peak: Callable[[int], float], start: int, last: int, budget: float, resolution: int
+) -> tuple[int, list[tuple[int, float]]]:
+    """The longest length whose ``peak(length)`` is within ``budget`` (0: not even
+    ``start``), and every ``(length, peak)`` probed: doubling from ``start`` up to ``last``,
+    then bisecting until the bracket is within ``1/resolution`` of its lower end (or 8)."""
+    trials: list[tuple[int, float]] = []
+    lo, hi, seq = 0, None, start
+    while hi is None and seq <= last:
+        trials.append((seq, peak(seq)))
+        lo, hi, seq = (seq, None, seq * 2) if trials[-1][1] <= budget else (lo, seq, seq)
+    while hi is not None and hi - lo > max(lo // resolution, 8):
+        mid = (lo + hi) // 2
+        trials.append((mid, peak(mid)))
+        lo, hi = (mid, hi) if trials[-1][1] <= budget else (lo, mid)
+    return lo, trials
+
+
 def _rank(spec: dict[str, Any]) -> None:
     """One rank of one variant: a warm step, the length search, the timed steps."""
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(spec["threads"])
+    if spec["fixed_heap"]:
+        from zcore.sequence.heap import fix_mmap_threshold
+
+        fix_mmap_threshold()
     dist.init_process_group("gloo", rank=spec["rank"], world_size=spec["world"])
     from transformers import LlamaForCausalLM
 
@@ -151,27 +186,29 @@ def _rank(spec: dict[str, Any]) -> None:
         engine.step()
         return float(loss.detach())
 
-    def peak(seq: int) -> float:
-        mib = min(probe(lambda: step(seq))[1] for _ in range(spec["probe_repeats"]))
-        worst = torch.tensor([mib])
-        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-        return float(worst)
+    def peaks(seq: int, budget: float = float("inf")) -> list[float]:
+        """Each of ``probe_repeats`` steps' peak on the worse rank; stops at the first step
+        over ``budget`` (the length fails either way)."""
+        out: list[float] = []
+        for _ in range(spec["probe_repeats"]):
+            mib = torch.tensor([probe(lambda: step(seq))[1]])
+            dist.all_reduce(mib, op=dist.ReduceOp.MAX)
+            out.append(float(mib))
+            if out[-1] > budget:
+                break
+        return out
 
     step(spec["start_seq"])  # optimizer state and buffers exist before anything is measured
-    trials: list[tuple[int, float]] = []
-    lo, hi = 0, None
-    seq = spec["start_seq"]
-    while hi is None and seq <= spec["max_seq"]:
-        trials.append((seq, peak(seq)))
-        lo, hi, seq = (
-            (seq, None, seq * 2) if trials[-1][1] <= spec["budget_mib"] else (lo, seq, seq)
-        )
-    while hi is not None and hi - lo > max(lo // 16, 8):
-        mid = (lo + hi) // 2
-        trials.append((mid, peak(mid)))
-        lo, hi = (mid, hi) if trials[-1][1] <= spec["budget_mib"] else (lo, mid)
-    fixed_peak = peak(spec["seq"])
-    floor_peak = peak(spec["floor_seq"])
+    budget = spec["budget_mib"]
+    lo, trials = longest(
+        lambda n: max(peaks(n, budget)),
+        spec["start_seq"],
+        spec["max_seq"],
+        budget,
+        spec["resolution"],
+    )
+    fixed = peaks(spec["seq"])
+    fixed_peak, floor_peak = min(fixed), min(peaks(spec["floor_seq"]))
     times, losses = [], []
     for i in range(spec["warmup"] + spec["steps"]):
         dist.barrier()
@@ -190,6 +227,7 @@ def _rank(spec: dict[str, Any]) -> None:
         "max_seq": lo,
         "trials": trials,
         "fixed_peak_mib": fixed_peak,
+        "fixed_peak_worst_mib": max(fixed),
         "floor_peak_mib": floor_peak,
         "activation_mib": fixed_peak - floor_peak,
         "step_s": times,
@@ -220,13 +258,15 @@ def run(
     max_seq: int = 1 << 16,
     steps: int = 2,
     warmup: int = 1,
-    probe_repeats: int = 2,
+    probe_repeats: int = 3,
+    resolution: int = 32,
     floor_seq: int = 32,
     loss_tile: int = 256,
     mlp_tile: int = 256,
     threads: int = 1,
     variants: str = DEFAULT_VARIANTS,
     stage: int = 3,
+    fixed_heap: bool = True,
     timeout_s: float = 3600,
 ) -> dict[str, Any]:
     """Every variant's longest sequence within ``budget_mib`` and tokens/s at ``seq``."""
@@ -235,11 +275,12 @@ def run(
     if unknown or not chosen:
         names = ", ".join([*VARIANTS, *CHECKPOINTED])
         raise ValueError(f"--variants {variants!r}: choose from {names}")
-    if min(budget_mib, seq, start_seq, steps, loss_tile, mlp_tile, threads, probe_repeats) <= 0:
+    sizes = (budget_mib, seq, start_seq, steps, loss_tile, mlp_tile, threads, probe_repeats)
+    if min(*sizes, resolution) <= 0:
         raise ValueError(
-            f"need positive --budget-mib, --seq, --start-seq, --steps, tiles, threads and "
-            f"--probe-repeats (got {budget_mib}, {seq}, {start_seq}, {steps}, "
-            f"{loss_tile}/{mlp_tile}, {threads}, {probe_repeats})"
+            f"need positive --budget-mib, --seq, --start-seq, --steps, tiles, threads, "
+            f"--probe-repeats and --resolution (got {budget_mib}, {seq}, {start_seq}, {steps}, "
+            f"{loss_tile}/{mlp_tile}, {threads}, {probe_repeats}, {resolution})"
         )
     if not 2 <= floor_seq < seq:
         raise ValueError(
@@ -270,11 +311,13 @@ def run(
             steps=steps,
             warmup=warmup,
             probe_repeats=probe_repeats,
+            resolution=resolution,
             floor_seq=floor_seq,
             loss_tile=loss_tile,
             mlp_tile=mlp_tile,
             threads=threads,
             stage=stage,
+            fixed_heap=fixed_heap,
         )
         rows = {}
         for v in chosen:

@@ -17,7 +17,10 @@ def bench_cp(
     steps: int = typer.Option(2, "--steps", min=1, help="Timed steps at --seq."),
     warmup: int = typer.Option(1, "--warmup", min=0),
     probe_repeats: int = typer.Option(
-        2, "--probe-repeats", min=1, help="Steps per memory probe; the least peak counts."
+        3, "--probe-repeats", min=1, help="Steps per memory probe; the highest peak counts."
+    ),
+    resolution: int = typer.Option(
+        32, "--resolution", min=1, help="Bisect the longest length to 1/N of itself."
     ),
     floor_seq: int = typer.Option(
         32, "--floor-seq", min=2, help="Length whose step peak is the fixed part (not activations)."
@@ -28,6 +31,9 @@ def bench_cp(
         "cp1,cp1_tiled,cp2,cp2_tiled", "--variants", help="Comma-separated variants."
     ),
     stage: int = typer.Option(3, "--stage", min=0, max=3, help="The ZeRO stage."),
+    fixed_heap: bool = typer.Option(
+        True, "--fixed-heap/--glibc-heap", help="Fix glibc's mmap threshold in every variant."
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print only the JSON object."),
 ) -> None:
     """The longest sequence trained within a per-rank memory budget at cp=1 and cp=2, tiling
@@ -36,8 +42,9 @@ def bench_cp(
 
     options = dict(model=model, layers=layers or None, budget_mib=budget_mib, seq=seq)
     options.update(start_seq=start_seq, max_seq=max_seq, steps=steps, warmup=warmup)
-    options.update(probe_repeats=probe_repeats, floor_seq=floor_seq)
+    options.update(probe_repeats=probe_repeats, resolution=resolution, floor_seq=floor_seq)
     options.update(loss_tile=loss_tile, mlp_tile=mlp_tile, variants=variants, stage=stage)
+    options.update(fixed_heap=fixed_heap)
     raise typer.Exit(run_benchmark("cp", json_out, **options))
 
 

@@ -66,9 +66,29 @@ def test_each_target_is_flagged_met_or_not_and_printed() -> None:
         ({"seq": 0}, "--seq"),
         ({"floor_seq": 4096}, "--floor-seq < --seq"),
         ({"probe_repeats": 0}, "--probe-repeats"),
+        ({"resolution": 0}, "--resolution"),
         ({"model": "nowhere"}, "nowhere"),
     ],
 )
 def test_bad_options_are_named(options: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         load("cp").run(**options)
+
+
+def test_the_length_search_brackets_the_budget_to_its_resolution() -> None:
+    probed: list[int] = []
+
+    def peak(seq: int) -> float:  # 100 MiB fixed + 0.01 MiB a token: 15000 fits 250
+        probed.append(seq)
+        return 100.0 + seq / 100
+
+    longest = load("cp").longest
+    lo, trials = longest(peak, 256, 1 << 16, 250.0, 32)
+    assert lo <= 15000 < lo + max(lo // 32, 8) and [s for s, _ in trials] == probed
+    assert probed[:7] == [256, 512, 1024, 2048, 4096, 8192, 16384] and len(probed) == 12
+    assert longest(peak, 256, 1 << 16, 250.0, 16)[0] <= lo  # coarser: as far or less
+    assert longest(peak, 256, 1024, 1e9, 32) == (
+        1024,
+        [(256, 102.56), (512, 105.12), (1024, 110.24)],
+    )
+    assert longest(peak, 256, 1 << 16, 50.0, 32)[0] == 0  # not even the first length

@@ -27,6 +27,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from zcore.comm import Comm
+from zcore.sequence.heap import DEFAULT_THRESHOLD, fix_mmap_threshold
 
 IGNORE = -100
 
@@ -83,7 +84,11 @@ def tile_mlp(
 
 
 def tile_causal_lm(
-    model: nn.Module, *, loss_tile: int = 1024, mlp_tile: int | None = 1024
+    model: nn.Module,
+    *,
+    loss_tile: int = 1024,
+    mlp_tile: int | None = 1024,
+    mmap_threshold: int | None = DEFAULT_THRESHOLD,
 ) -> nn.Module:
     """Tile ``model`` (a transformers LLaMA-family ``*ForCausalLM``: ``model.model`` the
     decoder, ``model.lm_head`` the head, each layer's ``mlp``): the loss over ``loss_tile``
@@ -93,7 +98,15 @@ def tile_causal_lm(
     Under ZeRO-3 every tile gathers its weights, so every rank of the ZeRO axis must run as
     many tiles: the engine binds the model to its mesh (``bind_mesh``) and each forward takes
     the tile counts from the longest sequence (slice) across that axis (a scalar all-reduce).
+
+    ``mmap_threshold``: glibc's mmap threshold is held at this many bytes for the process
+    (:func:`zcore.sequence.heap.fix_mmap_threshold`): the loss tiles' freed logits would
+    otherwise raise it and leave the tiles' savings in a fragmented heap on a host (the
+    resident set, not the live tensors, sets a CPU rank's memory). None: the allocator is
+    left alone.
     """
+    if mmap_threshold is not None and mmap_threshold < 1:
+        raise ValueError(f"mmap_threshold is a positive byte count or None, got {mmap_threshold}")
     decoder, head = getattr(model, "model", None), getattr(model, "lm_head", None)
     layers = getattr(decoder, "layers", None)
     if decoder is None or head is None or layers is None:
@@ -102,6 +115,8 @@ def tile_causal_lm(
             "model.lm_head); tile its loss with zcore.sequence.tiling.tiled_loss directly"
         )
     agreed: dict[str, Any] = {"comm": None, "length": 0}
+    if mmap_threshold is not None:
+        fix_mmap_threshold(mmap_threshold)
 
     def bind_mesh(mesh: Any) -> None:
         agreed["comm"] = mesh.comm("dp")
