@@ -30,12 +30,15 @@ is the step's peak (``fixed_peak_worst_mib`` the highest): a step's peak can onl
 (allocator slack, a late free), and the ratios compare what the steps need. *Activation
 memory* is that peak at ``seq`` less the peak of a ``floor_seq``-token step in the same ranks:
 the gathered parameters and gradient buckets, which do not depend on the length and do not
-shrink with cp, cancel. With ``fixed_heap`` (the default) every variant's ranks hold glibc's
-mmap threshold fixed from the start (:func:`zcore.sequence.heap.fix_mmap_threshold`, which
-:func:`zcore.sequence.tile_causal_lm` applies anyway), so each resident peak follows the step's
-live blocks rather than the heap's history (with glibc's moving threshold an untiled cp2 step
-at 2048 tokens measured 173-210 MiB for ~150 live); ``fixed_heap=False`` leaves the untiled
-variants on glibc's own setting.
+shrink with cp, cancel. With ``fixed_heap`` (the default) every variant's memory ranks hold
+glibc's mmap threshold fixed from the start (:func:`zcore.sequence.heap.fix_mmap_threshold`,
+which :func:`zcore.sequence.tile_causal_lm` applies anyway), so each resident peak follows the
+step's live blocks rather than the heap's history (with glibc's moving threshold an untiled cp2
+step at 2048 tokens measured 173-210 MiB for ~150 live); ``fixed_heap=False`` leaves the
+untiled variants on glibc's own setting. Each variant runs twice, in fresh ranks: a speed
+phase (the timed steps, on the heap the variant trains with: glibc's own for an untiled one,
+since a fixed threshold maps and zeroes every large block afresh, 13-18% of an untiled step
+here) and a memory phase (the search and the peaks).
 The longest sequence within ``budget_mib`` (the larger rank's peak) is found by doubling
 from ``start_seq`` and then bisecting until the bracket is within ``1/resolution`` of its
 lower end (8 tokens at least): 9-13 probes a variant at the defaults. On a 2-core host under
@@ -151,7 +154,8 @@ def _rank(spec: dict[str, Any]) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(spec["threads"])
-    if spec["fixed_heap"]:
+    speed = spec["phase"] == "speed"
+    if spec["fixed_heap"] and not speed:
         from zcore.sequence.heap import fix_mmap_threshold
 
         fix_mmap_threshold()
@@ -199,6 +203,9 @@ def _rank(spec: dict[str, Any]) -> None:
         return out
 
     step(spec["start_seq"])  # optimizer state and buffers exist before anything is measured
+    if speed:
+        _write_speed(spec, model, step)
+        return
     budget = spec["budget_mib"]
     lo, trials = longest(
         lambda n: max(peaks(n, budget)),
@@ -209,29 +216,42 @@ def _rank(spec: dict[str, Any]) -> None:
     )
     fixed = peaks(spec["seq"])
     fixed_peak, floor_peak = min(fixed), min(peaks(spec["floor_seq"]))
-    times, losses = [], []
-    for i in range(spec["warmup"] + spec["steps"]):
-        dist.barrier()
-        t0 = time.perf_counter()
-        losses.append(step(spec["seq"]))
-        took = torch.tensor([time.perf_counter() - t0])
-        dist.all_reduce(took, op=dist.ReduceOp.MAX)  # a step ends when both ranks are done
-        if i >= spec["warmup"]:
-            times.append(float(took))
-    sequences = WORLD // cp  # sequences the job trains per step
-    median = statistics.median(times)
-    attention = getattr(model, "z_sequence_attention", None)
-    heads = model.config.num_attention_heads
     result = {
-        "mode": "none" if attention is None else attention.active_mode(heads, cp),
         "max_seq": lo,
         "trials": trials,
         "fixed_peak_mib": fixed_peak,
         "fixed_peak_worst_mib": max(fixed),
         "floor_peak_mib": floor_peak,
         "activation_mib": fixed_peak - floor_peak,
+    }
+    _ranks.write_result(spec, result)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _write_speed(spec: dict[str, Any], model: Any, step: Any) -> None:
+    """The speed phase's rank: ``warmup + steps`` timed steps at ``seq`` (a step ends when
+    both ranks are done), the variant's attention mode and parameter count."""
+    import torch
+    import torch.distributed as dist
+
+    cp = VARIANTS[CHECKPOINTED.get(spec["variant"], spec["variant"])][0]
+    times, losses = [], []
+    for i in range(spec["warmup"] + spec["steps"]):
+        dist.barrier()
+        t0 = time.perf_counter()
+        losses.append(step(spec["seq"]))
+        took = torch.tensor([time.perf_counter() - t0])
+        dist.all_reduce(took, op=dist.ReduceOp.MAX)
+        if i >= spec["warmup"]:
+            times.append(float(took))
+    sequences = WORLD // cp  # sequences the job trains per step
+    attention = getattr(model, "z_sequence_attention", None)
+    heads = model.config.num_attention_heads
+    result = {
+        "mode": "none" if attention is None else attention.active_mode(heads, cp),
         "step_s": times,
-        "tokens_per_s": sequences * spec["seq"] / median,
+        "tokens_per_s": sequences * spec["seq"] / statistics.median(times),
         "losses": losses,
         "params": sum(getattr(p, "z_numel", p.numel()) for p in model.parameters()),
     }
@@ -321,10 +341,13 @@ def run(
         )
         rows = {}
         for v in chosen:
-            ranks = _ranks.launch(
-                __file__, WORLD, {**spec, "variant": v}, tmp, timeout_s=timeout_s, what=f"cp {v}"
-            )
-            rows[v] = ranks[0]
+            rows[v] = {}
+            for phase in ("speed", "memory"):
+                one = {**spec, "variant": v, "phase": phase}
+                ranks = _ranks.launch(
+                    __file__, WORLD, one, tmp, timeout_s=timeout_s, what=f"cp {v}"
+                )
+                rows[v].update(ranks[0])
     out.update(options={k: v for k, v in spec.items() if k not in ("path", "overrides")})
     out.update(layers=layers, variants=rows, params=next(iter(rows.values()))["params"])
     out.update(_ratios(rows))

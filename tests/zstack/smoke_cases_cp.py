@@ -1,5 +1,6 @@
 """The smoke case of `z bench cp` (registered into test_cli_smoke's CASES, which imports this
-module): one variant (cp=2 with tiling) of a one-layer model, a few tokens, one launch."""
+module): one variant (cp=2 with tiling) of a one-layer model, a few tokens, its two launches
+(speed, memory)."""
 
 from __future__ import annotations
 
