@@ -11,7 +11,7 @@ def bench_cp(
     ),
     layers: int = typer.Option(0, "--layers", min=0, help="Keep the first N layers (0: all)."),
     budget_mib: float = typer.Option(256.0, "--budget-mib", help="Per-rank step memory budget."),
-    seq: int = typer.Option(2048, "--seq", min=2, help="The fixed length tokens/s is timed at."),
+    seq: int = typer.Option(4096, "--seq", min=2, help="The fixed length tokens/s is timed at."),
     start_seq: int = typer.Option(256, "--start-seq", min=1, help="The search's first length."),
     max_seq: int = typer.Option(1 << 16, "--max-seq", min=2, help="The search's last length."),
     steps: int = typer.Option(2, "--steps", min=1, help="Timed steps at --seq."),
