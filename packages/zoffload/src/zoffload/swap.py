@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from zcore.sequence.heap import fix_mmap_threshold
 from zoffload.aio import AioHandle
 
 
@@ -38,22 +39,10 @@ def return_freed_memory() -> bool:
     glibc raises its mmap threshold after each large free (up to 32 MiB), after which
     shard- and tile-sized temporaries come from the heap and freed ones stay resident:
     measured here, a 100M-parameter model under ``zero.Init`` left ~410 MB resident that
-    way. Returns whether the setting took (False off glibc).
+    way. Returns whether the setting took (False off glibc). The setting is
+    :func:`zcore.sequence.heap.fix_mmap_threshold`'s, which ALST tiling makes too.
     """
-    global _MALLOPT_DONE
-    if _MALLOPT_DONE:
-        return True
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        _MALLOPT_DONE = bool(libc.mallopt(-3, 128 * 1024))  # M_MMAP_THRESHOLD
-    except (OSError, AttributeError):
-        return False
-    return _MALLOPT_DONE
-
-
-_MALLOPT_DONE = False
+    return fix_mmap_threshold()
 
 
 class SwapError(OSError):
