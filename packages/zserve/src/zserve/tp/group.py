@@ -26,6 +26,7 @@ possibly stuck).
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -63,6 +64,37 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+TRANSPORT_THREAD = "gloo_tcp_loop"
+"""The name gloo gives its transport threads (one per process group)."""
+
+
+def quiet_transport_threads() -> int:
+    """Put this process's gloo transport threads under ``SCHED_BATCH`` (Linux; elsewhere, or
+    where the OS refuses, nothing changes); how many were changed.
+
+    A transport thread handles a message only when it can take its connection's lock, and
+    otherwise polls again at once. Woken by a message while the rank's own thread holds that
+    lock (inside a ``send`` or ``recv``), it used to preempt that thread on the rank's core
+    and spin until the scheduler took the core back. ``SCHED_BATCH`` keeps its fair share of
+    the CPU but does not preempt on wake-up: the message waits until the rank's thread
+    blocks in a wait, which is when it is needed.
+    """
+    policy = getattr(os, "SCHED_BATCH", None)
+    if policy is None or not os.path.isdir("/proc/self/task"):
+        return 0
+    changed = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().strip() != TRANSPORT_THREAD:
+                    continue
+            os.sched_setscheduler(int(tid), policy, os.sched_param(0))
+        except OSError:  # the thread ended, or the OS refuses: it stays as it was
+            continue
+        changed += 1
+    return changed
 
 
 @dataclass
@@ -118,6 +150,7 @@ class TPGroup:
         control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
         assert isinstance(control, dist.ProcessGroup)  # every rank is a member
         compute = mesh.get_group("tp")
+        quiet_transport_threads()
         p2p = P2PCollectives(rank, size, compute, control) if collectives == "p2p" else None
         return cls(rank, size, compute, control, timeout_s, p2p=p2p)
 

@@ -4,27 +4,29 @@ decode step.
 
 A decode step of an ``L``-layer model runs ``2 L`` all-reduces of a few KB each; at that
 size a gloo collective costs several message round trips, while a tensor-parallel layer
-needs only one exchange:
+needs only one message each way:
 
-* 2 ranks: one ping-pong exchange (rank 0 sends its tensor, then receives rank 1's; rank 1
-  receives, then sends) and each rank adds the other's tensor;
-* ``N > 2`` ranks: rank 0 receives every rank's tensor (all receives posted at once), sums
-  them and sends the sum back to each (a star: two hops for every rank).
+* 2 ranks: each rank sends its tensor to the other and adds the other's;
+* ``N > 2`` ranks: rank 0 receives every rank's tensor, sums them and sends the sum back to
+  each (a star: two hops for every rank).
+
+The all-reduces' receives are posted ahead: after each all-reduce a rank posts the receive
+of its peer's next one (into a buffer of the largest message from that peer so far), so a
+message finds its receive waiting. gloo then moves it at once, instead of announcing it and
+waiting for the receiver's answer: one message on the critical path instead of three. Each
+rank tracks the size of the receive its peer posted, so a larger sum than any before goes
+as two messages (what fits, then the rest, into a receive posted for it).
 
 Every rank sums in rank order ``((x_0 + x_1) + x_2) + ...``, so every rank gets the same
 bits (at 2 ranks they are also ``dist.all_reduce``'s: an fp addition of two terms
-commutes). The gathers (:meth:`P2PCollectives.all_gather`) go the same ways: an exchange at
-2 ranks, else to rank 0 and (when every rank keeps them) back.
+commutes). The gathers (:meth:`P2PCollectives.all_gather`) post their receives when called:
+at 2 ranks a ping-pong (rank 0 sends first, rank 1 receives first), else to rank 0 and (when
+every rank keeps them) back.
 
-The ops are the process group's own (``ProcessGroup.send``/``recv``, with its timeout): a
-peer whose process died fails the op at once (its socket closed), a peer that stops
-answering fails it at the group's timeout; never a hang. Sends are posted before the
-matching receives are waited on (or, at 2 ranks, ordered opposite ways on the two ranks), so
-no two ranks wait for each other's receive (gloo's send completes only once the peer's
-receive is posted). Measured at 2 ranks (``benchmarks/serve_tp_collectives.py``): ~85 us an
-all-reduce of one 576-float row against ``dist.all_reduce``'s ~230 us, with each rank pinned
-to its own core (:func:`zserve.tp.runner.rank_cpus`); unpinned on a loaded host, gloo's
-point-to-point waits show millisecond tails.
+The ops are the process group's own (``ProcessGroup.send``/``recv``, with its timeout,
+counted from the wait): a peer whose process died fails the op at once (its socket closed),
+a peer that stops answering fails it at the group's timeout; never a hang. No two ranks wait
+for each other's receive: sends are posted before receives are waited on.
 
 Commands (:meth:`P2PCollectives.post` / :meth:`P2PCollectives.receive`) carry rank 0's step
 to the other ranks over the ``control`` group (whose timeout is the server's idle time): one
@@ -42,6 +44,9 @@ CMD_WORDS = 2048
 (:mod:`zserve.tp.wire`: a decode step of 16 sequences of up to 120 KV blocks each fits)."""
 
 _TAG = 0
+"""The gathers' messages (posted when needed)."""
+_AHEAD_TAG = 1
+"""The all-reduces' messages, into receives posted ahead (:meth:`P2PCollectives.all_reduce`)."""
 
 
 class P2PCollectives:
@@ -56,19 +61,11 @@ class P2PCollectives:
             raise ValueError(f"rank {rank} of {size}: a group of >= 2 ranks is needed")
         self.rank, self.size = rank, size
         self.compute, self.control = compute, control
-        self._buffers: dict[tuple[torch.dtype, int], list[torch.Tensor]] = {}
-
-    def _scratch(self, like: torch.Tensor) -> list[torch.Tensor]:
-        """``size`` flat receive buffers of ``like``'s dtype and size (kept between calls:
-        a step's all-reduces repeat the same few shapes)."""
-        key = (like.dtype, like.numel())
-        bufs = self._buffers.get(key)
-        if bufs is None:
-            if len(self._buffers) > 64:
-                self._buffers.clear()
-            bufs = [torch.empty(like.numel(), dtype=like.dtype) for _ in range(self.size)]
-            self._buffers[key] = bufs
-        return bufs
+        self._ahead: dict[int, tuple[dist.Work | None, torch.Tensor]] = {}
+        """Per peer: the receive posted ahead for its next all-reduce message, and its
+        buffer (bytes: the largest message from it so far)."""
+        self._peer_ahead: dict[int, int] = {}
+        """Per peer: the bytes of the receive it has posted ahead for this rank's message."""
 
     # -- the layers' collectives ---------------------------------------------------------
     def all_reduce(self, t: torch.Tensor) -> None:
@@ -79,16 +76,71 @@ class P2PCollectives:
         """
         x = t.contiguous().view(-1)
         if self.size == 2:
-            peer = self._scratch(x)[0]
-            self._exchange(x, peer)
+            peer = 1 - self.rank
+            sent = self._send_ahead(x, peer)
+            theirs = self._recv_ahead(peer, x)
+            for w in sent:
+                w.wait()  # x is read until its send is written
             if self.rank == 0:
-                x.add_(peer)
+                x.add_(theirs)
             else:
-                torch.add(peer, x, out=x)  # x_0 + x_1 on both ranks
+                torch.add(theirs, x, out=x)  # x_0 + x_1 on both ranks
+            self._post_ahead(peer)
+        elif self.rank != 0:
+            sent = self._send_ahead(x, 0)
+            total = self._recv_ahead(0, x)
+            for w in sent:
+                w.wait()
+            x.copy_(total)
+            self._post_ahead(0)
         else:
-            self._star(x, stack=None, back=True)
+            for r in range(1, self.size):
+                x.add_(self._recv_ahead(r, x))
+                self._post_ahead(r)
+            sent = [w for r in range(1, self.size) for w in self._send_ahead(x, r)]
+            for w in sent:
+                w.wait()
         if not t.is_contiguous():
             t.copy_(x.view(t.shape))
+
+    # -- the all-reduces' receives, posted ahead ------------------------------------------
+    def _send_ahead(self, x: torch.Tensor, peer: int) -> list[dist.Work]:
+        """Send ``x`` to ``peer``'s receive posted ahead for it; the part past that receive's
+        size (a larger sum than any before from this rank) as a second message."""
+        data = x.view(torch.uint8)
+        size, ahead = data.numel(), self._peer_ahead.get(peer, 0)
+        g = self.compute
+        if size <= ahead:
+            return [g.send([data], peer, _AHEAD_TAG)]
+        self._peer_ahead[peer] = size  # the peer posts its next receive at this size
+        works = [g.send([data[:ahead]], peer, _AHEAD_TAG)] if ahead else []
+        works.append(g.send([data[ahead:]], peer, _AHEAD_TAG))
+        return works
+
+    def _recv_ahead(self, peer: int, like: torch.Tensor) -> torch.Tensor:
+        """``peer``'s tensor of ``like``'s dtype and size (:meth:`_send_ahead`'s message(s)),
+        through the receive posted ahead for it where one is."""
+        size = like.numel() * like.element_size()
+        posted = self._ahead.get(peer)
+        ahead = 0 if posted is None else posted[1].numel()
+        if size <= ahead:
+            assert posted is not None
+            posted[0].wait()
+            got = posted[1][:size]
+        else:
+            got = torch.empty(size, dtype=torch.uint8)
+            if posted is not None:
+                posted[0].wait()
+                got[:ahead].copy_(posted[1])
+            self.compute.recv([got[ahead:]], peer, _AHEAD_TAG).wait()
+            self._ahead[peer] = (None, got)  # the next receive is posted into it
+        return got.view(like.dtype)
+
+    def _post_ahead(self, peer: int) -> None:
+        """Post the receive of ``peer``'s next all-reduce message (into the buffer the last
+        one came in, once it has been read)."""
+        _, buf = self._ahead[peer]
+        self._ahead[peer] = (self.compute.recv([buf], peer, _AHEAD_TAG), buf)
 
     def all_gather(self, t: torch.Tensor, *, everyone: bool = True) -> torch.Tensor | None:
         """Every rank's ``t`` (the same shape on every rank) stacked ``(size, *t.shape)`` in
@@ -126,32 +178,23 @@ class P2PCollectives:
             self._send(g, mine, 0).wait()
 
     def _star(self, x: torch.Tensor, stack: torch.Tensor | None, back: bool) -> None:
-        """``N > 2`` ranks through rank 0: with ``stack`` None on rank 0, sum ``x`` in place
-        (rank order) on every rank; else gather every rank's ``x`` into rank 0's ``stack``,
-        and into every rank's ``stack`` when ``back``."""
+        """``N > 2`` ranks through rank 0: gather every rank's ``x`` into rank 0's ``stack``,
+        and into every rank's ``stack`` when ``back`` (``stack`` None where it is not)."""
         g = self.compute
         if self.rank != 0:
             sent = self._send(g, x, 0)
-            into = self._scratch(x)[0] if stack is None else stack.view(-1)
             if back:
-                self._recv(g, into, 0).wait()
+                assert stack is not None
+                self._recv(g, stack.view(-1), 0).wait()
             sent.wait()
-            if back and stack is None:
-                x.copy_(into)  # the sum, once x's own send is done
             return
-        parts = self._scratch(x) if stack is None else list(stack.unbind(0))
-        works = [self._recv(g, parts[r], r) for r in range(1, self.size)]
+        assert stack is not None
+        works = [self._recv(g, stack[r], r) for r in range(1, self.size)]
         for w in works:
             w.wait()
-        if stack is None:
-            for r in range(1, self.size):
-                x.add_(parts[r])
-            reply = x
-        else:
-            stack[0].copy_(x)
-            reply = stack.view(-1)
+        stack[0].copy_(x)
         if back:
-            replies = [self._send(g, reply, r) for r in range(1, self.size)]
+            replies = [self._send(g, stack.view(-1), r) for r in range(1, self.size)]
             for w in replies:
                 w.wait()
 
