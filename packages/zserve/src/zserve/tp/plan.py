@@ -23,10 +23,12 @@ its query group (its keys are cached on each of them). Only ``tp > num_attention
 refused: a rank would hold no query head. Mixtral's experts are dealt out whole (expert
 parallelism inside the tensor-parallel group: the router is on every rank, each rank runs its
 experts' share of the tokens and the MoE output is summed by the same all-reduce as a dense
-MLP's). The dense MLP width is not split evenly but so that every
-rank reads about the same number of weight elements per layer (decode reads every weight once:
-the slowest rank sets the step), in multiples of :data:`MLP_ALIGN` columns (or of a quantized
-down projection's group size: :func:`zserve.tp.quantized.mlp_align`).
+MLP's). The dense MLP width is split as evenly as multiples of :data:`MLP_ALIGN` columns
+allow (or of a quantized down projection's group size: :func:`zserve.tp.quantized.mlp_align`):
+the all-reduce after the attention is a barrier, so a layer takes the slowest rank's attention
+plus the slowest rank's MLP, and extra MLP on the rank with fewer heads would only lengthen the
+second (SmolLM2 at tp=2, even MLP against one balancing each layer's weight elements: 32 ms
+against 37 ms a decode step, `benchmarks/results/serve-tp.md`).
 """
 
 from __future__ import annotations
@@ -96,20 +98,13 @@ def head_ranges(
     return out
 
 
-def _mlp_ranges(
-    attention: list[int], per_column: int, width: int, tp: int, align: int = MLP_ALIGN
-) -> list[tuple[int, int]]:
-    """Split ``width`` MLP columns so every rank's ``attention[r] + per_column * width_r``
-    weight elements are as equal as multiples of ``align`` make them."""
-    target = (sum(attention) + per_column * width) / tp
-    bounds, acc = [0], 0.0
-    for r in range(tp - 1):
-        acc += max(0.0, (target - attention[r]) / per_column)
-        b = round(acc / align) * align
-        bounds.append(min(max(b, bounds[-1]), width))
-    bounds.append(width)
+def _mlp_ranges(width: int, tp: int, align: int = MLP_ALIGN) -> list[tuple[int, int]]:
+    """``width`` MLP columns in ``tp`` contiguous ranges as even as multiples of ``align``
+    allow (the last rank takes the remainder); plainly even where that would leave a rank
+    fewer than ``align`` columns."""
+    bounds = [round(width * r / tp / align) * align for r in range(tp)] + [width]
     if any(b - a < align for a, b in itertools.pairwise(bounds)):
-        return even_ranges(width, tp)  # a lopsided balance would leave a rank (almost) no MLP
+        return even_ranges(width, tp)
     return [(bounds[i], bounds[i + 1]) for i in range(tp)]
 
 
@@ -132,14 +127,13 @@ def plan(config: LlamaConfig, tp: int, *, mlp_align: int = MLP_ALIGN) -> list[Ra
     if tp > c.intermediate_size:
         raise TPPlanError(f"tp {tp} > intermediate_size {c.intermediate_size}; lower --tp")
     heads = head_ranges(c.num_attention_heads, c.num_key_value_heads, tp)
-    h, d = c.hidden_size, c.head_dim
-    attention = [((q1 - q0) * 2 + (k1 - k0) * 2) * d * h for (q0, q1), (k0, k1) in heads]
+    d = c.head_dim
     experts: list[tuple[int, int] | None] = [None] * tp
     if c.num_local_experts:  # Mixtral: whole experts over the ranks, each expert's MLP whole
         experts = list(even_ranges(c.num_local_experts, tp))
         mlp = [(0, c.intermediate_size)] * tp
     else:
-        mlp = _mlp_ranges(attention, 3 * h, c.intermediate_size, tp, mlp_align)
+        mlp = _mlp_ranges(c.intermediate_size, tp, mlp_align)
     vocab = even_ranges(c.vocab_size, tp)
     shards = []
     for r, (((q0, q1), (k0, k1)), m) in enumerate(zip(heads, mlp, strict=True)):
