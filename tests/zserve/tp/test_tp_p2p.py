@@ -7,11 +7,13 @@ in place), and at 2 ranks to gloo's ``all_reduce``. The gathers equal a stack of
 tensor (on every rank, or on rank 0 only). Rank 0's step commands reach every rank, in the
 command message and past it. A peer that exits ends the other's collective with a
 TPRankError naming the op within seconds (not at the timeout); a peer that stops answering,
-at the group's timeout.
+at the group's timeout. gloo's transport threads run under SCHED_BATCH at nice 19 once
+quieted.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import timedelta
 
@@ -20,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from tests.utils.distributed import run_ranks
-from zserve.tp.group import TPGroup, TPRankError
+from zserve.tp.group import TRANSPORT_THREAD, TPGroup, TPRankError, quiet_transport_threads
 from zserve.tp.p2p import CMD_WORDS, P2PCollectives
 
 SHAPES = [(1, 576), (16, 576), (3, 5), (1, 1)]
@@ -152,3 +154,22 @@ def test_a_stalled_peer_times_out_naming_the_op() -> None:
 def test_a_group_of_one_is_refused() -> None:
     with pytest.raises(ValueError, match=r"rank 0 of 1: a group of >= 2 ranks"):
         P2PCollectives(0, 1, None, None)  # type: ignore[arg-type]
+
+
+def _quieted(rank: int, world: int) -> list[tuple[int, int]]:
+    _group(rank, world, 30.0)
+    changed = quiet_transport_threads()
+    seen = []
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            if f.read().strip() == TRANSPORT_THREAD:
+                tid_ = int(tid)
+                seen.append((os.sched_getscheduler(tid_), os.getpriority(os.PRIO_PROCESS, tid_)))
+    assert changed == len(seen) >= 2  # the default group's and the two new groups' threads
+    return seen
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux scheduling policies")
+def test_transport_threads_run_batch_at_nice_19() -> None:
+    for seen in run_ranks(_quieted, 2, timeout=60):
+        assert seen and all(s == (os.SCHED_BATCH, 19) for s in seen), seen

@@ -71,15 +71,17 @@ TRANSPORT_THREAD = "gloo_tcp_loop"
 
 
 def quiet_transport_threads() -> int:
-    """Put this process's gloo transport threads under ``SCHED_BATCH`` (Linux; elsewhere, or
-    where the OS refuses, nothing changes); how many were changed.
+    """Run this process's gloo transport threads under ``SCHED_BATCH`` at nice 19 (Linux;
+    elsewhere, or where the OS refuses, nothing changes); how many were changed.
 
     A transport thread handles a message only when it can take its connection's lock, and
-    otherwise polls again at once. Woken by a message while the rank's own thread holds that
-    lock (inside a ``send`` or ``recv``), it used to preempt that thread on the rank's core
-    and spin until the scheduler took the core back. ``SCHED_BATCH`` keeps its fair share of
-    the CPU but does not preempt on wake-up: the message waits until the rank's thread
-    blocks in a wait, which is when it is needed.
+    otherwise polls again at once. Scheduled while the rank's own thread held that lock
+    (inside a ``send`` or ``recv``) on the rank's core, it spun until the scheduler took
+    the core back: 8-25 ms of a tp=2 decode step. ``SCHED_BATCH`` stops it preempting that
+    thread when a message wakes it, nice 19 makes it yield the core at the scheduler's ticks;
+    it still runs whenever the rank's thread waits, which is when a message is needed, and
+    keeps a small fair share (never starved, unlike ``SCHED_IDLE``) on a busy core.
+    Measurements: ``benchmarks/results/serve-tp.md``.
     """
     policy = getattr(os, "SCHED_BATCH", None)
     if policy is None or not os.path.isdir("/proc/self/task"):
@@ -91,6 +93,7 @@ def quiet_transport_threads() -> int:
                 if f.read().strip() != TRANSPORT_THREAD:
                     continue
             os.sched_setscheduler(int(tid), policy, os.sched_param(0))
+            os.setpriority(os.PRIO_PROCESS, int(tid), 19)
         except OSError:  # the thread ended, or the OS refuses: it stays as it was
             continue
         changed += 1
