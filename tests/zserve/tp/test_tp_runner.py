@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -114,6 +115,35 @@ def test_killed_rank_ends_the_runner_naming_it(tp_runner: TPRunner) -> None:
     assert time.monotonic() - start < 10
     with pytest.raises(TPRankError, match="rank 1"):  # and it stays down
         tp_runner.forward(_steps()[1])
+
+
+def test_a_failure_on_another_thread_gives_this_thread_its_cores_back(tiny_dir: Path) -> None:
+    """The server steps its engine on its own thread: a rank failing there closes the runner
+    from that thread, and the thread that built the runner (pinned to rank 0's cores) must
+    get its cores back all the same."""
+    before = os.sched_getaffinity(0)
+    runner = TPRunner(tiny_dir, 2, timeout_s=3.0, **OPTIONS)
+    try:
+        if rank_cpus(0, 2, 1) is not None:
+            assert os.sched_getaffinity(0) == rank_cpus(0, 2, 1)
+        os.kill(runner.procs[1].pid, signal.SIGKILL)  # type: ignore[arg-type]
+        runner.procs[1].join(5)
+        failed: list[BaseException] = []
+
+        def step() -> None:
+            try:
+                runner.forward(_steps()[0])
+            except TPRankError as exc:
+                failed.append(exc)
+
+        thread = threading.Thread(target=step)
+        thread.start()
+        thread.join(30)
+        assert failed and "rank 1" in str(failed[0])
+        assert os.sched_getaffinity(0) == before
+    finally:
+        runner.close()
+    assert os.sched_getaffinity(0) == before
 
 
 def test_stuck_rank_times_out_naming_the_op(tp_runner: TPRunner) -> None:

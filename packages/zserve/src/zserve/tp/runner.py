@@ -83,7 +83,10 @@ class TPRunner:
         threads = max(1, torch.get_num_threads() // tp)
         torch.set_num_threads(threads)
         cpus = [rank_cpus(r, tp, threads) for r in range(tp)]
-        self._affinity = _pin(cpus[0])  # taken back at close
+        # taken back at close, on this thread even when close runs on another (the
+        # engine's, after a rank failed)
+        self._pinned_thread = threading.get_native_id()
+        self._affinity = _pin(cpus[0])
         # if its pool is not up yet; taken back at close (later processes of this one, e.g. a
         # `z doctor` it starts, would otherwise inherit one rank's share)
         self._threads_env = "ZNATIVE_NUM_THREADS" not in os.environ
@@ -92,7 +95,7 @@ class TPRunner:
         try:
             self.local = ModelRunner(model_dir, tp=shards[0], **runner_kwargs)
         except BaseException:
-            _pin(self._affinity)
+            _unpin(self._pinned_thread, self._affinity)
             raise
         port = free_port()
         common = (tp, port, str(model_dir), runner_kwargs, timeout_s, threads, collectives)
@@ -122,7 +125,7 @@ class TPRunner:
             _stop_procs(list(self.procs.values()))
             if dist.is_initialized():
                 dist.destroy_process_group()
-            _pin(self._affinity)
+            _unpin(self._pinned_thread, self._affinity)
             if failure is not None:
                 raise failure from exc
             raise
@@ -291,7 +294,7 @@ class TPRunner:
         self.group.close()
         if self._threads_env:
             os.environ.pop("ZNATIVE_NUM_THREADS", None)
-        _pin(self._affinity)
+        _unpin(self._pinned_thread, self._affinity)
 
 
 def _gather(
@@ -330,6 +333,17 @@ def _pin(cpus: set[int] | None) -> set[int] | None:
     before = os.sched_getaffinity(0)
     os.sched_setaffinity(0, cpus)
     return before
+
+
+def _unpin(thread: int, cpus: set[int] | None) -> None:
+    """Run thread ``thread`` (a native id) on ``cpus`` again (nothing where None, or where the
+    thread has ended)."""
+    if cpus is None:
+        return
+    try:
+        os.sched_setaffinity(thread, cpus)
+    except OSError:  # the thread is gone
+        pass
 
 
 def _stop_procs(procs: list[Any], grace_s: float = 2.0) -> None:
