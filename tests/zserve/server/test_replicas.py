@@ -1,7 +1,7 @@
 """`z serve --replicas 2` as a user starts it: a subprocess running the real CLI, two engine
 processes behind the least-loaded router. Load spreads over both; SIGKILL one worker and the
 requests it held fail cleanly (502 / an SSE error event naming it) while the rest, and every
-later request, are served by the survivor."""
+later request, are served by the survivor. Each worker runs on its own slice of the cores."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from tests.utils.models import smollm2_dir
 from tests.zserve.server.conftest import shakespeare_prompts
 from zcore.process import free_port
 from zserve.server.prometheus import parse_prometheus
+from zserve.server.replicas import replica_cpus
 
 MODEL = "SmolLM2-135M-Instruct"
 
@@ -75,6 +76,26 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 def _replicas(url: str) -> list[dict]:
     return httpx.get(f"{url}/health", timeout=10).json()["replicas"]
+
+
+def _cores(pid: int) -> set[int]:
+    return os.sched_getaffinity(pid)
+
+
+def test_each_replica_runs_on_its_own_cores(front: str) -> None:
+    reps = _replicas(front)
+    want = replica_cpus(2)
+    if want is None:
+        pytest.skip("fewer cores than replicas: every replica runs on every core")
+    got = [_cores(r["pid"]) for r in reps]
+    assert got == [set(c) for c in want] and not got[0] & got[1], got
+
+
+def test_replica_cpus_cut_the_allowed_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6, 9})
+    assert replica_cpus(3) == [[0, 1], [2, 3, 4], [5, 6, 9]]
+    assert replica_cpus(1) == [[0, 1, 2, 3, 4, 5, 6, 9]]
+    assert replica_cpus(9) is None  # fewer cores than replicas: not pinned
 
 
 def test_load_spreads_over_both_replicas(front: str) -> None:

@@ -69,6 +69,22 @@ class Replica:
         }
 
 
+def replica_cpus(n: int) -> list[list[int]] | None:
+    """The cores each of ``n`` replicas runs on: the cores this process may use, cut into
+    ``n`` contiguous slices as even as whole cores allow; None (every replica on every core)
+    where there are fewer cores than replicas or the OS sets no affinity. A replica's torch
+    and znative threads, and a tensor-parallel replica's ranks
+    (:func:`zserve.tp.runner.rank_cpus`), then share out its own slice, not the first cores
+    of the machine."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < n:
+        return None
+    bounds = [len(allowed) * i // n for i in range(n + 1)]
+    return [allowed[bounds[i] : bounds[i + 1]] for i in range(n)]
+
+
 def spawn_replicas(
     model_dir: str | Path,
     n: int,
@@ -76,9 +92,11 @@ def spawn_replicas(
     max_queue: int = 256,
     host: str = "127.0.0.1",
 ) -> list[Replica]:
-    """Start ``n`` engine workers on free loopback ports (not yet ready; see `wait_ready`)."""
+    """Start ``n`` engine workers on free loopback ports (not yet ready; see `wait_ready`),
+    each on its own cores where there are enough (:func:`replica_cpus`)."""
     if n < 1:
         raise ValueError(f"replicas must be >= 1, got {n}")
+    cpus = replica_cpus(n)
     replicas: list[Replica] = []
     for i in range(n):
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -101,6 +119,8 @@ def spawn_replicas(
             "--parent-pid",
             str(os.getpid()),
         ]
+        if cpus is not None:
+            cmd += ["--cpus", ",".join(map(str, cpus[i]))]
         proc = subprocess.Popen(cmd, pass_fds=(sock.fileno(),))
         port = sock.getsockname()[1]
         sock.close()  # the child holds its own copy
@@ -170,7 +190,10 @@ def worker_main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-queue", type=int, default=256)
     parser.add_argument("--parent-pid", type=int, default=None)
     parser.add_argument("--log-level", default="warning")
+    parser.add_argument("--cpus", default=None, help="comma-separated cores to run on")
     args = parser.parse_args(argv)
+    if args.cpus:  # before torch starts its threads: they follow this process's cores
+        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
     if args.parent_pid is not None:
         _exit_with_parent(args.parent_pid)
 
