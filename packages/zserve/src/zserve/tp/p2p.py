@@ -61,9 +61,11 @@ class P2PCollectives:
             raise ValueError(f"rank {rank} of {size}: a group of >= 2 ranks is needed")
         self.rank, self.size = rank, size
         self.compute, self.control = compute, control
-        self._ahead: dict[int, tuple[dist.Work | None, torch.Tensor]] = {}
-        """Per peer: the receive posted ahead for its next all-reduce message, and its
-        buffer (bytes: the largest message from it so far)."""
+        self._ahead: dict[int, dist.Work] = {}
+        """Per peer: the receive posted ahead for its next all-reduce message, into
+        ``self._ahead_buf[peer]``."""
+        self._ahead_buf: dict[int, torch.Tensor] = {}
+        """Per peer: the bytes its posted receive fills (the largest message from it so far)."""
         self._peer_ahead: dict[int, int] = {}
         """Per peer: the bytes of the receive it has posted ahead for this rank's message."""
 
@@ -119,28 +121,28 @@ class P2PCollectives:
 
     def _recv_ahead(self, peer: int, like: torch.Tensor) -> torch.Tensor:
         """``peer``'s tensor of ``like``'s dtype and size (:meth:`_send_ahead`'s message(s)),
-        through the receive posted ahead for it where one is."""
+        through the receive posted ahead for it where one is; valid until
+        :meth:`_post_ahead` posts the next receive into it."""
         size = like.numel() * like.element_size()
-        posted = self._ahead.get(peer)
-        ahead = 0 if posted is None else posted[1].numel()
-        if size <= ahead:
-            assert posted is not None
-            posted[0].wait()
-            got = posted[1][:size]
-        else:
+        posted = self._ahead.pop(peer, None)
+        buf = self._ahead_buf.get(peer)
+        ahead = 0 if posted is None or buf is None else buf.numel()
+        if posted is not None:
+            posted.wait()
+        if size > ahead:  # the rest came as a second message: receive it now
             got = torch.empty(size, dtype=torch.uint8)
-            if posted is not None:
-                posted[0].wait()
-                got[:ahead].copy_(posted[1])
+            if ahead:
+                assert buf is not None
+                got[:ahead].copy_(buf)
             self.compute.recv([got[ahead:]], peer, _AHEAD_TAG).wait()
-            self._ahead[peer] = (None, got)  # the next receive is posted into it
-        return got.view(like.dtype)
+            self._ahead_buf[peer] = buf = got
+        assert buf is not None
+        return buf[:size].view(like.dtype)
 
     def _post_ahead(self, peer: int) -> None:
         """Post the receive of ``peer``'s next all-reduce message (into the buffer the last
         one came in, once it has been read)."""
-        _, buf = self._ahead[peer]
-        self._ahead[peer] = (self.compute.recv([buf], peer, _AHEAD_TAG), buf)
+        self._ahead[peer] = self.compute.recv([self._ahead_buf[peer]], peer, _AHEAD_TAG)
 
     def all_gather(self, t: torch.Tensor, *, everyone: bool = True) -> torch.Tensor | None:
         """Every rank's ``t`` (the same shape on every rank) stacked ``(size, *t.shape)`` in
