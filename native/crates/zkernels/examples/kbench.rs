@@ -180,14 +180,8 @@ fn main() {
             let scale = vec![0.01f32; n * groups];
             let zero = vec![8f32; n * groups];
             let w = PackedWeight {
-                format: WeightFormat::Int4 { offset: 8 },
-                data: &data,
-                data2: None,
-                scale: &scale,
                 zero: Some(&zero),
-                n,
-                k,
-                group: 32,
+                ..PackedWeight::int4(&data, &scale, n, k, 32)
             };
             let g = best(|| dequant_linear(&x, &w, None, &mut out, m).unwrap(), macs);
             let wb = gbs(m, g, macs, n * k / 2 + 8 * n * groups);
@@ -260,16 +254,7 @@ fn int4_decode() {
             let mut out = vec![0f32; m * n];
             let data: Vec<u8> = (0..n * k / 2).map(|i| (i * 31) as u8).collect();
             let scale = vec![0.01f32; n * k / 32];
-            let w = PackedWeight {
-                format: WeightFormat::Int4 { offset: 8 },
-                data: &data,
-                data2: None,
-                scale: &scale,
-                zero: None,
-                n,
-                k,
-                group: 32,
-            };
+            let w = PackedWeight::int4(&data, &scale, n, k, 32);
             let macs = m * n * k;
             let f = best(|| dequant_linear(&x, &w, None, &mut out, m).unwrap(), macs);
             let a = best(

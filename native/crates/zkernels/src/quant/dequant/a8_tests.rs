@@ -148,16 +148,7 @@ fn a_non_finite_activation_gives_nan_rows() {
     let (n, k) = (8, 64);
     let data = vec![0x5au8; n * k / 2];
     let scale = vec![0.5f32; n * 2];
-    let w = PackedWeight {
-        format: WeightFormat::Int4 { offset: 8 },
-        data: &data,
-        data2: None,
-        scale: &scale,
-        zero: None,
-        n,
-        k,
-        group: 32,
-    };
+    let w = PackedWeight::int4(&data, &scale, n, k, 32);
     let mut x = vec![1.0f32; 2 * k];
     x[k + 3] = f32::INFINITY;
     let mut y = vec![0f32; 2 * n];
@@ -171,16 +162,7 @@ fn shapes_it_cannot_serve_are_errors() {
     let data = vec![0u8; 4 * 48 / 2];
     let data2 = vec![0u8; 4 * 48 / 4];
     let scale = vec![1.0f32; 4 * 3];
-    let w = PackedWeight {
-        format: WeightFormat::Int4 { offset: 8 },
-        data: &data,
-        data2: None,
-        scale: &scale,
-        zero: None,
-        n: 4,
-        k: 48,
-        group: 16,
-    };
+    let w = PackedWeight::int4(&data, &scale, 4, 48, 16);
     let (x, mut y) = (vec![0f32; 48], vec![0f32; 4]);
     let err = dequant_linear_a8(&x, &w, None, &mut y, 1).unwrap_err();
     assert!(matches!(

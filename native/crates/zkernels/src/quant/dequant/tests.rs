@@ -168,16 +168,7 @@ fn bad_buffers_are_rejected() {
 #[test]
 fn linear_with_no_input_features_gives_the_bias() {
     let (data, scale) = (Vec::<u8>::new(), Vec::<f32>::new());
-    let w = PackedWeight {
-        format: WeightFormat::Int4 { offset: 8 },
-        data: &data,
-        data2: None,
-        scale: &scale,
-        zero: None,
-        n: 3,
-        k: 0,
-        group: 4,
-    };
+    let w = PackedWeight::int4(&data, &scale, 3, 0, 4);
     let bias = [1.0f32, -2.0, 0.5];
     let mut out = vec![9.0f32; 2 * 3];
     dequant_linear(&[], &w, Some(&bias), &mut out, 2).unwrap();

@@ -31,6 +31,23 @@ pub struct PackedWeight<'a> {
 /// float32's exponent bias less FP6's (127 - 3), in place in the exponent field.
 pub(super) const FP6_REBIAS: u32 = 124 << 23;
 
+impl<'a> PackedWeight<'a> {
+    /// A symmetric INT4 weight (codes offset by 8, no zero points) of `(n, k)` in groups of
+    /// `group` columns, its `scale` per group of each row (or of the whole tensor).
+    pub fn int4(data: &'a [u8], scale: &'a [f32], n: usize, k: usize, group: usize) -> Self {
+        Self {
+            format: WeightFormat::Int4 { offset: 8 },
+            data,
+            data2: None,
+            scale,
+            zero: None,
+            n,
+            k,
+            group,
+        }
+    }
+}
+
 impl PackedWeight<'_> {
     fn groups(&self) -> usize {
         self.k.div_ceil(self.group)
