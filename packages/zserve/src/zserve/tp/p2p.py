@@ -68,6 +68,9 @@ class P2PCollectives:
         """Per peer: the bytes its posted receive fills (the largest message from it so far)."""
         self._peer_ahead: dict[int, int] = {}
         """Per peer: the bytes of the receive it has posted ahead for this rank's message."""
+        self._views: dict[tuple[int, torch.dtype, torch.Size], torch.Tensor] = {}
+        """Views of the buffers in ``_ahead_buf`` by (peer, dtype, shape), kept until the
+        peer's buffer is replaced."""
 
     # -- the layers' collectives ---------------------------------------------------------
     def all_reduce(self, t: torch.Tensor) -> None:
@@ -76,18 +79,12 @@ class P2PCollectives:
         Raises:
             RuntimeError: a peer died, or did not answer within the group's timeout.
         """
+        if self.size == 2 and t.is_contiguous():
+            self._pair_reduce(t)
+            return
         x = t.contiguous().view(-1)
         if self.size == 2:
-            peer = 1 - self.rank
-            sent = self._send_ahead(x, peer)
-            theirs = self._recv_ahead(peer, x)
-            for w in sent:
-                w.wait()  # x is read until its send is written
-            if self.rank == 0:
-                x.add_(theirs)
-            else:
-                torch.add(theirs, x, out=x)  # x_0 + x_1 on both ranks
-            self._post_ahead(peer)
+            self._pair_reduce(x)
         elif self.rank != 0:
             sent = self._send_ahead(x, 0)
             total = self._recv_ahead(0, x)
@@ -105,10 +102,31 @@ class P2PCollectives:
         if not t.is_contiguous():
             t.copy_(x.view(t.shape))
 
+    def _pair_reduce(self, x: torch.Tensor) -> None:
+        """2 ranks: ``x`` (contiguous) plus the peer's, in place, ``x_0 + x_1`` on both.
+
+        The hot path of a decode step (two calls a layer, a few KB each): its Python and
+        dispatch cost counts against the exchange, so the common case (the peer's receive
+        is posted at this size) sends ``x`` as it is and adds the peer's through a view
+        kept from the last call of the same dtype and size."""
+        peer = 1 - self.rank
+        if x.nbytes <= self._peer_ahead.get(peer, 0):
+            sent = [self.compute.send([x], peer, _AHEAD_TAG)]
+        else:
+            sent = self._send_ahead(x.view(-1), peer)
+        theirs = self._recv_ahead(peer, x)
+        for w in sent:
+            w.wait()  # x is read until its send is written
+        if self.rank == 0:
+            x.add_(theirs)
+        else:
+            torch.add(theirs, x, out=x)  # x_0 + x_1 on both ranks
+        self._post_ahead(peer)
+
     # -- the all-reduces' receives, posted ahead ------------------------------------------
     def _send_ahead(self, x: torch.Tensor, peer: int) -> list[dist.Work]:
-        """Send ``x`` to ``peer``'s receive posted ahead for it; the part past that receive's
-        size (a larger sum than any before from this rank) as a second message."""
+        """Send ``x`` (1-D) to ``peer``'s receive posted ahead for it; the part past that
+        receive's size (a larger sum than any before from this rank) as a second message."""
         data = x.view(torch.uint8)
         size, ahead = data.numel(), self._peer_ahead.get(peer, 0)
         g = self.compute
@@ -120,10 +138,10 @@ class P2PCollectives:
         return works
 
     def _recv_ahead(self, peer: int, like: torch.Tensor) -> torch.Tensor:
-        """``peer``'s tensor of ``like``'s dtype and size (:meth:`_send_ahead`'s message(s)),
-        through the receive posted ahead for it where one is; valid until
+        """``peer``'s tensor of ``like``'s dtype and shape (:meth:`_send_ahead`'s
+        message(s)), through the receive posted ahead for it where one is; valid until
         :meth:`_post_ahead` posts the next receive into it."""
-        size = like.numel() * like.element_size()
+        size = like.nbytes
         posted = self._ahead.pop(peer, None)
         buf = self._ahead_buf.get(peer)
         ahead = 0 if posted is None or buf is None else buf.numel()
@@ -136,8 +154,13 @@ class P2PCollectives:
                 got[:ahead].copy_(buf)
             self.compute.recv([got[ahead:]], peer, _AHEAD_TAG).wait()
             self._ahead_buf[peer] = buf = got
+            self._views = {k: v for k, v in self._views.items() if k[0] != peer}
         assert buf is not None
-        return buf[:size].view(like.dtype)
+        key = (peer, like.dtype, like.shape)
+        view = self._views.get(key)
+        if view is None:
+            view = self._views[key] = buf[:size].view(like.dtype).view(like.shape)
+        return view
 
     def _post_ahead(self, peer: int) -> None:
         """Post the receive of ``peer``'s next all-reduce message (into the buffer the last
