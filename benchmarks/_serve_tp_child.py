@@ -32,6 +32,7 @@ def main(a: dict[str, Any]) -> dict[str, Any]:
         a["model_dir"],
         tp=a["tp"],
         tp_collectives=a.get("collectives", "p2p"),
+        cpu_idle=a.get("cpu_idle", "auto"),
         dtype=a["dtype"],
         max_model_len=length,
         max_num_seqs=c,
@@ -43,6 +44,7 @@ def main(a: dict[str, Any]) -> dict[str, Any]:
     params = SamplingParams(max_tokens=d, temperature=0, ignore_eos=True)
     prompts = a["prompts"]
     out: dict[str, Any] = {"tp": a["tp"], "threads": a["threads"], "load_s": load_s}
+    out["cpu_idle"] = "poll" if engine.polls_idle_cores else "halt"
     try:
         decode, tokens = [], None
         for r in range(a["rounds"]):

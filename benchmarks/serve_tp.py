@@ -14,6 +14,12 @@ tp=N carries its layers' all-reduces as torch.distributed point-to-point exchang
 default, ``p2p``); with ``gloo`` (on by default) a ``tpN_gloo`` contender runs the same ranks
 over gloo's collectives, for reference.
 
+Idle cores (``EngineConfig.cpu_idle``, :mod:`zserve.cpu_idle`): by default tp=N holds Linux's
+CPU latency QoS at 0 us while requests are in flight where the process may (root), tp=1 does
+not. With ``idle`` (on by default, where the QoS device is writable) two more contenders run
+the other way round, ``tp1_poll`` and ``tpN_halt``, and the ratios are taken against the
+faster of ``tp1`` and ``tp1_poll``: the baseline gets whatever helps it.
+
 Peers (``peers``, both by default), at tp=N on the same cores, one thread a rank: DeepSpeed
 AutoTP (``deepspeed.init_inference``, installed beside) and transformers' own tensor
 parallelism (``from_pretrained(tp_plan="auto")``, DTensor), each in ``_serve_tp_peer.py``. A
@@ -131,6 +137,17 @@ def _quantized(model_dir: Path, recipes: str, quant_dir: str | None) -> dict[str
     return {q: serve_quant.quantized_dir(model_dir, q, root)[0] for q in names}
 
 
+def _qos_writable() -> bool:
+    """This process may hold the CPU latency QoS (the engine's ``cpu_idle="poll"``)."""
+    from zserve.cpu_idle import QOS_DEVICE
+
+    try:
+        os.close(os.open(QOS_DEVICE, os.O_WRONLY))
+    except OSError:
+        return False
+    return True
+
+
 def _cpu() -> dict[str, Any]:
     import znative
 
@@ -156,6 +173,7 @@ def run(
     quantized: str = "",
     quant_dir: str | None = None,
     gloo: bool = True,
+    idle: bool = True,
 ) -> dict[str, Any]:
     """tp=``tp`` (1 thread a rank) vs tp=1 (``tp`` threads), and each peer of ``peers``
     (DeepSpeed AutoTP, transformers' ``tp_plan``) at tp=``tp``, alternating ``repeats``
@@ -184,6 +202,10 @@ def run(
     }
     if gloo:  # a reference: the same ranks, their collectives over gloo
         contenders[f"tp{tp}_gloo"] = {"tp": tp, "threads": 1, "collectives": "gloo"}
+    idle = idle and _qos_writable()
+    if idle:  # each the other way round: what polling idle cores gives either
+        contenders["tp1_poll"] = {"tp": 1, "threads": tp, "cpu_idle": "poll"}
+        contenders[f"tp{tp}_halt"] = {"tp": tp, "threads": 1, "cpu_idle": "halt"}
     recipes = _quantized(mdir, quantized, quant_dir)
     for recipe, qdir in recipes.items():
         contenders[f"tp1_{recipe}"] = {"tp": 1, "threads": tp, "model_dir": str(qdir)}
@@ -230,6 +252,13 @@ def run(
     one, many = "tp1", f"tp{tp}"
     result["batch1_tokens_per_s"] = {k: med(k, "batch1_tokens_per_s") for k in runs}
     result["concurrent_tokens_per_s"] = {k: med(k, "concurrent_tokens_per_s") for k in runs}
+    result["cpu_idle"] = {k: rs[0].get("cpu_idle", "halt") for k, rs in runs.items()}
+    # the baseline of each ratio: the faster tp=1 of the same thread count
+    base = {
+        key: max((k for k in ("tp1", "tp1_poll") if k in runs), key=lambda k: med(k, key))
+        for key in ("batch1_tokens_per_s", "concurrent_tokens_per_s")
+    }
+    result["baseline"] = base
     for peer in ran:
         result[f"vs_{peer}"] = {
             key: med(many, key) / med(peer, key)
@@ -238,10 +267,20 @@ def run(
         result[f"{peer}_same_tokens"] = all(
             r["batch1_tokens"] == runs[one][0]["batch1_tokens"] for r in runs[peer]
         )
-    result["batch1_ratio"] = med(many, "batch1_tokens_per_s") / med(one, "batch1_tokens_per_s")
-    result["concurrent_ratio"] = med(many, "concurrent_tokens_per_s") / med(
-        one, "concurrent_tokens_per_s"
+    result["batch1_ratio"] = med(many, "batch1_tokens_per_s") / med(
+        base["batch1_tokens_per_s"], "batch1_tokens_per_s"
     )
+    result["concurrent_ratio"] = med(many, "concurrent_tokens_per_s") / med(
+        base["concurrent_tokens_per_s"], "concurrent_tokens_per_s"
+    )
+    if idle:
+        result["poll_vs_halt"] = {
+            f"tp{n}": {
+                key: med(poll, key) / med(halt, key)
+                for key in ("batch1_tokens_per_s", "concurrent_tokens_per_s")
+            }
+            for n, poll, halt in ((1, "tp1_poll", "tp1"), (tp, many, f"tp{tp}_halt"))
+        }
     result["vs_tp1_1thread"] = {
         key: med(many, key) / med("tp1_1thread", key)
         for key in ("batch1_tokens_per_s", "concurrent_tokens_per_s")
@@ -304,10 +343,20 @@ def report(r: dict[str, Any]) -> str:
             )
         if f"{peer}_error" in r:
             lines.append(f"{name} did not run: {r[f'{peer}_error']}")
+    base = r.get("baseline", {})
     lines.append(
-        f"ratios: batch-1 {r['batch1_ratio']:.2f} (target >= 0.8), concurrent "
-        f"{r['concurrent_ratio']:.2f} (target >= 1.0); same greedy tokens: {r['same_tokens']}"
+        f"ratios: batch-1 {r['batch1_ratio']:.2f} (target >= 0.8, against "
+        f"{base.get('batch1_tokens_per_s', 'tp1')}), concurrent {r['concurrent_ratio']:.2f} "
+        f"(target >= 1.0, against {base.get('concurrent_tokens_per_s', 'tp1')}); same greedy "
+        f"tokens: {r['same_tokens']}"
     )
+    polled = [k for k, v in r.get("cpu_idle", {}).items() if v == "poll"]
+    lines.append(f"idle cores poll (CPU latency QoS) in: {', '.join(polled) or 'none'}")
+    for who, v in r.get("poll_vs_halt", {}).items():
+        lines.append(
+            f"{who} polling vs halting idle cores: batch-1 {v['batch1_tokens_per_s']:.2f}x, "
+            f"concurrent {v['concurrent_tokens_per_s']:.2f}x"
+        )
     if f"vs_tp{r['tp']}_gloo" in r:
         v = r[f"vs_tp{r['tp']}_gloo"]
         lines.append(

@@ -28,6 +28,12 @@ def serve(
         help="--tp: what carries the ranks' all-reduces: `p2p` (torch.distributed sends and "
         "receives, the default) or `gloo` (its collectives).",
     ),
+    cpu_idle: str | None = typer.Option(
+        None,
+        "--cpu-idle",
+        help="Idle cores while requests are in flight: `poll` (Linux CPU latency QoS at 0 us;"
+        " root), `halt`, or `auto` (the default: `poll` at --tp >= 2 where allowed).",
+    ),
     policy: str = typer.Option(
         "splitfuse", "--policy", help="Scheduler: `splitfuse`, `prefill-first` or `static`."
     ),
@@ -121,12 +127,14 @@ def serve(
         "offload_dir": offload_dir,
         "tp": tp,
         "tp_collectives": tp_collectives,
+        "cpu_idle": cpu_idle,
     }
     try:
         config = EngineConfig(**{k: v for k, v in options.items() if v is not None})
     except ValidationError as exc:
         typer.echo(f"error: bad engine option: {exc}", err=True)
         raise typer.Exit(2) from exc
+    from zserve.cpu_idle import CpuIdleError
     from zserve.offload import OffloadDirError, WeightsBudgetError
     from zserve.tp.plan import TPPlanError
 
@@ -140,7 +148,7 @@ def serve(
             config=config,
             log_level=log_level,
         )
-    except (WeightsBudgetError, OffloadDirError, TPPlanError) as exc:  # bad budget, dir, --tp
+    except (WeightsBudgetError, OffloadDirError, TPPlanError, CpuIdleError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
 

@@ -25,12 +25,22 @@ def test_bench_serve_tp_tiny(tmp_path: Path) -> None:
         peers="",
     )
     assert "errors" not in result, result.get("errors")
-    assert set(result["batch1_tokens_per_s"]) == {"tp1", "tp1_1thread", "tp2", "tp2_gloo"}
+    polls = bench._qos_writable()  # then each tp also runs with idle cores the other way
+    want = {"tp1", "tp1_1thread", "tp2", "tp2_gloo"} | (
+        {"tp1_poll", "tp2_halt"} if polls else set()
+    )
+    assert set(result["batch1_tokens_per_s"]) == want
     assert result["batch1_ratio"] > 0 and result["concurrent_ratio"] > 0
-    assert result["same_tokens"] is True  # shared-memory and gloo collectives alike
+    assert result["same_tokens"] is True  # point-to-point and gloo collectives, poll or halt
     assert set(result["vs_tp2_gloo"]) == {"batch1_tokens_per_s", "concurrent_tokens_per_s"}
-    assert "ratios: batch-1" in bench.report(result)
-    assert "shared-memory collectives vs gloo at tp=2" in bench.report(result)
+    report = bench.report(result)
+    assert "ratios: batch-1" in report
+    assert "point-to-point collectives vs gloo's at tp=2" in report
+    if polls:
+        assert result["cpu_idle"]["tp2"] == "poll" and result["cpu_idle"]["tp2_halt"] == "halt"
+        assert result["cpu_idle"]["tp1"] == "halt" and result["cpu_idle"]["tp1_poll"] == "poll"
+        assert set(result["poll_vs_halt"]) == {"tp1", "tp2"}
+        assert "tp2 polling vs halting idle cores" in report
 
 
 @pytest.mark.slow(reason="4 processes importing torch and zserve, and a W4 quantization")

@@ -1,6 +1,6 @@
 """`z serve MODEL --tp N` as a user runs it (the tiny random LLaMA with SmolLM2's tokenizer, 4
-query / 2 KV heads): a --tp beyond the query heads, or a bad --tp-collectives, fails at start
-naming the numbers, and a rank killed under a running server ends the `z serve` process with an
+query / 2 KV heads): a --tp beyond the query heads, a bad --tp-collectives or a bad --cpu-idle
+fails at start naming the numbers, and a rank killed under a running server ends the `z serve` process with an
 error naming the rank."""
 
 from __future__ import annotations
@@ -34,6 +34,13 @@ def test_bad_tp_collectives_fail_at_start(tmp_path: Path) -> None:
     done = run_z("serve", str(model), "--tp-collectives", "gloo", ok=False)
     assert done.returncode == 2, done.stderr
     assert "--tp is 1" in done.stderr and "--tp N" in done.stderr, done.stderr
+
+
+def test_bad_cpu_idle_fails_at_start(tmp_path: Path) -> None:
+    model = write_tiny_lm(tmp_path / "lm")
+    done = run_z("serve", str(model), "--tp", "2", "--cpu-idle", "spin", ok=False)
+    assert done.returncode == 2, done.stderr
+    assert "cpu_idle" in done.stderr and "'auto', 'poll' or 'halt'" in done.stderr, done.stderr
 
 
 def _children(pid: int) -> list[int]:

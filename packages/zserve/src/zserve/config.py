@@ -11,6 +11,7 @@ DType = Literal["float32", "bfloat16", "float16"]
 Speculative = Literal["ngram", "self-draft"]
 Offload = Literal["cpu", "nvme"]
 TPCollectives = Literal["p2p", "gloo"]
+CpuIdle = Literal["auto", "poll", "halt"]
 
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 """Seeds accepted (engine and per request): a signed 64-bit integer, OpenAI's `seed`;
@@ -116,6 +117,14 @@ class EngineConfig(BaseModel):
     """What carries the tensor-parallel layers' all-reduces and gathers and each step's batch
     over the ranks' gloo groups: `p2p`, point-to-point sends and receives (:mod:`zserve.tp.p2p`:
     one exchange per all-reduce at 2 ranks), or `gloo`, the groups' collectives."""
+
+    cpu_idle: CpuIdle = "auto"
+    """How the host's idle cores wait while requests are in flight (:mod:`zserve.cpu_idle`):
+    `poll` holds Linux's CPU latency QoS at 0 us (`/dev/cpu_dma_latency`) from the first
+    forward until nothing is unfinished, so a rank waiting on another is woken without a
+    halted core's wake-up (an error where the process may not write the device); `halt`
+    leaves the kernel's choice; `auto` is `poll` for `tp > 1` where the process may, else
+    `halt`."""
 
     @model_validator(mode="before")
     @classmethod

@@ -15,13 +15,15 @@ import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from zserve.block_manager import BlockManager
 from zserve.config import EngineConfig
+from zserve.cpu_idle import IdlePolling
 from zserve.detokenizer import IncrementalDetokenizer
+from zserve.engine_setup import Runner, make_scheduler, merge_config, served_max_model_len
 from zserve.logprobs import (
     TokenLogprob,
     gather_logprobs,
@@ -31,72 +33,13 @@ from zserve.logprobs import (
 )
 from zserve.outputs import RequestOutput
 from zserve.sampling import Sampler, SamplingParams
-from zserve.scheduler import (
-    PrefillFirstScheduler,
-    Scheduler,
-    Sequence,
-    SplitFuseScheduler,
-)
+from zserve.scheduler import Sequence
 from zserve.speculative import Drafter, SpeculativeDecoder, make_drafter
 
 if TYPE_CHECKING:
     from zserve.structured.backend import GrammarBackend
 
 log = logging.getLogger(__name__)
-
-
-class Runner(Protocol):
-    """What the engine reads of a runner (a plain, tensor-parallel or offloaded one)."""
-
-    @property
-    def num_blocks(self) -> int: ...
-
-    @property
-    def block_size(self) -> int: ...
-
-    @property
-    def max_model_len(self) -> int: ...
-
-    @property
-    def greedy_skips_logits(self) -> bool: ...  # forward_greedy beats forward + argmax
-
-    def forward(self, chunks: list[Any]) -> torch.Tensor: ...
-
-    def forward_greedy(self, chunks: list[Any]) -> list[int]: ...
-
-
-def merge_config(config: EngineConfig | None, overrides: dict[str, Any]) -> EngineConfig:
-    """`config` with `overrides` applied (validated again)."""
-    base = config.model_dump(exclude_unset=True) if config is not None else {}
-    return EngineConfig(**{**base, **overrides})
-
-
-def served_max_model_len(runner: Runner) -> int:
-    """The longest request (prompt + max_tokens) the engine accepts: the runner's limit
-    (the model's context, or the configured `max_model_len`), capped at what the KV cache
-    can hold. A sequence of L tokens keeps L - 1 in the cache (the last sampled token is
-    never fed back), so the cache caps it at ``num_blocks * block_size + 1``; a longer
-    request could never run, and is refused up front instead of failing in the scheduler."""
-    return min(runner.max_model_len, runner.num_blocks * runner.block_size + 1)
-
-
-def make_scheduler(
-    config: EngineConfig,
-    kv: BlockManager,
-    max_model_len: int,
-    lookahead: Callable[[Sequence], int] | None = None,
-) -> Scheduler:
-    if config.policy == "splitfuse":
-        return SplitFuseScheduler(kv, config.max_num_seqs, config.token_budget, lookahead)
-    if config.policy == "prefill-first":
-        # A prefill forward must hold the longest prompt, whatever the token budget.
-        return PrefillFirstScheduler(
-            kv, config.max_num_seqs, max(config.token_budget, max_model_len)
-        )
-    raise ValueError(
-        f"policy {config.policy!r} has no scheduler; the static baseline runs through "
-        "`zserve.static_batch.StaticBatchEngine` (`make_engine` picks it)"
-    )
 
 
 class Engine:
@@ -139,7 +82,13 @@ class Engine:
             )
         else:
             runner = ModelRunner(model_dir, **options)
-        self._setup(runner, Tokenizer(model_dir), config, Path(model_dir).name)
+        try:
+            self._setup(runner, Tokenizer(model_dir), config, Path(model_dir).name)
+        except BaseException:
+            close = getattr(runner, "close", None)  # a tensor-parallel runner's ranks
+            if close is not None:
+                close()
+            raise
         self.tokenizer_json: Path | None = Path(model_dir) / "tokenizer.json"
 
     @classmethod
@@ -167,6 +116,7 @@ class Engine:
     ) -> None:
         self.config = config
         self.runner = runner
+        self._idle = IdlePolling.for_engine(config.cpu_idle, config.tp)
         self._step_threads: Callable[[int, int], AbstractContextManager[None]] | None = getattr(
             getattr(runner, "model", None), "step_threads", None
         )
@@ -271,9 +221,15 @@ class Engine:
         seq = self._live.pop(request_id, None)
         if seq is not None and not seq.finished:
             self.scheduler.abort(request_id)
+            self._release_idle()
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
+
+    @property
+    def polls_idle_cores(self) -> bool:
+        """Idle cores poll while requests are in flight (`cpu_idle`, :mod:`zserve.cpu_idle`)."""
+        return self._idle is not None
 
     # -- the loop -----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -285,6 +241,7 @@ class Engine:
         results = [self._final(seq, "error") for seq in sched.finished]
         self.num_steps += 1
         if not sched.chunks:
+            self._release_idle()
             return results
         # Speculative decoding: a decode with reserved slots carries its draft too, and
         # gets the logits of every token (row i checks draft i).
@@ -309,10 +266,18 @@ class Engine:
         tokens = sched.num_tokens + sum(map(len, drafts))
         # The model's threads for this forward (a CPU model on znative's kernels), if any.
         threads = self._step_threads(tokens, rows) if self._step_threads else nullcontext()
+        if self._idle is not None:
+            self._idle.hold()  # until nothing is unfinished (zserve.cpu_idle)
         with threads:
             results += self._run(sched, chunks, spans, drafts)
         self.num_forward_tokens += tokens
+        self._release_idle()
         return results
+
+    def _release_idle(self) -> None:
+        """Idle cores halt again once nothing is unfinished (:mod:`zserve.cpu_idle`)."""
+        if self._idle is not None and not self.has_unfinished():
+            self._idle.release()
 
     def _run(
         self, sched: Any, chunks: list[Any], spans: list[tuple[int, int]], drafts: list[list[int]]
@@ -467,6 +432,8 @@ class Engine:
 
     def close(self) -> None:
         """Stop what the runner started (a tensor-parallel runner's worker ranks)."""
+        if self._idle is not None:
+            self._idle.release()
         close = getattr(self.runner, "close", None)
         if close is not None:
             close()
