@@ -12,6 +12,7 @@ without it.
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 
@@ -52,6 +53,17 @@ def test_hold_requests_zero_and_release_gives_it_back() -> None:
     hold.release()
     hold.release()
     assert not hold.held and current_request() == before
+
+
+@needs_qos
+def test_a_hold_dropped_unreleased_is_given_back() -> None:
+    before = current_request()
+    hold = IdlePolling()
+    hold.hold()
+    assert current_request() == 0
+    del hold
+    gc.collect()
+    assert current_request() == before
 
 
 def test_poll_without_the_device_fails_naming_it(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import weakref
 
 from zserve.config import CpuIdle
 
@@ -43,7 +44,8 @@ class IdlePolling:
 
     def __init__(self, device: str = QOS_DEVICE) -> None:
         self.device = device
-        self._fd: int | None = None
+        self._close: weakref.finalize | None = None
+        """Closes the held device file: a finalizer, so at the latest when this is collected."""
 
     @classmethod
     def for_engine(cls, mode: CpuIdle, tp: int, device: str = QOS_DEVICE) -> IdlePolling | None:
@@ -71,12 +73,12 @@ class IdlePolling:
 
     @property
     def held(self) -> bool:
-        return self._fd is not None
+        return self._close is not None
 
     def hold(self) -> None:
         """Request 0 us wake-up latency (idle cores poll) until :meth:`release`; a no-op
         when held."""
-        if self._fd is not None:
+        if self._close is not None:
             return
         fd = os.open(self.device, os.O_WRONLY | os.O_CLOEXEC)
         try:
@@ -84,13 +86,13 @@ class IdlePolling:
         except BaseException:
             os.close(fd)
             raise
-        self._fd = fd
+        self._close = weakref.finalize(self, os.close, fd)
 
     def release(self) -> None:
         """Drop the request (idle cores halt again); a no-op when not held."""
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            os.close(fd)
+        if self._close is not None:
+            close, self._close = self._close, None
+            close()
 
 
 def current_request(device: str = QOS_DEVICE) -> int:
