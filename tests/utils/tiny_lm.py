@@ -12,16 +12,16 @@ from tests.utils.models import smollm2_dir
 from zcore.hf.random_llama import random_llama
 
 
-def write_tiny_lm(out: Path) -> Path:
-    """A 2-layer random LLaMA with SmolLM2's tokenizer (so prompts are real text): what
-    zserve and zquant load, at a size that runs in milliseconds."""
+def write_tiny_lm(out: Path, heads: int = 4, kv_heads: int = 2) -> Path:
+    """A 2-layer random LLaMA (16-wide heads) with SmolLM2's tokenizer (so prompts are real
+    text): what zserve and zquant load, at a size that runs in milliseconds."""
     config, state = random_llama(
         vocab=49152,
-        hidden=64,
+        hidden=16 * heads,
         inter=96,
         layers=2,
-        heads=4,
-        kv_heads=2,
+        heads=heads,
+        kv_heads=kv_heads,
         std=0.2,
         max_positions=1024,
         rope_parameters={"rope_theta": 10000.0, "rope_type": "default"},

@@ -1,7 +1,7 @@
 """`zserve.pipeline(..., tp=N)` on the real SmolLM2-135M-Instruct (9 query / 3 KV heads) against
 the single-process pipeline: the logits of whole prompts, and greedy outputs token for token.
 
-tp=2 cuts the heads unevenly (KV 1/2, query 3/6), tp=3 gives each rank one KV head, tp=4
+tp=2 cuts the heads unevenly (query 4/5 over KV heads 0-1 and 1-2), tp=3 gives each rank one KV head, tp=4
 replicates a KV head on two ranks (query heads 1/2 of its group).
 
 Tolerance: fp32, max |logit difference| <= 1e-3 (the single-process runner's own tolerance
@@ -65,3 +65,26 @@ def test_tiny_pipeline_tp2_greedy_equals_tp1(tmp_path: Path, speculative: str | 
         got = two(texts, max_tokens=8, temperature=0)
         assert two.engine.runner.local.kv_cache.num_kv_heads == 1  # 2 KV heads over 2 ranks
     assert [c.token_ids for c in got] == [c.token_ids for c in want]
+
+
+def test_tiny_tp2_with_empty_query_slots_equals_tp1(tmp_path: Path) -> None:
+    """6 query / 3 KV heads at tp=2: query heads 0-2 and 3-5, each rank holding two KV heads
+    (KV head 1 on both) and attending with one empty query slot (rank 0 after its heads,
+    rank 1 before): prompt logits through the per-op path, greedy decodes through the decode
+    program, against one process."""
+    model = write_tiny_lm(tmp_path / "lm", heads=6, kv_heads=3)
+    texts = shakespeare_prompts(3, start=7)
+    options = dict(max_model_len=128, num_blocks=32)
+    with zserve.pipeline(model, **options) as one:
+        ids = [one.engine.tokenizer.encode(t) for t in texts]
+        want = one(texts, max_tokens=8, temperature=0)
+        whole = _prompt_logits(one.engine.runner, ids)
+    with zserve.pipeline(model, tp=2, **options) as two:
+        got = two(texts, max_tokens=8, temperature=0)
+        cut = _prompt_logits(two.engine.runner, ids)
+        local = two.engine.runner.local
+        assert local.model.config.attention_pad == (0, 1)
+        assert local.kv_cache.num_kv_heads == 2
+    assert [c.token_ids for c in got] == [c.token_ids for c in want]
+    diff = (cut - whole).abs().max().item()
+    assert diff <= ATOL, f"max |logit diff| {diff}"

@@ -24,12 +24,16 @@ SMOL = LlamaConfig(
 )
 
 
-def test_smollm2_tp2_splits_kv_heads_1_2_with_their_query_groups() -> None:
+def test_smollm2_tp2_splits_query_heads_4_5_sharing_the_middle_kv_head() -> None:
     a, b = plan(SMOL, 2)  # the extra head goes to rank 1: rank 0 also schedules and samples
-    assert (a.kv_heads, a.q_heads) == ((0, 1), (0, 3))
-    assert (b.kv_heads, b.q_heads) == ((1, 3), (3, 9))
-    assert (a.config.num_attention_heads, a.config.num_key_value_heads) == (3, 1)
-    assert (b.config.num_attention_heads, b.config.num_key_value_heads) == (6, 2)
+    # query heads 0-3 read KV heads 0-1 (3 + 1 of group 1's), 4-8 read 1-2: KV head 1 is held
+    # (and cached) on both, each attending with the group's other heads' slots empty
+    assert (a.kv_heads, a.q_heads) == ((0, 2), (0, 4))
+    assert (b.kv_heads, b.q_heads) == ((1, 3), (4, 9))
+    assert (a.config.num_attention_heads, a.config.num_key_value_heads) == (4, 2)
+    assert (b.config.num_attention_heads, b.config.num_key_value_heads) == (5, 2)
+    assert a.config.attention_pad == (0, 2) and b.config.attention_pad == (1, 0)
+    assert a.config.attention_heads == b.config.attention_heads == 6
     # the MLP even: the all-reduce after the attention is a barrier, so extra MLP on rank 0
     # would not make up for rank 1's extra heads
     assert a.mlp == (0, 768) and b.mlp == (768, 1536)
@@ -37,16 +41,31 @@ def test_smollm2_tp2_splits_kv_heads_1_2_with_their_query_groups() -> None:
     assert a.config.vocab_size == 49152  # the embedding stays whole
 
 
+def test_query_heads_split_evenly_only_where_it_lightens_the_heaviest_rank() -> None:
+    # q and o per query head, k and v per KV head: whole groups 1/2 of 3 KV heads weigh 8 and
+    # 16 head blocks, 4/5 query heads over 2/2 KV heads 12 and 14
+    assert head_ranges(9, 3, 2) == [((0, 4), (0, 2)), ((4, 9), (1, 3))]
+    assert head_ranges(6, 3, 2) == [((0, 3), (0, 2)), ((3, 6), (1, 3))]
+    # whole groups where they divide, or where an even split weighs as much (32/8 at tp 3)
+    assert head_ranges(8, 2, 2) == [((0, 4), (0, 1)), ((4, 8), (1, 2))]
+    assert head_ranges(9, 3, 3) == [((0, 3), (0, 1)), ((3, 6), (1, 2)), ((6, 9), (2, 3))]
+    assert head_ranges(32, 8, 3) == [((0, 8), (0, 2)), ((8, 20), (2, 5)), ((20, 32), (5, 8))]
+
+
 @pytest.mark.parametrize("tp", [1, 2, 3, 4, 5, 6, 9])
 def test_every_head_and_column_is_held(tp: int) -> None:
     shards = plan(SMOL, tp)
     q = [h for s in shards for h in range(*s.q_heads)]
     assert q == list(range(9))  # each query head on exactly one rank, in order
-    for s in shards:  # a rank's query heads read only its KV heads
+    for s in shards:  # a rank's query heads read only its KV heads, and each of them
         group = 9 // 3
         assert {h // group for h in range(*s.q_heads)} == set(range(*s.kv_heads))
         c = s.config
-        assert c.num_attention_heads % c.num_key_value_heads == 0
+        assert c.attention_heads % c.num_key_value_heads == 0
+        before, after = c.attention_pad  # the empty slots fill out the groups the rank reads
+        if c.num_key_value_heads > 1:
+            assert s.q_heads[0] - before == s.kv_heads[0] * group
+            assert s.q_heads[1] + after == s.kv_heads[1] * group
     cols = [m for s in shards for m in range(*s.mlp)]
     assert cols == list(range(1536))
     assert [v for s in shards for v in range(*s.vocab)] == list(range(49152))

@@ -1,6 +1,6 @@
 """TPRunner over real gloo ranks (spawned processes) on a tiny random LLaMA with an uneven
-head split (6 query / 3 KV heads over 2 ranks: KV 1/2, query 2/4), against the
-single-process ModelRunner on the same ragged steps; each rank pinned to a core of its own
+head split (6 query / 3 KV heads over 2 ranks: query 3/3 over KV heads 0-1 and 1-2), against
+the single-process ModelRunner on the same ragged steps; each rank pinned to a core of its own
 where there are enough.
 
 Tolerance: fp32, max |logit difference| <= 1e-4 (tensor parallelism only changes the order
@@ -83,8 +83,9 @@ def test_tp2_logits_equal_single_process(tiny_dir: Path, tp_runner: TPRunner) ->
     # columns' largest logit per row: the argmax of the gathered logits, row for row
     for step, (chunks, logits) in enumerate(zip(_steps(), cut, strict=True)):
         assert tp_runner.forward_greedy(chunks) == logits.argmax(dim=-1).tolist(), step
-    # rank 0 caches its own 1 of the 3 KV heads, in as many blocks as the whole model
-    assert tp_runner.local.kv_cache.num_kv_heads == 1
+    # rank 0 caches the 2 of the 3 KV heads its 3 query heads read, in as many blocks as the
+    # whole model
+    assert tp_runner.local.kv_cache.num_kv_heads == 2
     assert tp_runner.num_blocks == OPTIONS["num_blocks"]
     assert tp_runner.greedy_skips_logits
     # each rank on a core of its own where there are enough (its collectives' wake-ups stay

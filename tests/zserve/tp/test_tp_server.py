@@ -1,6 +1,6 @@
 """A tp=2 zserve over real HTTP against the single-process engine of the same model: the tiny
 random LLaMA with SmolLM2's tokenizer (the fast check), and SmolLM2-135M (slow; its 9 query / 3
-KV heads cut 3/6 and 1/2 over two gloo ranks): concurrent greedy completions through the
+KV heads cut 4/5 over KV heads 0-1 and 1-2 on two gloo ranks): concurrent greedy completions through the
 `openai` client give the same text, logprobs (with top alternatives) match within 1e-3,
 structured output is honoured, a client that leaves frees its KV blocks (one block table
 drives both ranks' caches), and a rank killed mid-request fails the request and stops the

@@ -59,7 +59,8 @@ class LlamaConfig:
     num_attention_heads: int
     """Query heads."""
     num_key_value_heads: int
-    """Key/value heads (grouped-query attention); divides ``num_attention_heads``."""
+    """Key/value heads (grouped-query attention); divides ``num_attention_heads`` (plus
+    ``sum(attention_pad)``)."""
     head_dim: int
     """Width of one head; ``hidden_size // num_attention_heads`` unless the config says."""
     max_position_embeddings: int
@@ -88,6 +89,10 @@ class LlamaConfig:
     """HF ``model_type`` the config was read from."""
     torch_dtype: str | None = None
     """The dtype the checkpoint was saved in, if the config says."""
+    attention_pad: tuple[int, int] = (0, 0)
+    """A tensor-parallel shard's empty query-head slots before and after its query heads,
+    which make its KV heads' query groups whole (:mod:`zserve.tp.plan`): the attention runs
+    over :attr:`attention_heads` heads, the projections over ``num_attention_heads``."""
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     """The raw ``config.json`` (for fields this runner does not use)."""
 
@@ -105,10 +110,15 @@ class LlamaConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"config.json: `{name}` must be a positive integer; got {value!r}")
-        if self.num_attention_heads % self.num_key_value_heads:
+        if min(self.attention_pad) < 0:
+            raise ValueError(f"attention_pad {self.attention_pad} must be >= 0")
+        if self.attention_heads % self.num_key_value_heads:
+            padded = (
+                f" (+ {sum(self.attention_pad)} empty slots)" if any(self.attention_pad) else ""
+            )
             raise ValueError(
-                f"config.json: num_attention_heads {self.num_attention_heads} is not a multiple "
-                f"of num_key_value_heads {self.num_key_value_heads}"
+                f"config.json: num_attention_heads {self.num_attention_heads}{padded} is not a "
+                f"multiple of num_key_value_heads {self.num_key_value_heads}"
             )
         if self.num_local_experts and not 1 <= self.num_experts_per_tok <= self.num_local_experts:
             raise ValueError(
@@ -117,6 +127,11 @@ class LlamaConfig:
             )
         if self.head_dim % 2:
             raise ValueError(f"config.json: head_dim {self.head_dim} must be even for rotary")
+
+    @property
+    def attention_heads(self) -> int:
+        """Query-head slots of the attention: the query heads and :attr:`attention_pad`."""
+        return self.num_attention_heads + sum(self.attention_pad)
 
     @property
     def q_size(self) -> int:

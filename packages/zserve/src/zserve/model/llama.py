@@ -278,6 +278,7 @@ class LlamaModel:
         c = self.config
         t = token_ids.numel()
         heads, kv_heads, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        before, after = c.attention_pad
         norm = native.rms_norm if self.native else rms_norm
         # index_select, not advanced indexing: the latter's parallel kernel stalls for
         # milliseconds on a CPU shared with other work (see attention._gather).
@@ -317,7 +318,11 @@ class LlamaModel:
             v = qkv[:, c.q_size + c.kv_size :].view(t, kv_heads, d)
             if not self.native:
                 kv_cache.write(i, plan.slots, k, v)
+            if before or after:  # a tp shard's empty slots make its KV groups whole
+                q = F.pad(q, (0, 0, before, after))  # (T, attention_heads, d)
             o = attention(q, k, v, k_cache, v_cache, plan, self.scale, **extra)
+            if before or after:
+                o = o[:, before : before + heads]
             # in place: x is this forward's own (index_select's output), the sums as x + y's
             y = self.project(o.reshape(t, c.q_size), w.o, w.o_bias)
             if self.reduce is not None:

@@ -81,6 +81,7 @@ class _Buffers:
         qkv: int,
         q: int,
         heads: int,
+        pad: tuple[int, int],
         d: int,
         inter: int,
         dtype: torch.dtype,
@@ -93,12 +94,27 @@ class _Buffers:
         self.h, self.h_np = buf(t, hidden)
         self.tmp, self.tmp_np = buf(t, hidden)
         self.qkv, self.qkv_np = buf(t, qkv)
-        self.o, self.o_np = buf(t, heads, d)
-        self.o_rows_np = np_view(self.o.view(t, q))
+        before, after = pad
+        slots = before + heads + after  # a tp shard's empty slots make its KV groups whole
+        self.o, self.o_np = buf(t, slots, d)
         q_view = self.qkv[:, :q].view(t, heads, d)
-        # One token's q is a contiguous slice of its qkv row; more are copied out each layer.
-        self.q_copy = None if q_view.is_contiguous() else (torch.empty_like(q_view), q_view)
-        self.q_np = np_view(q_view if self.q_copy is None else self.q_copy[0])
+        # (copy, source) pairs run each layer: q into the attention's slots, where one token's
+        # q is not a contiguous slice of its qkv row or there are empty slots; the attention's
+        # output out of them, where there are
+        self.q_copy: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.o_copy: tuple[torch.Tensor, torch.Tensor] | None = None
+        if before or after:
+            padded = torch.zeros(t, slots, d, dtype=dtype)  # the empty slots stay zero
+            self.q_copy = (padded[:, before : before + heads], q_view)
+            self.q_np = np_view(padded)
+            rows = torch.empty(t, q, dtype=dtype)
+            self.o_copy = (rows.view(t, heads, d), self.o[:, before : before + heads])
+            self.o_rows_np = np_view(rows)
+        else:
+            if not q_view.is_contiguous():
+                self.q_copy = (torch.empty_like(q_view), q_view)
+            self.q_np = np_view(q_view if self.q_copy is None else self.q_copy[0])
+            self.o_rows_np = np_view(self.o.view(t, q))
         self.gu, self.gu_np = buf(t, 2 * inter)
         self.gate, self.up = self.gu[:, :inter], self.gu[:, inter:]
         self.act, self.act_np = buf(t, inter)
@@ -158,6 +174,7 @@ class DecodeProgram:
                 c.q_size + 2 * c.kv_size,
                 c.q_size,
                 c.num_attention_heads,
+                c.attention_pad,
                 c.head_dim,
                 self.inter,
                 self.model.cos.dtype,
@@ -208,6 +225,8 @@ class DecodeProgram:
             if b.q_copy is not None:
                 b.q_copy[0].copy_(b.q_copy[1])
             attend(b.q_np, k_np, v_np, blocks, lens, b.o_np, scale=scale)
+            if b.o_copy is not None:
+                b.o_copy[0].copy_(b.o_copy[1])
             kernel, args, kw = w.o
             kernel(b.o_rows_np, *args, tmp_np, **kw)
             if reduce is not None:  # tensor parallel: the heads' partial sums

@@ -15,9 +15,14 @@ Per decoder layer (Megatron's cut, for serving):
   and rank 0 gathers the logits, where it samples.
 
 Any head count is served, never refused for divisibility. With ``tp <= num_key_value_heads``
-the KV heads are dealt out as evenly as whole heads allow, each with its whole query group,
-the extra heads to the last ranks (rank 0 also schedules and samples): SmolLM2's 9 query / 3
-KV heads at tp=2 are KV 1/2, query 3/6. With ``num_key_value_heads <
+either the KV heads are dealt out as evenly as whole heads allow, each with its whole query
+group, or the query heads are, each rank holding the KV heads they read (a KV head whose
+group is split is held and cached on both ranks, and each attends with the group's other
+query slots empty: ``LlamaConfig.attention_pad``), whichever leaves the heaviest rank the
+fewer attention weights (q and o per query head, k and v per KV head); the extra heads go to
+the last ranks (rank 0 also schedules and samples). SmolLM2's 9 query / 3 KV heads at tp=2:
+whole groups would be KV 1/2 and query 3/6 (8 and 16 head-sized blocks), query 4/5 over KV
+heads 0-1 and 1-2 weigh 12 and 14. With ``num_key_value_heads <
 tp <= num_attention_heads`` each rank holds one KV head, replicated on the ranks that split
 its query group (its keys are cached on each of them). Only ``tp > num_attention_heads`` is
 refused: a rank would hold no query head. Mixtral's experts are dealt out whole (expert
@@ -78,10 +83,18 @@ def even_ranges(n: int, parts: int) -> list[tuple[int, int]]:
     return [(bounds[i], bounds[i + 1]) for i in range(parts)]
 
 
+def _attention_weight(q: tuple[int, int], kv: tuple[int, int]) -> int:
+    """A rank's attention projections in head-sized blocks: q and o per query head, k and v
+    per KV head."""
+    return 2 * (q[1] - q[0]) + 2 * (kv[1] - kv[0])
+
+
 def head_ranges(
     heads: int, kv_heads: int, tp: int
 ) -> list[tuple[tuple[int, int], tuple[int, int]]]:
-    """Each rank's (query heads, KV heads); see the module docstring."""
+    """Each rank's (query heads, KV heads); see the module docstring. A rank whose query heads
+    fill only part of a KV head's group attends with that group's other slots empty
+    (:func:`attention_pad`)."""
     if tp > heads:
         raise TPPlanError(
             f"tp {tp} > num_attention_heads {heads}: every rank needs at least one query head; "
@@ -89,13 +102,27 @@ def head_ranges(
         )
     group = heads // kv_heads
     if tp <= kv_heads:
-        kv = even_ranges(kv_heads, tp)
-        return [((a * group, b * group), (a, b)) for a, b in kv]
+        whole = [((a * group, b * group), (a, b)) for a, b in even_ranges(kv_heads, tp)]
+        even = [((a, b), (a // group, -(-b // group))) for a, b in even_ranges(heads, tp)]
+        if max(_attention_weight(*r) for r in even) < max(_attention_weight(*r) for r in whole):
+            return even
+        return whole
     out = []
     for j, (first, last) in enumerate(even_ranges(tp, kv_heads)):  # ranks of KV head j
         for a, b in even_ranges(group, last - first):
             out.append(((j * group + a, j * group + b), (j, j + 1)))
     return out
+
+
+def attention_pad(
+    q_heads: tuple[int, int], kv_heads: tuple[int, int], group: int
+) -> tuple[int, int]:
+    """The empty query-head slots before and after ``q_heads`` that make the query groups of
+    ``kv_heads`` (``group`` query heads each) whole: (0, 0) for whole groups, and for a
+    rank holding one KV head, which attends with only its own query heads."""
+    if kv_heads[1] - kv_heads[0] == 1:
+        return (0, 0)
+    return (q_heads[0] - kv_heads[0] * group, kv_heads[1] * group - q_heads[1])
 
 
 def _mlp_ranges(width: int, tp: int, align: int = MLP_ALIGN) -> list[tuple[int, int]]:
@@ -136,11 +163,13 @@ def plan(config: LlamaConfig, tp: int, *, mlp_align: int = MLP_ALIGN) -> list[Ra
         mlp = _mlp_ranges(c.intermediate_size, tp, mlp_align)
     vocab = even_ranges(c.vocab_size, tp)
     shards = []
+    group = c.num_attention_heads // c.num_key_value_heads
     for r, (((q0, q1), (k0, k1)), m) in enumerate(zip(heads, mlp, strict=True)):
         local = dataclasses.replace(
             c,
             num_attention_heads=q1 - q0,
             num_key_value_heads=k1 - k0,
+            attention_pad=attention_pad((q0, q1), (k0, k1), group),
             intermediate_size=m[1] - m[0],
             head_dim=d,
         )
