@@ -20,6 +20,7 @@ import pytest
 
 import zserve
 from tests.utils.tiny_lm import write_tiny_lm
+from zserve.config import EngineConfig
 from zserve.cpu_idle import QOS_DEVICE, CpuIdleError, IdlePolling, current_request
 from zserve.engine import Engine
 from zserve.sampling import SamplingParams
@@ -72,6 +73,11 @@ def test_poll_without_the_device_fails_naming_it(tmp_path: Path) -> None:
         IdlePolling.for_engine("poll", 2, device=str(missing))
     assert "cpu_idle 'auto' or 'halt'" in str(err.value)
     assert isinstance(err.value, OSError)
+
+
+def test_poll_on_the_static_baseline_is_refused() -> None:
+    with pytest.raises(ValueError, match="cpu_idle 'poll' is held by the engine"):
+        EngineConfig(policy="static", cpu_idle="poll")
 
 
 def test_auto_and_halt_take_no_hold_where_they_should_not(tmp_path: Path) -> None:

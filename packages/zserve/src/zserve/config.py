@@ -207,6 +207,11 @@ class EngineConfig(BaseModel):
                 f"{self.policy!r}, device {self.device!r}, speculative {self.speculative!r}, "
                 f"weights_budget {self.weights_budget!r}"
             )
+        if self.cpu_idle == "poll" and self.policy == "static":
+            raise ValueError(
+                "cpu_idle 'poll' is held by the engine (policy 'splitfuse' or 'prefill-first'); "
+                "the 'static' baseline runs transformers `generate`: drop cpu_idle or change policy"
+            )
         if self.num_blocks is not None and self.kv_cache_bytes is not None:
             raise ValueError(
                 f"give num_blocks ({self.num_blocks}) or kv_cache_bytes "

@@ -108,7 +108,7 @@ class P2PCollectives:
         The hot path of a decode step (two calls a layer, a few KB each): its Python and
         dispatch cost counts against the exchange, so the common case (the peer's receive
         is posted at this size) sends ``x`` as it is and adds the peer's through a view
-        kept from the last call of the same dtype and size."""
+        kept from the last call of the same dtype and shape."""
         peer = 1 - self.rank
         if x.nbytes <= self._peer_ahead.get(peer, 0):
             sent = [self.compute.send([x], peer, _AHEAD_TAG)]
