@@ -10,7 +10,9 @@ against transformers; tensor parallelism only reorders the o and down projection
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -34,22 +36,38 @@ def _prompt_logits(runner: object, prompts: list[list[int]]) -> torch.Tensor:
     return runner.forward(chunks)  # type: ignore[attr-defined]
 
 
+def tp_against_one_process(
+    model: Path,
+    tp: int,
+    texts: list[str],
+    max_tokens: int,
+    options: dict[str, Any],
+    inspect: Callable[[Any], None] | None = None,
+) -> float:
+    """``model`` served by one process and at ``tp`` ranks: asserts the greedy outputs of
+    ``texts`` equal, and returns the largest |difference| of their prompt logits (``inspect``
+    sees the tp pipeline while it runs)."""
+    with zserve.pipeline(model, **options) as one:
+        ids = [one.engine.tokenizer.encode(t) for t in texts]
+        want = one(texts, max_tokens=max_tokens, temperature=0)
+        whole = _prompt_logits(one.engine.runner, ids)
+        assert isinstance(one.engine.runner, ModelRunner)
+    with zserve.pipeline(model, tp=tp, **options) as many:
+        got = many(texts, max_tokens=max_tokens, temperature=0)
+        cut = _prompt_logits(many.engine.runner, ids)
+        if inspect is not None:
+            inspect(many)
+    assert [c.token_ids for c in got] == [c.token_ids for c in want]
+    assert cut.shape == whole.shape
+    return float((cut - whole).abs().max().item())
+
+
 @pytest.mark.slow(reason="SmolLM2 twice, ~40 s at tp=2; the tiny model below is the fast check")
 @pytest.mark.parametrize("tp", [2, 3, 4])
 def test_tp_logits_and_greedy_equal_one_process(tp: int) -> None:
     texts = shakespeare_prompts(4, start=11)
-    with zserve.pipeline(smollm2_dir(), **OPTIONS) as one:
-        ids = [one.engine.tokenizer.encode(t) for t in texts]
-        want = one(texts, max_tokens=16, temperature=0)
-        whole = _prompt_logits(one.engine.runner, ids)
-    with zserve.pipeline(smollm2_dir(), tp=tp, **OPTIONS) as many:
-        got = many(texts, max_tokens=16, temperature=0)
-        cut = _prompt_logits(many.engine.runner, ids)
-    assert [c.token_ids for c in got] == [c.token_ids for c in want]
-    assert cut.shape == whole.shape
-    diff = (cut - whole).abs().max().item()
+    diff = tp_against_one_process(smollm2_dir(), tp, texts, 16, OPTIONS)
     assert diff <= ATOL, f"tp={tp}: max |logit diff| {diff}"
-    assert isinstance(one.engine.runner, ModelRunner)
 
 
 @pytest.mark.parametrize("speculative", [None, "ngram"])
@@ -73,18 +91,12 @@ def test_tiny_tp2_with_empty_query_slots_equals_tp1(tmp_path: Path) -> None:
     rank 1 before): prompt logits through the per-op path, greedy decodes through the decode
     program, against one process."""
     model = write_tiny_lm(tmp_path / "lm", heads=6, kv_heads=3)
-    texts = shakespeare_prompts(3, start=7)
-    options = dict(max_model_len=128, num_blocks=32)
-    with zserve.pipeline(model, **options) as one:
-        ids = [one.engine.tokenizer.encode(t) for t in texts]
-        want = one(texts, max_tokens=8, temperature=0)
-        whole = _prompt_logits(one.engine.runner, ids)
-    with zserve.pipeline(model, tp=2, **options) as two:
-        got = two(texts, max_tokens=8, temperature=0)
-        cut = _prompt_logits(two.engine.runner, ids)
+
+    def rank_0(two: Any) -> None:
         local = two.engine.runner.local
         assert local.model.config.attention_pad == (0, 1)
         assert local.kv_cache.num_kv_heads == 2
-    assert [c.token_ids for c in got] == [c.token_ids for c in want]
-    diff = (cut - whole).abs().max().item()
+
+    options = dict(max_model_len=128, num_blocks=32)
+    diff = tp_against_one_process(model, 2, shakespeare_prompts(3, start=7), 8, options, rank_0)
     assert diff <= ATOL, f"max |logit diff| {diff}"

@@ -249,19 +249,11 @@ def test_smollm2_tp2_equals_tp1(tmp_path: Path, recipe: str) -> None:
     W4A8; W4 is cut as they are) and greedy text token for token."""
     from tests.utils.models import smollm2_dir
     from tests.zserve.server.conftest import shakespeare_prompts
-    from tests.zserve.tp.test_tp_pipeline import _prompt_logits
+    from tests.zserve.tp.test_tp_pipeline import tp_against_one_process
 
     skip = FP6_SKIP if recipe == "w6a16" else ()
     quant = quantize_dir(smollm2_dir(), tmp_path / recipe, recipe, skip=skip)
     texts, options = shakespeare_prompts(4, start=11), dict(max_model_len=256, num_blocks=64)
-    with zserve.pipeline(quant, **options) as one:
-        ids = [one.engine.tokenizer.encode(t) for t in texts]
-        want = one(texts, max_tokens=16, temperature=0)
-        whole = _prompt_logits(one.engine.runner, ids)
-    with zserve.pipeline(quant, tp=2, **options) as two:
-        got = two(texts, max_tokens=16, temperature=0)
-        cut = _prompt_logits(two.engine.runner, ids)
-    assert [c.token_ids for c in got] == [c.token_ids for c in want]
-    diff = (cut - whole).abs().max().item()
+    diff = tp_against_one_process(quant, 2, texts, 16, options)
     print(f"{recipe}: max |logit diff| tp=2 vs tp=1 {diff:.2e}")
     assert diff <= 1e-3, f"{recipe}: max |logit diff| {diff}"

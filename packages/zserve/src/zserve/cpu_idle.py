@@ -2,21 +2,20 @@
 choice) or poll, through Linux's CPU latency QoS (``/dev/cpu_dma_latency``).
 
 A tensor-parallel decode step is a chain of small exchanges between ranks (an all-reduce
-after each attention and each MLP), and each one wakes the waiting rank: a core that
-halted while it waited must first be woken by an inter-processor interrupt. On a virtual
-machine that is a trip through the hypervisor: on the hosts this was measured on, a 2 KB
-loopback TCP round trip between two pinned processes took 91 us with halting cores and
-13 us with polling ones, and a tp=2 decode step of SmolLM2 lost 3-4 ms of ~30 to it
-(``benchmarks/results/serve-tp.md``). A process that holds ``/dev/cpu_dma_latency`` open
-with a 0 us request keeps every core out of its halt states (they poll for work
-instead) until it closes it; the kernel drops the request when the process exits, however
-it exits, so nothing is left behind by a crash.
+after each attention and each MLP), and each one wakes the waiting rank: a core that halted
+while it waited must first be woken by an inter-processor interrupt, which on a virtual
+machine is a trip through the hypervisor (measured: ``benchmarks/results/serve-tp.md``). A
+process that holds ``/dev/cpu_dma_latency`` open with a 0 us request keeps every core out of
+its halt states (they poll for work instead) until it closes it; the kernel drops the
+request when the process exits, however it exits, so nothing is left behind by a crash. (The
+per-core knob, ``/sys/devices/system/cpu/cpuN/power/pm_qos_resume_latency_us``, would poll
+only the ranks' cores but outlives a crashed process: not used.)
 
 The engine holds it only while requests are in flight (from the first step that runs a
-forward to the step that leaves nothing unfinished): an idle server's cores halt as
-before. Polling cores burn their idle time, which on a shared host is other tenants'
-CPU, hence ``halt`` for one process on its own cores (``tp=1``: its threads never wait on
-another process) and when asked.
+forward to the step that leaves nothing unfinished): an idle server's cores halt as before.
+Polling cores burn their idle time, which on a shared host is other tenants' CPU, hence
+``halt`` for a single process (``tp=1``, where polling gained nothing consistent) and when
+asked.
 """
 
 from __future__ import annotations
