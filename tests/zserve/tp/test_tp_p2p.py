@@ -103,12 +103,15 @@ def _commands(rank: int, world: int) -> list[list[int]]:
                 got_kind, got = group.receive()
                 assert got_kind == kind and torch.equal(got, payload), (i, group.collectives)
                 seen.append([got_kind, got.numel()])
+                if i in (0, 2):  # the next command's receive posted ahead, as a worker does
+                    group.expect_command()
             if i % 2:
                 group.all_reduce(torch.ones(4))
     return seen
 
 
 def test_commands_reach_every_rank() -> None:
+    """Inline, empty and two-message commands, into receives posted when called and ahead."""
     outs = run_ranks(_commands, 3, timeout=60)
     assert outs[1] == outs[2] == [[1, 7], [1, 0], [2, CMD_WORDS], [1, 3]] * 2
 

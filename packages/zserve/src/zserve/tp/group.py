@@ -190,6 +190,12 @@ class TPGroup:
             dist.broadcast(payload, 0, group=self.control)
         return int(header[0]), payload
 
+    def expect_command(self) -> None:
+        """A rank other than 0, as a step starts: post the receive of rank 0's next command
+        (point-to-point only: a broadcast cannot be posted ahead)."""
+        if self.p2p is not None:
+            self.p2p.expect_command()
+
     def _failed(self, op: str, exc: BaseException) -> BaseException:
         what = f"{op} of step {self.step}"
         if self.describe_failure is not None:

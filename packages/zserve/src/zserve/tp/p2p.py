@@ -68,6 +68,10 @@ class P2PCollectives:
         """Per peer: the bytes its posted receive fills (the largest message from it so far)."""
         self._peer_ahead: dict[int, int] = {}
         """Per peer: the bytes of the receive it has posted ahead for this rank's message."""
+        self._command: dist.Work | None = None
+        """A rank other than 0: the receive of rank 0's next command, posted ahead
+        (:meth:`expect_command`), into ``_command_buf``."""
+        self._command_buf = torch.empty(CMD_WORDS, dtype=torch.int64)
         self._views: dict[tuple[int, torch.dtype, torch.Size], torch.Tensor] = {}
         """Views of the buffers in ``_ahead_buf`` by (peer, dtype, shape), kept until the
         peer's buffer is replaced."""
@@ -250,12 +254,23 @@ class P2PCollectives:
 
     def receive(self) -> tuple[int, torch.Tensor]:
         """A rank other than 0: rank 0's next :meth:`post` (waits as long as the server
-        idles; fails when rank 0's process is gone)."""
-        message = torch.empty(CMD_WORDS, dtype=torch.int64)
-        self._recv(self.control, message, 0).wait()
+        idles; fails when rank 0's process is gone), through the receive
+        :meth:`expect_command` posted, if it did."""
+        posted, self._command = self._command, None
+        message = self._command_buf
+        (posted or self._recv(self.control, message, 0)).wait()
         kind, n = int(message[0]), int(message[1])
         if n <= CMD_WORDS - 2:
             return kind, message[2 : 2 + n].clone()
         payload = torch.empty(n, dtype=torch.int64)
         self._recv(self.control, payload, 0).wait()
         return kind, payload
+
+    def expect_command(self) -> None:
+        """A rank other than 0: post the receive of rank 0's next command now (call it when a
+        step starts; :meth:`receive` waits on it). Rank 0's transport thread then learns of
+        it while rank 0 waits in the step's collectives, so the next command goes out from
+        :meth:`post` at once; unposted, it waited for that thread, which runs only when rank
+        0 next blocks (its first all-reduce of the step), and the step started late."""
+        if self._command is None:
+            self._command = self._recv(self.control, self._command_buf, 0)

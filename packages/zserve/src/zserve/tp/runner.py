@@ -397,6 +397,7 @@ def worker_main(
         kind, payload = group.receive()
         if kind == STOP:
             break
+        group.expect_command()  # the next one, so that rank 0 can send it at once
         chunks = wire.decode(payload)
         group.begin_step()
         tokens = sum(len(c.token_ids) for c in chunks)
