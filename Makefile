@@ -88,6 +88,7 @@ test-rust:
 	cd native && cargo fmt --all --check
 	cd native && cargo clippy --workspace --all-targets --release -- -D warnings
 	cd native && cargo test --workspace --exclude znative-py --release
+	cd native && RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 
 lint: $(STAMP)/deps
 	$(BIN)/ruff check .

@@ -8,7 +8,7 @@
 //! on a busy machine, so a second thread made SmolLM2's decode slower, not
 //! faster (W4: 20 ms a step on one thread, 27 ms on two). Here the caller
 //! publishes the loop and claims tasks itself from a shared counter, while
-//! `threads - 1` helpers that spin for [`SPIN`] after their last task (then
+//! `threads - 1` helpers that spin for `SPIN` after their last task (then
 //! sleep) claim the others. A helper that is late, or descheduled by another
 //! process, costs nothing: the caller takes the tasks it did not claim, and
 //! only waits for tasks already running.
@@ -16,9 +16,9 @@
 //! A helper that claimed a task and was then descheduled keeps the caller
 //! waiting for it (for a scheduler time slice, milliseconds, on a machine whose
 //! cores other processes also use): when the caller waits longer than it worked
-//! itself, the team stands down for [`BACKOFF_PER_WAIT`] times that wait (at
-//! most [`BACKOFF_MAX`]) and loops run on the caller alone (the helpers go to
-//! sleep), so a busy machine loses at most 1/[`BACKOFF_PER_WAIT`] of its time to
+//! itself, the team stands down for `BACKOFF_PER_WAIT` times that wait (at
+//! most `BACKOFF_MAX`) and loops run on the caller alone (the helpers go to
+//! sleep), so a busy machine loses at most 1/`BACKOFF_PER_WAIT` of its time to
 //! late helpers instead of a wait per kernel call, while a short hiccup (a
 //! virtual CPU paused for 50-300 µs, seen several times a second on this
 //! project's 2-core VMs) stands the team down for milliseconds, not for the
@@ -26,7 +26,7 @@
 //! SmolLM2's INT4 decode products (measured: 120 products of a step 7.4 ms on
 //! one thread, 7.3 ms on two with the fixed 100 ms, 4.8 ms with this rule;
 //! weights in cache). It stands down too when,
-//! over [`WINDOW`] loops, the helpers ran under a quarter of the tasks: their
+//! over `WINDOW` loops, the helpers ran under a quarter of the tasks: their
 //! spinning then only takes CPU time from the caller (measured: 120 INT4 decode
 //! products took 21 ms instead of 12.6 on two threads while another process
 //! kept both cores busy).

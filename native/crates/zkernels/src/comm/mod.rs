@@ -1,6 +1,6 @@
 //! Kernels for compressed collectives (zcomm): 1-bit sign packing with the
-//! scale's sum of squares fused into the same pass ([`signs`]), and blockwise
-//! symmetric INT8 / INT4 quantization with one f32 scale per block ([`blockq`]).
+//! scale's sum of squares fused into the same pass (`signs`), and blockwise
+//! symmetric INT8 / INT4 quantization with one f32 scale per block (`blockq`).
 //!
 //! The layouts are those of the torch references these kernels are tested
 //! against: `zcomm.signs` (bits most significant first, 1 where the element is

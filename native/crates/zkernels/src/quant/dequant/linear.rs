@@ -147,7 +147,7 @@ pub(super) fn check_args(
     check_len("out", out.len(), m * n, || format!("m·n = {m}·{n}"))
 }
 
-/// `out (m, n) = x (m, k) · dequant(w)ᵀ + bias`, dequantizing [`NB`] weight rows at a time.
+/// `out (m, n) = x (m, k) · dequant(w)ᵀ + bias`, dequantizing `NB` weight rows at a time.
 pub fn dequant_linear(
     x: &[f32],
     w: &PackedWeight<'_>,
