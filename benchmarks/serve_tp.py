@@ -139,13 +139,9 @@ def _quantized(model_dir: Path, recipes: str, quant_dir: str | None) -> dict[str
 
 def _qos_writable() -> bool:
     """This process may hold the CPU latency QoS (the engine's ``cpu_idle="poll"``)."""
-    from zserve.cpu_idle import QOS_DEVICE
+    from zserve.cpu_idle import unavailable
 
-    try:
-        os.close(os.open(QOS_DEVICE, os.O_WRONLY))
-    except OSError:
-        return False
-    return True
+    return unavailable() is None
 
 
 def _cpu() -> dict[str, Any]:

@@ -13,7 +13,6 @@ without it.
 from __future__ import annotations
 
 import gc
-import os
 from pathlib import Path
 
 import pytest
@@ -21,21 +20,18 @@ import pytest
 import zserve
 from tests.utils.tiny_lm import write_tiny_lm
 from zserve.config import EngineConfig
-from zserve.cpu_idle import QOS_DEVICE, CpuIdleError, IdlePolling, current_request
+from zserve.cpu_idle import (
+    QOS_DEVICE,
+    CpuIdleError,
+    IdlePolling,
+    current_request,
+    unavailable,
+)
 from zserve.engine import Engine
 from zserve.sampling import SamplingParams
 
-
-def _writable() -> bool:
-    try:
-        os.close(os.open(QOS_DEVICE, os.O_WRONLY))
-    except OSError:
-        return False
-    return True
-
-
 needs_qos = pytest.mark.skipif(
-    not _writable(), reason=f"`{QOS_DEVICE}` is not writable here (root, Linux)"
+    unavailable() is not None, reason=f"`{QOS_DEVICE}` is not writable here (root, Linux)"
 )
 
 

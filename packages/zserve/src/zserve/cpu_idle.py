@@ -55,20 +55,17 @@ class IdlePolling:
         """
         if mode == "halt" or (mode == "auto" and tp < 2):
             return None
-        hold = cls(device)
-        try:
-            hold.hold()  # checked now, at start-up: an explicit "poll" that cannot is an error
-        except OSError as exc:
-            if mode == "poll":
-                raise CpuIdleError(
-                    f"cpu_idle 'poll' needs to write `{device}` (Linux's CPU latency QoS) and "
-                    f"cannot ({exc.strerror or exc}): run as root or give this user write "
-                    "access to it, or serve with cpu_idle 'auto' or 'halt'"
-                ) from exc
-            log.info("zserve: idle cores halt between exchanges (%s: %s)", device, exc)
-            return None
-        hold.release()
-        return hold
+        exc = unavailable(device)  # checked at start-up: an explicit "poll" that cannot fails
+        if exc is None:
+            return cls(device)
+        if mode == "poll":
+            raise CpuIdleError(
+                f"cpu_idle 'poll' needs to write `{device}` (Linux's CPU latency QoS) and "
+                f"cannot ({exc.strerror or exc}): run as root or give this user write "
+                "access to it, or serve with cpu_idle 'auto' or 'halt'"
+            ) from exc
+        log.info("zserve: idle cores halt between exchanges (%s: %s)", device, exc)
+        return None
 
     @property
     def held(self) -> bool:
@@ -92,6 +89,16 @@ class IdlePolling:
         if self._close is not None:
             close, self._close = self._close, None
             close()
+
+
+def unavailable(device: str = QOS_DEVICE) -> OSError | None:
+    """Why this process cannot hold the CPU latency QoS (opening ``device`` for writing
+    fails), or None where it can."""
+    try:
+        os.close(os.open(device, os.O_WRONLY | os.O_CLOEXEC))
+    except OSError as exc:
+        return exc
+    return None
 
 
 def current_request(device: str = QOS_DEVICE) -> int:
