@@ -83,28 +83,31 @@ class P2PCollectives:
         Raises:
             RuntimeError: a peer died, or did not answer within the group's timeout.
         """
-        if self.size == 2 and t.is_contiguous():
-            self._pair_reduce(t)
-            return
-        x = t.contiguous().view(-1)
+        x = t.contiguous()  # t itself where it is
         if self.size == 2:
             self._pair_reduce(x)
-        elif self.rank != 0:
+        else:
+            self._star_reduce(x.view(-1))
+        if x is not t:
+            t.copy_(x)
+
+    def _star_reduce(self, x: torch.Tensor) -> None:
+        """``N > 2`` ranks: the sum of every rank's ``x`` (1-D) in place, added up on rank 0
+        in rank order and sent back to each."""
+        if self.rank != 0:
             sent = self._send_ahead(x, 0)
             total = self._recv_ahead(0, x)
             for w in sent:
                 w.wait()
             x.copy_(total)
             self._post_ahead(0)
-        else:
-            for r in range(1, self.size):
-                x.add_(self._recv_ahead(r, x))
-                self._post_ahead(r)
-            sent = [w for r in range(1, self.size) for w in self._send_ahead(x, r)]
-            for w in sent:
-                w.wait()
-        if not t.is_contiguous():
-            t.copy_(x.view(t.shape))
+            return
+        for r in range(1, self.size):
+            x.add_(self._recv_ahead(r, x))
+            self._post_ahead(r)
+        sent = [w for r in range(1, self.size) for w in self._send_ahead(x, r)]
+        for w in sent:
+            w.wait()
 
     def _pair_reduce(self, x: torch.Tensor) -> None:
         """2 ranks: ``x`` (contiguous) plus the peer's, in place, ``x_0 + x_1`` on both.
