@@ -105,3 +105,18 @@ def test_mixtral_deals_whole_experts() -> None:
     assert all(s.mlp == (0, 1536) and s.config.num_local_experts == 8 for s in shards)
     with pytest.raises(TPPlanError, match=r"tp 9 > num_local_experts 8.*--tp 8"):
         plan(moe, 9)
+
+
+def test_a_shard_config_must_fill_its_kv_groups() -> None:
+    def shard(pad: tuple[int, int]) -> LlamaConfig:  # 5 query heads over 2 KV heads
+        return dataclasses.replace(
+            SMOL, num_attention_heads=5, num_key_value_heads=2, attention_pad=pad
+        )
+
+    assert shard((1, 0)).attention_heads == 6  # attending with a sixth, empty slot
+    with pytest.raises(ValueError, match=r"num_attention_heads 5 is not a multiple of .* 2"):
+        shard((0, 0))
+    with pytest.raises(ValueError, match=r"num_attention_heads 5 \(\+ 2 empty slots\)"):
+        shard((2, 0))
+    with pytest.raises(ValueError, match=r"attention_pad \(-1, 2\) must be >= 0"):
+        shard((-1, 2))
